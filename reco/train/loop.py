@@ -1,0 +1,146 @@
+"""The training loop: mini-batches of KeyedJaggedTensors, early stopping on validation AUC.
+
+Used for the baseline, for fine-tuning after pruning and for distillation (which passes its own loss).
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import torch
+from torch import nn
+from tqdm import tqdm
+
+from reco.data.schema import Dataset, Split
+from reco.models.dlrm import DLRM, PlainScorer
+from reco.train.metrics import classification_metrics
+
+# loss(logits [B], rows of the batch, their row indices into the train split) -> scalar
+LossFn = Callable[[torch.Tensor, Split, torch.Tensor], torch.Tensor]
+
+
+@dataclass
+class TrainConfig:
+    epochs: int = 3
+    batch_size: int = 2048
+    lr: float = 1e-3
+    optimizer: str = "adamw"  # adamw | adagrad
+    weight_decay: float = 0.0
+    patience: int = 1  # epochs without val AUC gain before stopping
+    bf16: bool = False  # autocast the forward in bfloat16
+    grad_accum: int = 1
+    seed: int = 0
+    threads: int = 2
+    max_rows_per_epoch: int | None = None  # None: the whole train split
+    eval_rows: int | None = 100_000  # validation rows scored after each epoch
+    checkpoint_dir: str | None = None  # best and last state_dicts are written here
+    progress: bool = True
+
+
+@dataclass
+class TrainResult:
+    best_epoch: int
+    best_val_auc: float
+    history: list[dict[str, float]] = field(default_factory=list)
+    seconds: float = 0.0
+
+
+def bce_loss(logits: torch.Tensor, part: Split, rows: torch.Tensor) -> torch.Tensor:
+    return nn.functional.binary_cross_entropy_with_logits(logits, part.labels)
+
+
+@torch.no_grad()
+def predict_torch(model: DLRM, split: Split, batch_size: int = 8192) -> np.ndarray:
+    model.eval()
+    scorer = PlainScorer(model)
+    out = [
+        scorer(p.dense, p.ids, p.mask()).numpy()
+        for p in (split.take(slice(i, i + batch_size)) for i in range(0, len(split), batch_size))
+    ]
+    return np.concatenate(out)
+
+
+def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    emb = [p for n, p in model.named_parameters() if n.startswith("ebc.")]
+    dense = [p for n, p in model.named_parameters() if not n.startswith("ebc.")]
+    groups = [{"params": emb, "weight_decay": 0.0}, {"params": dense, "weight_decay": cfg.weight_decay}]
+    if cfg.optimizer == "adamw":
+        return torch.optim.AdamW(groups, lr=cfg.lr)
+    if cfg.optimizer == "adagrad":
+        return torch.optim.Adagrad(groups, lr=cfg.lr)
+    raise ValueError(f"trainer.optimizer: expected 'adamw' or 'adagrad', got {cfg.optimizer!r}")
+
+
+def train(
+    model: DLRM,
+    data: Dataset,
+    cfg: TrainConfig,
+    loss_fn: LossFn = bce_loss,
+    on_epoch: Callable[[int, dict[str, float]], None] | None = None,
+    desc: str = "train",
+) -> TrainResult:
+    torch.manual_seed(cfg.seed)
+    torch.set_num_threads(cfg.threads)
+    gen = torch.Generator().manual_seed(cfg.seed)
+    opt = make_optimizer(model, cfg)
+    val = data.val if cfg.eval_rows is None else data.val.take(slice(0, cfg.eval_rows))
+    n = len(data.train) if cfg.max_rows_per_epoch is None else min(len(data.train), cfg.max_rows_per_epoch)
+    ckpt = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
+    if ckpt:
+        ckpt.mkdir(parents=True, exist_ok=True)
+
+    best_auc, best_epoch, best_state, stale = -1.0, -1, None, 0
+    history: list[dict[str, float]] = []
+    t0 = time.time()
+    for epoch in range(cfg.epochs):
+        model.train()
+        perm = torch.randperm(len(data.train), generator=gen)[:n]
+        steps = range(0, n, cfg.batch_size)
+        bar = tqdm(
+            steps, desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}", disable=not cfg.progress, leave=False
+        )
+        total, count = 0.0, 0
+        opt.zero_grad(set_to_none=True)
+        for i, lo in enumerate(bar):
+            rows = perm[lo : lo + cfg.batch_size]
+            part = data.train.take(rows)
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+                logits = model(part.dense, model.kjt(part.ids, part.lengths)).float()
+            loss = loss_fn(logits, part, rows)
+            (loss / cfg.grad_accum).backward()
+            if (i + 1) % cfg.grad_accum == 0 or lo + cfg.batch_size >= n:
+                opt.step()
+                opt.zero_grad(set_to_none=True)
+            total += float(loss) * len(rows)
+            count += len(rows)
+            if i % 20 == 0:
+                bar.set_postfix(loss=f"{total / count:.4f}")
+        m = classification_metrics(val.labels.numpy(), predict_torch(model, val))
+        row = {"train_loss": total / max(count, 1), **{f"val_{k}": v for k, v in m.items()}}
+        history.append(row)
+        if on_epoch:
+            on_epoch(epoch, row)
+        if cfg.progress:
+            print(
+                f"{desc} epoch {epoch + 1}: loss {row['train_loss']:.4f} val auc {m['auc']:.4f}", flush=True
+            )
+        if ckpt:
+            torch.save(model.state_dict(), ckpt / "last.pt")
+        if m["auc"] > best_auc:
+            best_auc, best_epoch, stale = m["auc"], epoch, 0
+            best_state = copy.deepcopy(model.state_dict())
+            if ckpt:
+                torch.save(best_state, ckpt / "best.pt")
+        else:
+            stale += 1
+            if stale > cfg.patience:
+                break
+    if best_state is not None:
+        model.load_state_dict(best_state)
+    model.eval()
+    return TrainResult(best_epoch, best_auc, history, time.time() - t0)

@@ -1,0 +1,114 @@
+"""A Variant: one servable model plus its lineage, artifacts and measured metrics.
+
+Everything downstream (steps, serving, load tests, tracking, the report) passes Variants along.
+On disk a variant is a directory holding `variant.json` and its artifact files; every artifact's
+SHA-256 is recorded at save time and checked at load time.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Literal
+
+import torch
+
+from reco.models.dlrm import DLRM, DLRMConfig, count_params, flops_per_candidate
+
+Backend = Literal["torch", "torch_compile", "torch_bf16", "onnxruntime"]
+
+
+class ArtifactError(RuntimeError):
+    pass
+
+
+def sha256_file(path: str | Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+@dataclass
+class Variant:
+    name: str
+    step: str  # "train", "prune", "distill", "accelerate", ...
+    parent: str | None  # parent variant name (None for the baseline)
+    backend: Backend
+    model_config: dict  # DLRMConfig.to_dict() of the underlying torch model
+    dir: str = ""
+    step_config: dict = field(default_factory=dict)
+    artifacts: dict[str, str] = field(default_factory=dict)  # role -> file name inside dir
+    sha256: dict[str, str] = field(default_factory=dict)  # role -> hex digest
+    params: int = 0
+    flops_per_candidate: int = 0
+    size_mb: float = 0.0
+    # Runtime settings a backend needs (e.g. ONNX Runtime session options, serving batcher hints).
+    runtime: dict = field(default_factory=dict)
+    metrics: dict[str, float] = field(default_factory=dict)
+    data_fingerprint: str = ""
+    cache_key: str = ""  # content hash of (parent cache key, step config, data): see reco.pipeline
+    mlflow_run_id: str = ""
+
+    @property
+    def path(self) -> Path:
+        return Path(self.dir)
+
+    def artifact(self, role: str) -> Path:
+        if role not in self.artifacts:
+            raise ArtifactError(
+                f"variant {self.name!r} has no {role!r} artifact (has {sorted(self.artifacts)})"
+            )
+        return self.path / self.artifacts[role]
+
+    def add_artifact(self, role: str, file_name: str) -> None:
+        self.artifacts[role] = file_name
+        self.sha256[role] = sha256_file(self.path / file_name)
+        self.size_mb = sum((self.path / f).stat().st_size for f in self.artifacts.values()) / 2**20
+
+    def verify(self, role: str) -> Path:
+        p = self.artifact(role)
+        if not p.exists():
+            raise ArtifactError(f"{p}: artifact file missing for variant {self.name!r}")
+        got = sha256_file(p)
+        if got != self.sha256.get(role):
+            raise ArtifactError(
+                f"{p}: SHA-256 mismatch for variant {self.name!r} (expected {self.sha256.get(role)}, got {got})"
+            )
+        return p
+
+    def save(self) -> Path:
+        self.path.mkdir(parents=True, exist_ok=True)
+        out = self.path / "variant.json"
+        out.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
+        return out
+
+    @staticmethod
+    def load(path: str | Path) -> Variant:
+        p = Path(path)
+        if p.is_dir():
+            p = p / "variant.json"
+        if not p.exists():
+            raise ArtifactError(f"{p}: no variant.json (expected a variant directory written by reco)")
+        v = Variant(**json.loads(p.read_text()))
+        v.dir = str(p.parent)
+        return v
+
+    # Torch weights ------------------------------------------------------------------------------
+    def save_torch(self, model: DLRM) -> None:
+        self.path.mkdir(parents=True, exist_ok=True)
+        torch.save(model.state_dict(), self.path / "model.pt")
+        self.model_config = model.cfg.to_dict()
+        self.params = count_params(model)
+        self.flops_per_candidate = flops_per_candidate(model.cfg)
+        self.add_artifact("torch", "model.pt")
+
+    def load_torch(self) -> DLRM:
+        """Weights only: no pickled code is executed (torch.load(weights_only=True))."""
+        model = DLRM(DLRMConfig(**self.model_config))
+        state = torch.load(self.verify("torch"), weights_only=True)
+        model.load_state_dict(state)
+        return model.eval()
