@@ -1,0 +1,38 @@
+"""Datasets: every loader returns a `reco.data.schema.Dataset`; `load_dataset` picks one by config."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from reco.data.schema import Dataset
+
+LOADERS = ("synthetic_ecommerce",)
+
+
+def build_dataset(cfg: dict) -> Dataset:
+    """cfg: the resolved `data` config group (a plain dict); `cfg['loader']` names the loader."""
+    loader = cfg.get("loader")
+    if loader == "synthetic_ecommerce":
+        from reco.data.synthetic import SyntheticConfig, generate
+
+        return generate(SyntheticConfig(**cfg["params"]))
+    raise ValueError(f"data.loader: expected one of {LOADERS}, got {loader!r}")
+
+
+def load_dataset(cfg: dict, cache_dir: str | Path) -> tuple[Dataset, Path]:
+    """Build the dataset once per distinct data config; later runs (and the server) load the cache."""
+    import hashlib
+    import json
+
+    key = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    path = Path(cache_dir) / f"{cfg.get('loader')}-{key}.pt"
+    if path.exists():
+        return Dataset.load(str(path)), path
+    ds = build_dataset(cfg)
+    if not ds.fingerprint:
+        ds.compute_fingerprint()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    ds.save(str(tmp))
+    tmp.replace(path)
+    return ds, path
