@@ -116,7 +116,7 @@ def train(
             if (i + 1) % cfg.grad_accum == 0 or lo + cfg.batch_size >= n:
                 opt.step()
                 opt.zero_grad(set_to_none=True)
-            total += float(loss) * len(rows)
+            total += loss.item() * len(rows)
             count += len(rows)
             if i % 20 == 0:
                 bar.set_postfix(loss=f"{total / count:.4f}")

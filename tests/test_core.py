@@ -1,0 +1,145 @@
+"""Schema/batch conversion, the DLRM against TorchRec's own, metrics, variant artifacts, training."""
+
+import json
+
+import numpy as np
+import pytest
+import torch
+from sklearn.metrics import roc_auc_score
+from torchrec.models.dlrm import DLRM as TorchRecDLRM
+
+from reco.data.schema import Dataset, to_kjt
+from reco.data.synthetic import SyntheticConfig, generate
+from reco.measure import evaluate
+from reco.models.dlrm import DLRM, DLRMConfig, flops_per_candidate
+from reco.runtime import load_scorer
+from reco.train.loop import TrainConfig, train
+from reco.train.metrics import auc
+from reco.variant import ArtifactError, Variant
+
+
+def tiny_model(ds, seed=0):
+    torch.manual_seed(seed)
+    return DLRM(DLRMConfig.from_schema(ds.schema, 16, [32, 16], [64, 32])).eval()
+
+
+def test_kjt_matches_padded_ids(tiny_data):
+    part = tiny_data.test.take(slice(0, 7))
+    kjt = to_kjt(part.ids, part.lengths, tiny_data.schema.sparse_names)
+    for f, name in enumerate(tiny_data.schema.sparse_names):
+        jt = kjt[name]
+        assert jt.lengths().tolist() == part.lengths[:, f].tolist()
+        expected = [part.ids[b, f, i].item() for b in range(7) for i in range(part.lengths[b, f])]
+        assert jt.values().tolist() == expected
+
+
+def test_synthetic_is_deterministic_and_learnable(tiny_data):
+    again = generate(
+        SyntheticConfig(
+            n_rows=20_000,
+            n_users=2_000,
+            n_items=1_000,
+            n_categories=50,
+            n_brands=100,
+            latent_dim=8,
+            max_recent=4,
+            seed=0,
+        )
+    )
+    assert again.fingerprint == tiny_data.fingerprint
+    s = tiny_data.schema
+    for f, feat in enumerate(s.sparse):
+        ids = tiny_data.train.ids[:, f, : feat.max_len]
+        assert ids.min() >= 0 and ids.max() < feat.cardinality
+    assert tiny_data.train.lengths[:, s.index("recent_categories")].max() > 1  # jagged input is real
+    assert 0.15 < tiny_data.train.labels.mean() < 0.35
+    oracle = auc(tiny_data.test.labels.numpy(), tiny_data.test.oracle.numpy())
+    assert oracle > 0.7
+
+
+def test_forward_plain_equals_kjt_forward_and_torchrec_dlrm(tiny_data):
+    m = tiny_model(tiny_data)
+    part = tiny_data.test.take(slice(0, 64))
+    with torch.no_grad():
+        a = m(part.dense, m.kjt(part.ids, part.lengths))
+        b = m.forward_plain(part.dense, part.ids, part.mask())
+        ref = TorchRecDLRM(
+            embedding_bag_collection=m.ebc,
+            dense_in_features=len(tiny_data.schema.dense),
+            dense_arch_layer_sizes=m.cfg.bottom,
+            over_arch_layer_sizes=[*m.cfg.top, 1],
+        )
+        ours = [x for x in [*m.bottom, *m.top] if isinstance(x, torch.nn.Linear)]
+        theirs = [x for x in ref.modules() if isinstance(x, torch.nn.Linear)]
+        assert len(ours) == len(theirs)
+        for o, t in zip(ours, theirs, strict=True):
+            t.weight.copy_(o.weight)
+            t.bias.copy_(o.bias)
+        c = ref(part.dense, m.kjt(part.ids, part.lengths)).squeeze(1)
+    torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(a, c, atol=1e-5, rtol=1e-5)
+
+
+def test_auc_matches_sklearn_with_ties():
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 5000)
+    s = np.round(rng.random(5000) + 0.3 * y, 2)  # many ties
+    assert auc(y, s) == pytest.approx(roc_auc_score(y, s), abs=1e-12)
+    assert auc(np.array([0, 0, 1, 1]), np.array([0.1, 0.4, 0.35, 0.8])) == pytest.approx(0.75)
+    with pytest.raises(ValueError, match="both positive and negative"):
+        auc(np.ones(3), np.ones(3))
+
+
+def test_flops_counts_mlps_and_interaction(tiny_data):
+    cfg = tiny_model(tiny_data).cfg
+    n = len(cfg.tables) + 1
+    mlp = 2 * (3 * 32 + 32 * 16) + 2 * ((16 + n * (n - 1) // 2) * 64 + 64 * 32 + 32 * 1)
+    pooling = sum(t.max_len for t in cfg.tables) * 16
+    assert flops_per_candidate(cfg) == mlp + 2 * n * n * 16 + pooling
+
+
+def test_dataset_roundtrip_weights_only(tmp_path, tiny_data):
+    tiny_data.save(str(tmp_path / "d.pt"))
+    back = Dataset.load(str(tmp_path / "d.pt"))
+    assert back.schema == tiny_data.schema
+    assert back.compute_fingerprint() == tiny_data.fingerprint
+    assert torch.equal(back.test.oracle, tiny_data.test.oracle)
+
+
+def test_variant_roundtrip_and_tamper_detection(tmp_path, tiny_data):
+    m = tiny_model(tiny_data)
+    v = Variant("b", "train", None, "torch", {}, dir=str(tmp_path / "b"))
+    v.save_torch(m)
+    v.save()
+    back = Variant.load(tmp_path / "b")
+    assert back.params == v.params and back.sha256["torch"] == v.sha256["torch"]
+    part = tiny_data.test.take(slice(0, 32))
+    args = (part.dense.numpy(), part.ids.numpy(), part.mask().numpy())
+    with torch.no_grad():
+        expected = torch.sigmoid(m.forward_plain(part.dense, part.ids, part.mask())).numpy()
+    np.testing.assert_allclose(load_scorer(back)(*args), expected, atol=1e-6)
+    with open(tmp_path / "b" / "model.pt", "ab") as f:
+        f.write(b"x")
+    with pytest.raises(ArtifactError, match="SHA-256 mismatch"):
+        Variant.load(tmp_path / "b").load_torch()
+    meta = json.loads((tmp_path / "b" / "variant.json").read_text())
+    assert meta["name"] == "b"
+    with pytest.raises(ArtifactError, match="no variant.json"):
+        Variant.load(tmp_path / "missing")
+
+
+def test_training_learns_and_early_stopping_restores_best(tmp_path, tiny_data):
+    m = tiny_model(tiny_data)
+    cfg = TrainConfig(
+        epochs=3, batch_size=512, lr=3e-3, patience=0, progress=False, checkpoint_dir=str(tmp_path)
+    )
+    seen = []
+    res = train(m, tiny_data, cfg, on_epoch=lambda e, row: seen.append(row))
+    assert len(seen) == len(res.history) >= 1
+    assert res.best_val_auc == max(r["val_auc"] for r in res.history)
+    assert (tmp_path / "best.pt").exists()
+    v = Variant("t", "train", None, "torch", {}, dir=str(tmp_path / "v"))
+    v.save_torch(m)
+    metrics = evaluate(load_scorer(v), tiny_data.test)
+    assert metrics["auc"] > 0.6, metrics
+    assert metrics["oracle_auc"] > metrics["auc"] - 0.02
