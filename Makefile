@@ -42,7 +42,8 @@ mlflow-ui: $(STAMP)
 	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host 127.0.0.1 --port 5000
 
 benchmark: $(STAMP)
-	$(PY) -m reco.benchmark
+	$(PY) run.py experiment=optimize_chain
+	$(PY) -m reco.benchmark optimize_chain
 
 clean:
 	rm -rf outputs multirun .cache/variants

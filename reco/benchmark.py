@@ -1,0 +1,117 @@
+"""Print the optimization-steps table of an experiment's latest run, read back from MLflow.
+
+    python run.py experiment=optimize_chain        # builds and measures the variants (cached)
+    python -m reco.benchmark optimize_chain        # this table (also: make benchmark)
+
+Every ratio compares two variants measured in the same run on the same machine (in-process ranking
+of 500 candidates, one intra-op thread, p50 over repetitions after warm-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from reco.tracking import TrackingError
+
+
+def latest_variants(uri: str, experiment: str) -> tuple[str, dict[str, dict]]:
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise TrackingError(
+            f"no MLflow experiment {experiment!r} at {uri}: run `python run.py experiment={experiment}`"
+        )
+    parents = client.search_runs(
+        [exp.experiment_id], "tags.`mlflow.parentRunId` IS NULL", order_by=["start_time DESC"], max_results=20
+    )
+    for parent in parents:
+        children = client.search_runs(
+            [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+        )
+        if children:
+            rows = {
+                c.data.tags.get("variant", c.info.run_name): {
+                    **c.data.metrics,
+                    "parent": c.data.tags.get("parent_variant", ""),
+                    "backend": c.data.params.get("backend", ""),
+                    "status": c.data.tags.get("status", c.info.status),
+                }
+                for c in children
+            }
+            return parent.info.run_id, rows
+    raise TrackingError(f"experiment {experiment!r} has no run with variants yet")
+
+
+def _ratio(a: float | None, b: float | None) -> float:
+    return a / b if a and b else math.nan
+
+
+def table(rows: dict[str, dict]) -> str:
+    head = "| variant | parent | backend | params | size MB | AUC | ΔAUC vs parent | rank p50 ms | rank p99 ms | speedup vs parent |"
+    lines = [head, "|" + "---|" * 10]
+    for name, r in rows.items():
+        p = rows.get(r["parent"], {})
+        dauc = (r.get("auc", math.nan) / p["auc"] - 1) * 100 if p.get("auc") else math.nan
+        lines.append(
+            f"| {name} | {r['parent'] or '–'} | {r['backend']} | {r.get('params', math.nan):,.0f} | "
+            f"{r.get('size_mb', math.nan):.1f} | {r.get('auc', math.nan):.4f} | {dauc:+.2f}% | "
+            f"{r.get('rank_p50_ms', math.nan):.2f} | {r.get('rank_p99_ms', math.nan):.2f} | "
+            f"{_ratio(p.get('rank_p50_ms'), r.get('rank_p50_ms')):.2f}x |"
+        )
+    return "\n".join(lines)
+
+
+def targets(rows: dict[str, dict]) -> list[str]:
+    """The optimization-steps targets, each against the variant's parent; MET or MISSED with the figure."""
+    out = []
+
+    def check(label: str, ok: bool, figure: str) -> None:
+        out.append(f"- {'MET   ' if ok else 'MISSED'} {label}: {figure}")
+
+    for name, r in rows.items():
+        p = rows.get(r["parent"])
+        if not p or "auc" not in r or "auc" not in p:
+            continue
+        drop = (1 - r["auc"] / p["auc"]) * 100
+        speed = _ratio(p.get("rank_p50_ms"), r.get("rank_p50_ms"))
+        step_name = name.split("_")[-1]
+        if "params_removed_pct" in r:
+            removed = (1 - r["params"] / p["params"]) * 100
+            check(f"{name}: ≥30% fewer parameters", removed >= 30, f"{removed:.1f}%")
+            check(f"{name}: ΔAUC ≤ 0.5%", drop <= 0.5, f"{drop:+.2f}% drop")
+            check(f"{name}: measurable in-process speedup", speed > 1.05, f"{speed:.2f}x")
+        elif "kd_gain_auc" in r:
+            ratio = _ratio(p.get("size_mb"), r.get("size_mb"))
+            check(f"{name}: ≥6x smaller than its teacher", ratio >= 6, f"{ratio:.1f}x")
+            check(f"{name}: ΔAUC ≤ 0.5% vs teacher", drop <= 0.5, f"{drop:+.2f}% drop")
+            check(
+                f"{name}: better than its no-KD control", r["kd_gain_auc"] > 0, f"{r['kd_gain_auc']:+.4f} AUC"
+            )
+        elif r["backend"] == "onnxruntime" and step_name == "int8":
+            check(f"{name}: ≥2x torch eager ({r['parent']})", speed >= 2, f"{speed:.2f}x")
+            check(f"{name}: ΔAUC ≤ 0.5%", drop <= 0.5, f"{drop:+.2f}% drop")
+        elif r["backend"] in ("onnxruntime", "torch_compile", "torch_bf16"):
+            out.append(f"- REPORT {name} vs torch eager ({r['parent']}): {speed:.2f}x, ΔAUC {-drop:+.2f}%")
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("experiment", nargs="?", default="optimize_chain")
+    default_uri = OmegaConf.load(Path(__file__).parents[1] / "conf" / "tracking" / "default.yaml").uri
+    ap.add_argument("--tracking-uri", default=default_uri)
+    args = ap.parse_args()
+    run_id, rows = latest_variants(args.tracking_uri, args.experiment)
+    print(f"experiment {args.experiment}, MLflow parent run {run_id}\n")
+    print(table(rows))
+    print("\nTargets (each variant against its parent):")
+    print("\n".join(targets(rows)) or "- none applicable")
+
+
+if __name__ == "__main__":
+    main()
