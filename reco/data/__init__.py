@@ -6,7 +6,7 @@ from pathlib import Path
 
 from reco.data.schema import Dataset
 
-LOADERS = ("synthetic_ecommerce",)
+LOADERS = ("synthetic_ecommerce", "movielens", "criteo", "table")
 
 
 def build_dataset(cfg: dict) -> Dataset:
@@ -16,6 +16,18 @@ def build_dataset(cfg: dict) -> Dataset:
         from reco.data.synthetic import SyntheticConfig, generate
 
         return generate(SyntheticConfig(**cfg["params"]))
+    if loader == "movielens":
+        from reco.data.movielens import load_movielens
+
+        return load_movielens(**cfg["params"])
+    if loader == "criteo":
+        from reco.data.criteo import load_criteo
+
+        return load_criteo(**cfg["params"])
+    if loader == "table":
+        from reco.data.table import load_table
+
+        return load_table(**cfg["params"])
     raise ValueError(f"data.loader: expected one of {LOADERS}, got {loader!r}")
 
 
