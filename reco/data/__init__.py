@@ -36,7 +36,8 @@ def load_dataset(cfg: dict, cache_dir: str | Path) -> tuple[Dataset, Path]:
     import hashlib
     import json
 
-    key = hashlib.sha256(json.dumps(cfg, sort_keys=True, default=str).encode()).hexdigest()[:16]
+    key_src = {"cfg": cfg, "sources": _source_stats(cfg.get("params", {}).get("path"))}
+    key = hashlib.sha256(json.dumps(key_src, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{cfg.get('loader')}-{key}.pt"
     if path.exists():
         return Dataset.load(str(path)), path
@@ -48,3 +49,11 @@ def load_dataset(cfg: dict, cache_dir: str | Path) -> tuple[Dataset, Path]:
     ds.save(str(tmp))
     tmp.replace(path)
     return ds, path
+
+
+def _source_stats(path: str | None) -> list:
+    """Size and mtime of the source files, so an edited data file is not served from a stale cache."""
+    if not path or not Path(path).exists():
+        return []
+    files = sorted(Path(path).rglob("*")) if Path(path).is_dir() else [Path(path)]
+    return [(str(f), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
