@@ -64,10 +64,17 @@ class Variant:
             )
         return self.path / self.artifacts[role]
 
+    @property
+    def serving_role(self) -> str:
+        return "onnx" if self.backend == "onnxruntime" else "torch"
+
     def add_artifact(self, role: str, file_name: str) -> None:
+        """Record a file of this variant with its SHA-256. `size_mb` counts only the file the runtime
+        loads (reports, a control model or an ONNX variant's source weights are not served)."""
         self.artifacts[role] = file_name
         self.sha256[role] = sha256_file(self.path / file_name)
-        self.size_mb = sum((self.path / f).stat().st_size for f in self.artifacts.values()) / 2**20
+        if role == self.serving_role:
+            self.size_mb = (self.path / file_name).stat().st_size / 2**20
 
     def verify(self, role: str) -> Path:
         p = self.artifact(role)

@@ -1,0 +1,154 @@
+"""Accelerate a torch variant for CPU serving: ONNX Runtime fp32 / INT8, torch.compile or bf16.
+
+onnx_fp32 / onnx_int8: export (reco.steps.onnx_export) -> parity check against torch on a random and a
+real test batch (fail if max |p_onnx - p_torch| > parity_tol) -> [INT8: Gemm->MatMul rewrite + ORT
+quantization, reco.steps.quantize] -> session-parameter tuning (reco.steps.ort_tuning).
+torch_compile / torch_bf16: the parent's weights with another torch backend (reco.runtime handles them).
+Every mode ends with the AUC guard: the child is scored on the test split through its own runtime
+(reco.runtime.load_scorer) and may lose at most `auc_guard` (relative) of the parent's test AUC.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from reco.data.schema import Dataset
+from reco.measure import evaluate
+from reco.models.dlrm import count_params, flops_per_candidate
+from reco.runtime import load_scorer
+from reco.steps import StepError, child_variant, nested, parse_config, require_artifact
+from reco.steps.onnx_export import (
+    check_parity,
+    export_onnx,
+    max_abs_diff,
+    op_counts,
+    random_batch,
+    real_batch,
+)
+from reco.steps.ort_tuning import TuneConfig, ort_scorer, tune
+from reco.steps.quantize import QuantizeConfig, census, quantize
+from reco.train.loop import TrainConfig
+from reco.variant import Variant
+
+MODES = ("onnx_fp32", "onnx_int8", "torch_compile", "torch_bf16")
+
+
+@dataclass
+class AccelerateConfig:
+    mode: str
+    exporter: str  # torchscript | dynamo (see reco.steps.onnx_export)
+    opset: int
+    parity_tol: float  # max |p_onnx - p_torch| of the fp32 export
+    parity_rows: int  # rows of each parity batch (random and real)
+    auc_guard: float  # max relative test-AUC drop vs the parent
+    quantize: QuantizeConfig = nested(QuantizeConfig)
+    tune: TuneConfig | None = nested(TuneConfig)
+
+    def validate(self) -> None:
+        if self.mode not in MODES:
+            raise StepError(f"accelerate: step.accelerate.mode must be one of {MODES}, got {self.mode!r}")
+        if self.auc_guard < 0:
+            raise StepError(f"accelerate: step.accelerate.auc_guard must be >= 0, got {self.auc_guard}")
+
+
+def run(parent: Variant, data: Dataset, cfg: dict, out_dir: Path, trainer: TrainConfig, name: str) -> Variant:
+    ac = parse_config(AccelerateConfig, cfg, "step.accelerate")
+    ac.validate()
+    require_artifact(parent, "torch", "accelerate")
+    model = parent.load_torch()
+    backend = "onnxruntime" if ac.mode.startswith("onnx") else ac.mode
+    v = child_variant(parent, data, cfg, out_dir, name, "accelerate", backend)
+    if backend != "onnxruntime":
+        v.save_torch(model)  # same weights; the backend decides how they run
+    else:
+        # The graph holds the same parameters; params/FLOPs describe the model, not its runtime.
+        v.params, v.flops_per_candidate = count_params(model), flops_per_candidate(model.cfg)
+        report = build_onnx(v, model, data, ac)
+        (v.path / "accelerate.json").write_text(json.dumps(report, indent=2))
+        v.add_artifact("report", "accelerate.json")
+    auc_guard(parent, v, data, ac.auc_guard, trainer.threads)
+    v.save()
+    return v
+
+
+def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
+    """Writes model.onnx into the variant dir, fills v.runtime/metrics; returns the step report."""
+    work = v.path / "_work"
+    work.mkdir(exist_ok=True)
+    try:
+        fp32 = work / "fp32.onnx"
+        t0 = time.perf_counter()
+        proto = export_onnx(model, fp32, data.test.take(slice(0, 8)), ac.opset, ac.exporter)
+        export_s = time.perf_counter() - t0
+        batches = {
+            "random": random_batch(model, ac.parity_rows, data.test.ids.shape[2], seed=0),
+            "real": real_batch(data.test, ac.parity_rows),
+        }
+        what = f"{ac.exporter} exporter, opset {ac.opset}"
+        parity = check_parity(ort_scorer(fp32, {}), model, batches, ac.parity_tol, what)
+        report: dict = {
+            "exporter": ac.exporter,
+            "opset": ac.opset,
+            "export_seconds": export_s,
+            "fp32_ops": op_counts(proto),
+            "parity_max_abs": parity,
+        }
+        v.metrics.update(
+            parity_max_abs_random=parity["random"],
+            parity_max_abs_real=parity["real"],
+            mlp_layers=float(len(model.cfg.bottom) + len(model.cfg.top) + 1),
+        )
+        final = v.path / "model.onnx"
+        if ac.mode == "onnx_int8":
+            calib = data.train if ac.quantize.static else None
+            q = quantize(fp32, final, ac.quantize, calib, work)
+            int8 = {k: max_abs_diff(ort_scorer(final, {}), model, b) for k, b in batches.items()}
+            report.update(quantize=asdict(ac.quantize), quantization=q, int8_max_abs=int8)
+            v.metrics.update(
+                quantized_nodes=float(q["quantized_nodes"]),
+                quantized_matmuls=float(q["quantized_matmuls"]),
+                float_matmuls=float(q["float_matmuls"]),
+                quantized_tables=float(q["quantized_tables"]),
+                gemm_converted=float(q["gemm_converted"]),
+                int8_max_abs_random=int8["random"],
+                int8_max_abs_real=int8["real"],
+            )
+        else:
+            shutil.copyfile(fp32, final)
+            report["census"] = census(proto)
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    v.add_artifact("onnx", "model.onnx")
+    v.runtime["ort"] = {}
+    if ac.tune is not None:
+        best, table = tune(final, data.test, ac.tune)
+        v.runtime["ort"] = best
+        report["tuning"] = {"n_candidates": ac.tune.n_candidates, "chosen": best, "table": table}
+        p50 = {json.dumps({k: r[k] for k in best}, sort_keys=True): r["rank_p50_ms"] for r in table}
+        v.metrics["tuned_rank_p50_ms"] = p50[json.dumps(best, sort_keys=True)]
+        if ac.mode == "onnx_fp32":  # graph optimisation levels fuse differently: re-check what will serve
+            tuned = check_parity(
+                ort_scorer(final, best), model, batches, ac.parity_tol, f"{what}, tuned {best}"
+            )
+            v.metrics["parity_max_abs_tuned"] = max(tuned.values())
+    return report
+
+
+def auc_guard(parent: Variant, child: Variant, data: Dataset, guard: float, threads: int) -> None:
+    """Score the child through its own runtime; raise if its test AUC fell more than `guard` (relative)."""
+    ref = parent.metrics.get("auc")
+    if ref is None:
+        ref = evaluate(load_scorer(parent, threads), data.test)["auc"]
+    got = evaluate(load_scorer(child, threads), data.test)["auc"]
+    drop = (ref - got) / ref
+    child.metrics.update(guard_parent_auc=float(ref), guard_auc=float(got), auc_rel_drop=float(drop))
+    if drop > guard:
+        raise StepError(
+            f"accelerate: mode {child.backend}/{child.step_config.get('mode')} lost too much AUC: parent "
+            f"{parent.name!r} auc {ref:.5f} -> {child.name!r} auc {got:.5f} (relative drop {drop:.4%} > "
+            f"step.accelerate.auc_guard={guard:.4%})"
+        )

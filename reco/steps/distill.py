@@ -1,0 +1,199 @@
+"""Knowledge distillation into a smaller DLRM, with a control run that shows what the teacher adds.
+
+Loss per row, with student logit s, teacher logit t, label y, temperature T:
+    alpha * BCE(sigmoid(s), y) + (1 - alpha) * T^2 * BCE(sigmoid(s / T), sigmoid(t / T))
+The T^2 factor keeps the soft term's gradient scale independent of T (Hinton et al. 2015).
+The control is the same student architecture, initialisation, data, budget and seed trained on the
+labels alone (alpha = 1); `kd_gain_auc` = student AUC - control AUC, both scored on the test split by
+the same torch scorer.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from torch import nn
+
+from reco.data.schema import Dataset, Split
+from reco.measure import evaluate
+from reco.models.dlrm import DLRM, DLRMConfig, PlainScorer, TableSpec, count_params
+from reco.runtime import Scorer
+from reco.steps import StepError, child_variant, nested, parse_config, require_artifact
+from reco.steps.prune import row_counts
+from reco.train.loop import TrainConfig, train
+from reco.variant import Variant
+
+TABLE_SOURCES = ("schema", "teacher")
+
+
+@dataclass
+class StudentConfig:
+    embedding_dim: int
+    bottom: list[int]  # last = embedding_dim
+    top: list[int]
+    tables: str  # schema: full cardinalities; teacher: the teacher's (possibly pruned) rows and id maps
+    min_count: int  # rows of ids seen fewer times in train map to row 0 (0: keep every row)
+    min_rows: int  # only tables with at least this many rows are thinned by min_count
+
+
+@dataclass
+class DistillConfig:
+    student: StudentConfig = nested(StudentConfig)
+    alpha: float  # weight of the hard-label loss; 1 = no teacher
+    temperature: float
+    epochs: int
+    rows_per_epoch: int | None  # None: the whole train split per epoch
+    cache_teacher_logits: bool  # compute each train row's teacher logit once, reuse it in later epochs
+    control: bool  # also train the student without the teacher
+
+    def validate(self) -> None:
+        if not 0 <= self.alpha <= 1:
+            raise StepError(f"distill: step.distill.alpha must be in [0, 1], got {self.alpha}")
+        if self.temperature <= 0:
+            raise StepError(f"distill: step.distill.temperature must be > 0, got {self.temperature}")
+        if self.student.tables not in TABLE_SOURCES:
+            raise StepError(
+                f"distill: step.distill.student.tables must be one of {TABLE_SOURCES}, got {self.student.tables!r}"
+            )
+
+
+def run(parent: Variant, data: Dataset, cfg: dict, out_dir: Path, trainer: TrainConfig, name: str) -> Variant:
+    dc = parse_config(DistillConfig, cfg, "step.distill")
+    dc.validate()
+    if parent.backend == "onnxruntime":
+        raise StepError(
+            f"distill: parent variant {parent.name!r} has backend onnxruntime; the teacher must be a torch "
+            f"model (distill before accelerate)"
+        )
+    require_artifact(parent, "torch", "distill")
+    teacher = parent.load_torch()
+    for p in teacher.parameters():
+        p.requires_grad_(False)
+    s_cfg, maps = student_config(dc.student, teacher, data)
+    student = build_student(s_cfg, maps, trainer.seed)
+    n_t, n_s = count_params(teacher), count_params(student)
+    if n_s >= n_t:
+        raise StepError(
+            f"distill: step.distill.student has {n_s} params, not fewer than the teacher's {n_t} "
+            f"(teacher {parent.name!r}); shrink student.embedding_dim/bottom/top"
+        )
+    control = build_student(s_cfg, maps, trainer.seed) if dc.control else None
+
+    budget = dataclasses.replace(
+        trainer, epochs=dc.epochs, max_rows_per_epoch=dc.rows_per_epoch, checkpoint_dir=None
+    )
+    loss = KDLoss(teacher, data.train, dc.alpha, dc.temperature, dc.cache_teacher_logits)
+    res = train(student, data, budget, loss_fn=loss, desc=f"distill[{name}] student")
+    student_m = evaluate(torch_scorer(student), data.test)
+
+    v = child_variant(parent, data, cfg, out_dir, name, "distill", "torch")
+    v.save_torch(student)
+    v.metrics.update(
+        teacher_auc=float(parent.metrics["auc"]) if "auc" in parent.metrics else float("nan"),
+        student_auc=student_m["auc"],
+        student_val_auc=res.best_val_auc,
+        teacher_params=float(n_t),
+        size_ratio=n_t / n_s,
+        teacher_rows_scored=float(loss.rows_scored),
+    )
+    if "auc" not in parent.metrics:
+        v.metrics["teacher_auc"] = evaluate(torch_scorer(teacher), data.test)["auc"]
+    if control is not None:
+        train(control, data, budget, desc=f"distill[{name}] control")
+        torch.save(control.state_dict(), v.path / "control.pt")
+        v.add_artifact("control_torch", "control.pt")  # same model_config as the student
+        control_auc = evaluate(torch_scorer(control), data.test)["auc"]
+        v.metrics.update(control_auc=control_auc, kd_gain_auc=student_m["auc"] - control_auc)
+    v.metrics["size_mb_ratio"] = parent.size_mb / v.size_mb if parent.size_mb else float("nan")
+    v.save()
+    return v
+
+
+class KDLoss:
+    """loss_fn for reco.train.loop.train: (student logits [B], batch, train-row indices [B]) -> scalar."""
+
+    def __init__(self, teacher: DLRM, train_split: Split, alpha: float, temperature: float, cache: bool):
+        self.teacher, self.alpha, self.t = teacher.eval(), alpha, temperature
+        # NaN = not scored yet; filled lazily, so a row budget smaller than the split costs no more
+        # teacher forwards than computing them on the fly.
+        self.cache = torch.full((len(train_split),), float("nan")) if cache else None
+        self.rows_scored = 0
+
+    @torch.no_grad()
+    def teacher_logits(self, part: Split, rows: torch.Tensor) -> torch.Tensor:
+        if self.cache is None:
+            self.rows_scored += len(rows)
+            return self.teacher.forward_plain(part.dense, part.ids, part.mask())
+        todo = torch.isnan(self.cache[rows])
+        if todo.any():
+            sub = part.take(todo)
+            self.cache[rows[todo]] = self.teacher.forward_plain(sub.dense, sub.ids, sub.mask())
+            self.rows_scored += int(todo.sum())
+        return self.cache[rows]
+
+    def __call__(self, logits: torch.Tensor, part: Split, rows: torch.Tensor) -> torch.Tensor:
+        hard = nn.functional.binary_cross_entropy_with_logits(logits, part.labels)
+        if self.alpha >= 1:
+            return hard
+        soft_target = torch.sigmoid(self.teacher_logits(part, rows) / self.t)
+        soft = nn.functional.binary_cross_entropy_with_logits(logits / self.t, soft_target)
+        return self.alpha * hard + (1 - self.alpha) * self.t**2 * soft
+
+
+def torch_scorer(model: DLRM) -> Scorer:
+    scorer = PlainScorer(model).eval()
+
+    @torch.inference_mode()
+    def score(dense, ids, mask):
+        return scorer(torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
+
+    return score
+
+
+# Student architecture ---------------------------------------------------------------------------
+def student_config(
+    sc: StudentConfig, teacher: DLRM, data: Dataset
+) -> tuple[DLRMConfig, dict[str, torch.Tensor]]:
+    """The student's DLRMConfig and its id maps ({feature: [cardinality] int32 id -> row}).
+
+    Tables come from the schema (full cardinality) or the teacher (its pruned rows and maps); then
+    ids whose row is seen < min_count times in train are folded into row 0.
+    """
+    if sc.tables == "teacher":
+        tables = [TableSpec(t.feature, t.num_rows, t.max_len, t.cardinality) for t in teacher.cfg.tables]
+        remapped = list(teacher.cfg.remapped)
+    else:
+        tables = [TableSpec(f.name, f.cardinality, f.max_len) for f in data.schema.sparse]
+        remapped = []
+    maps: dict[str, torch.Tensor] = {}
+    for i, t in enumerate(tables):
+        m = teacher.id_map(t.feature) if t.feature in remapped else None
+        base = m.long() if m is not None else torch.arange(t.cardinality)
+        if sc.min_count > 0 and t.num_rows >= sc.min_rows:
+            keep = row_counts(data.train, i, base, t.num_rows) >= sc.min_count
+            keep[0] = True  # the unknown / pruned-id row
+            new_row = torch.where(keep, torch.cumsum(keep.long(), 0) - 1, 0)
+            base, t.num_rows = new_row[base], int(keep.sum())
+            if t.feature not in remapped:
+                remapped.append(t.feature)
+        if t.feature in remapped:
+            maps[t.feature] = base.to(torch.int32)
+    try:
+        cfg = DLRMConfig(
+            len(data.schema.dense), tables, sc.embedding_dim, list(sc.bottom), list(sc.top), remapped
+        )
+    except ValueError as e:
+        raise StepError(f"distill: step.distill.student: {e}") from e
+    return cfg, maps
+
+
+def build_student(cfg: DLRMConfig, maps: dict[str, torch.Tensor], seed: int) -> DLRM:
+    """Same seed -> same initial weights, so the student and the control start identical."""
+    torch.manual_seed(seed)
+    model = DLRM(DLRMConfig(**cfg.to_dict()))
+    for f, m in maps.items():
+        getattr(model, f"idmap_{f}").copy_(m)
+    return model

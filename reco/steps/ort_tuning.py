@@ -1,0 +1,82 @@
+"""ONNX Runtime session-parameter tuning, in the manner of Olive's session-params tuning pass.
+
+For each point of a small grid a real session is built with `reco.runtime.ort_session_options` (the
+function serving uses, so the chosen settings mean the same thing there) and timed on ranking one
+block of `n_candidates` rows with `reco.measure.rank_latency`; the fastest p50 wins. The points are
+timed round-robin over `rounds` rounds (p50 = median of the per-round p50s), so a burst of load from
+another process on the machine hits every point alike instead of one.
+"""
+
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from reco.data.schema import Split
+from reco.measure import rank_latency
+from reco.runtime import Scorer, ort_session_options
+from reco.steps import StepError
+
+GRID_KEYS = ("graph_optimization_level", "intra_op_num_threads", "inter_op_num_threads", "execution_mode")
+
+
+@dataclass
+class TuneConfig:
+    n_candidates: int
+    repeats: int  # timed calls per point, split over the rounds
+    warmup: int  # untimed calls per point and round
+    rounds: int
+    grid: dict[str, list]  # GRID_KEYS -> values to try
+
+    def points(self) -> list[dict]:
+        bad = sorted(set(self.grid) - set(GRID_KEYS))
+        if bad or not self.grid:
+            raise StepError(
+                f"accelerate: step.accelerate.tune.grid keys {bad} unknown; expected a subset of {GRID_KEYS}"
+            )
+        keys = list(self.grid)
+        return [
+            dict(zip(keys, vals, strict=True)) for vals in itertools.product(*(self.grid[k] for k in keys))
+        ]
+
+
+def ort_scorer(path: Path, settings: dict, threads: int = 1) -> Scorer:
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(
+        str(path), ort_session_options(settings, threads), providers=["CPUExecutionProvider"]
+    )
+
+    def score(dense, ids, mask):
+        return sess.run(None, {"dense": dense, "ids": ids, "mask": mask})[0]
+
+    return score
+
+
+def tune(path: Path, split: Split, tc: TuneConfig) -> tuple[dict, list[dict]]:
+    """Returns (fastest settings, table of {settings..., rank_p50_ms, rank_p99_ms} for every point)."""
+    points = tc.points()
+    scorers = []
+    for settings in points:
+        try:
+            scorers.append(ort_scorer(path, settings))
+        except AttributeError as e:  # a misspelled enum value in the grid
+            raise StepError(f"accelerate: step.accelerate.tune.grid: {settings} is not valid: {e}") from e
+    reps = max(1, -(-tc.repeats // tc.rounds))
+    runs: list[list[dict]] = [[] for _ in points]
+    for _ in range(tc.rounds):
+        for i, scorer in enumerate(scorers):
+            runs[i].append(rank_latency(scorer, split, tc.n_candidates, repeats=reps, warmup=tc.warmup))
+    table = [
+        {
+            **settings,
+            "rank_p50_ms": float(np.median([r["rank_p50_ms"] for r in rs])),
+            "rank_p99_ms": float(np.max([r["rank_p99_ms"] for r in rs])),
+        }
+        for settings, rs in zip(points, runs, strict=True)
+    ]
+    best = min(table, key=lambda r: r["rank_p50_ms"])
+    return {k: best[k] for k in points[0]}, table

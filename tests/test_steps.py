@@ -1,0 +1,346 @@
+"""prune / distill / accelerate on a tiny trained parent: real models, real files, real ORT sessions."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from pathlib import Path
+
+import numpy as np
+import onnx
+import pytest
+import torch
+from onnx import TensorProto, helper, numpy_helper
+
+from reco.data.synthetic import SyntheticConfig, generate
+from reco.measure import evaluate
+from reco.models.dlrm import DLRM, DLRMConfig, count_params
+from reco.runtime import load_scorer
+from reco.steps import StepError, accelerate, deep_merge, distill, load_step_config, prune
+from reco.steps.onnx_export import check_parity, export_onnx, random_batch, real_batch, torch_probs
+from reco.steps.ort_tuning import ort_scorer
+from reco.steps.quantize import gemm_to_matmul
+from reco.train.loop import TrainConfig, train
+from reco.variant import ArtifactError, Variant
+
+
+@pytest.fixture(scope="module")
+def data():
+    return generate(
+        SyntheticConfig(
+            n_rows=20_000,
+            n_users=2_000,
+            n_items=1_000,
+            n_categories=50,
+            n_brands=100,
+            latent_dim=8,
+            max_recent=4,
+            seed=0,
+        )
+    )
+
+
+@pytest.fixture(scope="module")
+def trainer():
+    return TrainConfig(
+        epochs=1,
+        batch_size=512,
+        lr=5e-3,
+        threads=2,
+        progress=False,
+        max_rows_per_epoch=12_000,
+        eval_rows=2_000,
+    )
+
+
+@pytest.fixture(scope="module")
+def parent(data, trainer, tmp_path_factory) -> Variant:
+    """A tiny DLRM trained on part of one epoch, saved as a baseline variant with its test AUC."""
+    torch.manual_seed(0)
+    model = DLRM(DLRMConfig.from_schema(data.schema, embedding_dim=16, bottom=[32, 16], top=[64, 32]))
+    train(model, data, trainer)
+    v = Variant("base", "train", None, "torch", {}, dir=str(tmp_path_factory.mktemp("base")))
+    v.save_torch(model)
+    v.metrics.update(evaluate(load_scorer(v), data.test))
+    v.save()
+    return v
+
+
+@pytest.fixture(scope="module")
+def pruned(parent, data, trainer, tmp_path_factory) -> Variant:
+    cfg = load_step_config("prune", {"finetune_rows": 4_000})
+    return prune.run(parent, data, cfg, tmp_path_factory.mktemp("pruned"), trainer, "pruned")
+
+
+def dir_digest(path: str) -> dict[str, str]:
+    return {p.name: hashlib.sha256(p.read_bytes()).hexdigest() for p in sorted(Path(path).iterdir())}
+
+
+def linear_shapes(model: DLRM) -> list[tuple[int, int]]:
+    return [tuple(m.weight.shape) for m in model.modules() if isinstance(m, torch.nn.Linear)]
+
+
+# prune ------------------------------------------------------------------------------------------
+def test_prune_physically_shrinks_and_meets_amount(parent, pruned, data):
+    before, after = parent.load_torch(), Variant.load(pruned.dir).load_torch()
+    amount = pruned.step_config["amount"]
+    assert count_params(after) <= (1 - amount) * count_params(before)
+    assert pruned.metrics["params_removed_pct"] >= 100 * amount
+    assert pruned.metrics["flops_removed_pct"] > 0
+    # Hidden layers narrower; bottom output (= embedding_dim) and the final logit unchanged.
+    s0, s1 = linear_shapes(before), linear_shapes(after)
+    assert len(s0) == len(s1) and all(b[0] <= a[0] and b[1] <= a[1] for a, b in zip(s0, s1, strict=True))
+    assert s1[0][0] < s0[0][0] and s1[-2][0] < s0[-2][0]
+    assert after.bottom[-2].out_features == after.cfg.embedding_dim and after.top[-1].out_features == 1
+    # Embedding tables lost rows but still accept every id of the schema.
+    rows0 = {t.feature: t.num_rows for t in before.cfg.tables}
+    shrunk = [t for t in after.cfg.tables if t.num_rows < rows0[t.feature]]
+    assert shrunk and all(t.cardinality == rows0[t.feature] for t in shrunk)
+    assert {t.feature for t in shrunk} <= set(after.cfg.remapped)
+    assert pruned.parent == "base" and pruned.step == "prune" and pruned.sha256["torch"]
+
+
+def test_pruned_outputs_valid_and_paths_agree(pruned, data):
+    """Random ids over the full cardinality (pruned ones included) score finite probabilities, and the
+    TorchRec forward (KJT through the id map) equals the export forward (Gather through the id map)."""
+    model = Variant.load(pruned.dir).load_torch()
+    dense, ids, mask = (torch.from_numpy(a) for a in random_batch(model, 256, data.test.ids.shape[2], seed=1))
+    with torch.no_grad():
+        plain = model.forward_plain(dense, ids, mask)
+        kjt = model(dense, model.kjt(ids, mask.sum(2).long()))
+    assert torch.isfinite(plain).all()
+    torch.testing.assert_close(plain, kjt, rtol=1e-5, atol=1e-5)
+    # A dropped id scores exactly like the unknown id 0.
+    f = pruned.model_config["remapped"][0]
+    i = model.features.index(f)
+    dropped = int((model.id_map(f) == 0).nonzero()[1])
+    a, b = ids.clone(), ids.clone()
+    a[:, i, 0], b[:, i, 0] = dropped, 0
+    with torch.no_grad():
+        torch.testing.assert_close(model.forward_plain(dense, a, mask), model.forward_plain(dense, b, mask))
+
+
+def test_saved_variant_reloads_to_equal_outputs(pruned, data):
+    batch = real_batch(data.test, 300)
+    p1 = load_scorer(Variant.load(pruned.dir))(*batch)
+    p2 = torch_probs(pruned.load_torch(), batch)
+    np.testing.assert_array_equal(p1, p2)
+    assert ((p1 > 0) & (p1 < 1)).all()
+
+
+def test_prune_taylor_iterative_leaves_parent_untouched(parent, data, trainer, tmp_path):
+    digest = dir_digest(parent.dir)
+    cfg = load_step_config(
+        "prune", {"criterion": "taylor", "iterations": 2, "finetune_rows": 2_000, "amount": 0.5}
+    )
+    v = prune.run(parent, data, cfg, tmp_path / "taylor", trainer, "taylor")
+    assert v.params <= 0.5 * parent.params
+    assert dir_digest(parent.dir) == digest
+
+
+@pytest.mark.parametrize(
+    ("override", "field"),
+    [
+        ({"amount": 1.5}, "step.prune.amount"),
+        ({"amount": 0.0}, "step.prune.amount"),
+        ({"criterion": "l3"}, "criterion"),
+    ],
+)
+def test_prune_bad_config_is_a_clear_error(parent, data, trainer, tmp_path, override, field):
+    with pytest.raises(StepError, match=field):
+        prune.run(parent, data, load_step_config("prune", override), tmp_path, trainer, "x")
+
+
+def test_unknown_config_key_is_named(parent, data, trainer, tmp_path):
+    with pytest.raises(StepError, match="unknown keys \\['amout'\\]"):
+        prune.run(parent, data, load_step_config("prune", {"amout": 0.3}), tmp_path, trainer, "x")
+
+
+# distill ----------------------------------------------------------------------------------------
+def distill_cfg(**over) -> dict:
+    base = {
+        "student": {"embedding_dim": 4, "bottom": [16, 4], "top": [16], "min_rows": 500},
+        "epochs": 1,
+        "rows_per_epoch": 6_000,
+    }
+    return load_step_config("distill", deep_merge(base, over))
+
+
+def test_distill_student_smaller_with_control(parent, data, trainer, tmp_path):
+    v = distill.run(parent, data, distill_cfg(), tmp_path / "student", trainer, "student")
+    assert v.params < parent.params and v.metrics["size_ratio"] == pytest.approx(parent.params / v.params)
+    m = v.metrics
+    assert m["kd_gain_auc"] == pytest.approx(m["student_auc"] - m["control_auc"])
+    assert m["teacher_auc"] == parent.metrics["auc"]
+    assert 0 < m["teacher_rows_scored"] <= len(data.train)
+    # The student variant scores through the runtime exactly as the step measured it.
+    loaded = Variant.load(v.dir)
+    assert evaluate(load_scorer(loaded), data.test)["auc"] == pytest.approx(m["student_auc"], abs=1e-6)
+    # The control is a real, loadable artifact with the student's architecture.
+    state = torch.load(loaded.verify("control_torch"), weights_only=True)
+    control = DLRM(DLRMConfig(**loaded.model_config))
+    control.load_state_dict(state)
+    assert evaluate(load_scorer(loaded), data.test)["auc"] != pytest.approx(m["control_auc"], abs=1e-9)
+    assert v.size_mb < parent.size_mb
+
+
+def test_distill_from_pruned_teacher_reuses_its_tables(pruned, data, trainer, tmp_path):
+    cfg = distill_cfg(student={"tables": "teacher", "min_count": 0}, control=False)
+    v = distill.run(pruned, data, cfg, tmp_path / "s", trainer, "s")
+    teacher, student = pruned.load_torch(), v.load_torch()
+    assert [t.num_rows for t in student.cfg.tables] == [t.num_rows for t in teacher.cfg.tables]
+    for f in teacher.cfg.remapped:
+        assert torch.equal(student.id_map(f), teacher.id_map(f))
+    assert "control_auc" not in v.metrics and "control_torch" not in v.artifacts
+
+
+def test_distill_student_larger_than_teacher_is_an_error(parent, data, trainer, tmp_path):
+    cfg = distill_cfg(student={"embedding_dim": 64, "bottom": [64], "top": [128], "min_count": 0})
+    with pytest.raises(StepError, match="student has .* not fewer than the teacher"):
+        distill.run(parent, data, cfg, tmp_path, trainer, "big")
+
+
+# accelerate -------------------------------------------------------------------------------------
+def accel_cfg(mode: str, **over) -> dict:
+    # A short tuning run: the grid and its timing are exercised, not benchmarked.
+    return load_step_config("accelerate", {"mode": mode, "tune": {"repeats": 6, "rounds": 2}, **over})
+
+
+@pytest.fixture(scope="module")
+def int8(parent, data, trainer, tmp_path_factory) -> Variant:
+    return accelerate.run(
+        parent, data, accel_cfg("onnx_int8"), tmp_path_factory.mktemp("int8"), trainer, "int8"
+    )
+
+
+def test_int8_graph_is_static_and_every_mlp_layer_quantized(int8, parent):
+    g = onnx.load(str(int8.verify("onnx")))
+    ops = {n.op_type for n in g.graph.node}
+    assert not ops & {"Loop", "Scan", "If"}
+    report = json.loads(int8.verify("report").read_text())
+    assert report["fp32_ops"]["Gemm"] == 5 and not set(report["fp32_ops"]) & {"Loop", "Scan", "If"}
+    n_linear = sum(isinstance(m, torch.nn.Linear) for m in parent.load_torch().modules())
+    assert int8.metrics["quantized_matmuls"] == n_linear == int8.metrics["mlp_layers"]
+    assert int8.metrics["float_matmuls"] == 0 and int8.metrics["quantized_nodes"] > 0
+    assert int8.params == parent.params and int8.flops_per_candidate == parent.flops_per_candidate
+    assert sum(n.op_type == "MatMulInteger" for n in g.graph.node) == n_linear
+    assert max(int8.metrics["parity_max_abs_random"], int8.metrics["parity_max_abs_real"]) <= 1e-4
+
+
+def test_int8_variant_scores_like_torch_from_its_dir(int8, parent, data):
+    v = Variant.load(int8.dir)
+    assert v.backend == "onnxruntime" and v.parent == "base"
+    assert set(v.runtime["ort"]) == {
+        "graph_optimization_level",
+        "intra_op_num_threads",
+        "inter_op_num_threads",
+        "execution_mode",
+    }
+    batch = real_batch(data.test, 500)
+    diff = np.abs(load_scorer(v)(*batch) - torch_probs(parent.load_torch(), batch))
+    assert diff.max() < 0.02  # int8 weights and activations; fp32 parity is checked separately
+    assert v.metrics["auc_rel_drop"] <= v.step_config["auc_guard"]
+    table = json.loads(v.verify("report").read_text())["tuning"]["table"]
+    assert len(table) == 3 and all(r["rank_p50_ms"] > 0 for r in table)
+
+
+@pytest.mark.parametrize("rewrite", [True, False])
+def test_static_int8_needs_the_gemm_rewrite(parent, data, trainer, tmp_path, rewrite):
+    """ORT's static (QDQ) quantizer leaves Gemm in float; gemm_to_matmul is what quantizes the MLP."""
+    q = {"static": True, "gemm_to_matmul": rewrite, "calibration_batches": 2}
+    cfg = accel_cfg("onnx_int8", tune=None, auc_guard=1.0, quantize=q)
+    v = accelerate.run(parent, data, cfg, tmp_path / "static", trainer, "static")
+    n_linear = v.metrics["mlp_layers"]
+    if rewrite:
+        assert v.metrics["quantized_matmuls"] == n_linear and v.metrics["float_matmuls"] == 0
+    else:
+        assert v.metrics["float_matmuls"] == n_linear and v.metrics["quantized_matmuls"] == 0
+
+
+def test_int8_tables_of_a_pruned_parent_keep_its_id_maps(pruned, data, trainer, tmp_path):
+    """8-bit embedding tables (op_types + Gather) behind int32 id maps, which must stay exact."""
+    cfg = accel_cfg("onnx_int8", tune=None, quantize={"op_types": ["MatMul", "Gather"]})
+    v = accelerate.run(pruned, data, cfg, tmp_path / "p8", trainer, "p8")
+    model = pruned.load_torch()
+    batch = random_batch(model, 400, data.test.ids.shape[2], seed=2)  # pruned ids included
+    assert np.abs(load_scorer(v)(*batch) - torch_probs(model, batch)).max() < 0.02
+    assert v.metrics["quantized_tables"] == len(model.cfg.tables) and v.params == pruned.params
+    assert v.size_mb < pruned.size_mb / 2
+
+
+def test_fp32_onnx_parity_and_tamper_detection(parent, data, trainer, tmp_path):
+    v = accelerate.run(parent, data, accel_cfg("onnx_fp32", tune=None), tmp_path / "fp32", trainer, "fp32")
+    assert v.runtime["ort"] == {}
+    batch = random_batch(parent.load_torch(), 300, data.test.ids.shape[2], seed=3)
+    np.testing.assert_allclose(load_scorer(v)(*batch), torch_probs(parent.load_torch(), batch), atol=1e-4)
+    copy = tmp_path / "tampered"
+    shutil.copytree(v.dir, copy)
+    with open(copy / "model.onnx", "r+b") as f:
+        f.seek(-16, 2)
+        f.write(b"\x00" * 16)
+    with pytest.raises(ArtifactError, match="SHA-256 mismatch"):
+        load_scorer(Variant.load(copy))
+
+
+def test_parity_check_catches_a_wrong_export(parent, data, tmp_path):
+    model = parent.load_torch()
+    other = parent.load_torch()
+    with torch.no_grad():
+        other.top[-1].bias += 0.05  # a small, real difference in the exported graph
+    export_onnx(other, tmp_path / "m.onnx", data.test.take(slice(0, 4)), opset=18, exporter="torchscript")
+    batches = {"real": real_batch(data.test, 64)}
+    with pytest.raises(StepError, match="parity failed"):
+        check_parity(ort_scorer(tmp_path / "m.onnx", {}), model, batches, 1e-4, "test")
+    assert check_parity(ort_scorer(tmp_path / "m.onnx", {}), other, batches, 1e-4, "test")["real"] <= 1e-4
+
+
+def test_auc_guard_rejects_a_worse_variant(parent, data, trainer, tmp_path):
+    fake = dataclasses.replace(parent, metrics={**parent.metrics, "auc": 0.99})
+    with pytest.raises(StepError, match=r"auc 0\.99000 -> .* auc 0\.\d+ .*auc_guard"):
+        accelerate.run(fake, data, accel_cfg("onnx_fp32", tune=None), tmp_path, trainer, "guarded")
+
+
+def test_bf16_backend_keeps_weights(parent, data, trainer, tmp_path):
+    v = accelerate.run(
+        parent, data, accel_cfg("torch_bf16", auc_guard=0.02), tmp_path / "bf16", trainer, "bf16"
+    )
+    assert v.backend == "torch_bf16" and v.sha256["torch"] == parent.sha256["torch"]
+    assert v.metrics["guard_auc"] == pytest.approx(parent.metrics["auc"], abs=0.01)
+
+
+def test_accelerate_needs_a_torch_parent(int8, data, trainer, tmp_path):
+    with pytest.raises(StepError, match="no 'torch' artifact"):
+        accelerate.run(int8, data, accel_cfg("onnx_fp32"), tmp_path, trainer, "again")
+    with pytest.raises(StepError, match="backend onnxruntime"):
+        distill.run(int8, data, distill_cfg(), tmp_path, trainer, "again")
+
+
+def test_gemm_to_matmul_preserves_outputs(tmp_path):
+    """All Gemm attribute cases the rewrite handles, checked by running both graphs in ORT."""
+    rng = np.random.default_rng(0)
+    w = rng.normal(size=(4, 3)).astype(np.float32)  # transB=1: [out, in]
+    b = rng.normal(size=(4,)).astype(np.float32)
+    node = helper.make_node("Gemm", ["x", "w", "b"], ["y"], name="g", transB=1, alpha=0.5, beta=2.0)
+    graph = helper.make_graph(
+        [node],
+        "g",
+        [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["n", 3])],
+        [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["n", 4])],
+        [numpy_helper.from_array(w, "w"), numpy_helper.from_array(b, "b")],
+    )
+    model = helper.make_model(graph, opset_imports=[helper.make_opsetid("", 17)])
+    rewritten = onnx.ModelProto()
+    rewritten.CopyFrom(model)
+    assert gemm_to_matmul(rewritten) == 1
+    assert [n.op_type for n in rewritten.graph.node] == ["MatMul", "Add"]
+    import onnxruntime as ort
+
+    x = rng.normal(size=(5, 3)).astype(np.float32)
+    out = [
+        ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"]).run(None, {"x": x})[0]
+        for m in (model, rewritten)
+    ]
+    np.testing.assert_allclose(out[0], out[1], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(out[0], 0.5 * x @ w.T + 2.0 * b, rtol=1e-5, atol=1e-6)
