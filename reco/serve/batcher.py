@@ -1,0 +1,157 @@
+"""Model calls off the event loop, one at a time or dynamically batched (as Triton's dynamic batcher).
+
+Both rankers run the scorer in a dedicated thread pool, so the event loop keeps accepting and parsing
+requests while a model call runs (torch and ONNX Runtime release the GIL). `score` returns the
+probabilities with the time the block waited (queue) and the time of the model call it rode in (rank).
+
+DynamicBatcher: a block that arrives while no call is being formed opens a batch; blocks arriving within
+`max_queue_delay_ms` of it join until the batch holds `max_batch` candidate ROWS. The batch's blocks are
+concatenated into one scorer call and the result is split back. A block larger than `max_batch` is
+scored on its own (never split), and a block that would overflow the batch opens the next one.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from collections import deque
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from reco.runtime import Scorer
+
+
+@dataclass
+class Scored:
+    probs: np.ndarray  # [N] float32
+    queue_s: float
+    rank_s: float
+    batch_rows: int = 0
+    batch_requests: int = 1
+    reports_batch: bool = True  # one block per model call carries the call's batch statistics
+
+
+class DirectRanker:
+    """One scorer call per request, in arrival order on the executor's threads."""
+
+    def __init__(self, scorer: Scorer, executor: ThreadPoolExecutor) -> None:
+        self.scorer, self.executor = scorer, executor
+
+    def _call(self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, t_submit: float) -> Scored:
+        t0 = time.perf_counter()
+        probs = self.scorer(dense, ids, mask)
+        t1 = time.perf_counter()
+        return Scored(probs, t0 - t_submit, t1 - t0, len(probs), 1)
+
+    async def score(self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> Scored:
+        loop = asyncio.get_running_loop()
+        return await loop.run_in_executor(self.executor, self._call, dense, ids, mask, time.perf_counter())
+
+    async def start(self) -> None:
+        pass
+
+    async def stop(self) -> None:
+        pass
+
+
+@dataclass
+class _Block:
+    dense: np.ndarray
+    ids: np.ndarray
+    mask: np.ndarray
+    fut: asyncio.Future
+    t_enqueue: float = field(default_factory=time.perf_counter)
+
+    @property
+    def rows(self) -> int:
+        return self.dense.shape[0]
+
+
+class DynamicBatcher:
+    """Coalesces concurrent requests' candidate blocks into one scorer call (see the module docstring)."""
+
+    def __init__(
+        self, scorer: Scorer, executor: ThreadPoolExecutor, max_batch: int, max_queue_delay_ms: float
+    ) -> None:
+        if max_batch < 1 or max_queue_delay_ms < 0:
+            raise ValueError(
+                f"serve.batching: max_batch must be >= 1 and max_queue_delay_ms >= 0, "
+                f"got {max_batch} and {max_queue_delay_ms}"
+            )
+        self.scorer, self.executor = scorer, executor
+        self.max_batch = int(max_batch)
+        self.max_delay_s = float(max_queue_delay_ms) / 1000.0
+        self.pending: deque[_Block] = deque()
+        self.wakeup = asyncio.Event()
+        self.task: asyncio.Task | None = None
+
+    async def start(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+
+    async def stop(self) -> None:
+        if self.task is not None:
+            self.task.cancel()
+
+    async def score(self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> Scored:
+        block = _Block(dense, ids, mask, asyncio.get_running_loop().create_future())
+        self.pending.append(block)
+        self.wakeup.set()
+        return await block.fut
+
+    def _take(self) -> list[_Block]:
+        """Pop pending blocks that fit one batch (the first always goes, however large)."""
+        batch = [self.pending.popleft()]
+        rows = batch[0].rows
+        while self.pending and rows + self.pending[0].rows <= self.max_batch:
+            rows += self.pending[0].rows
+            batch.append(self.pending.popleft())
+        return batch
+
+    def _rows_pending(self) -> int:
+        return sum(b.rows for b in self.pending)
+
+    async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            if not self.pending:
+                self.wakeup.clear()
+                await self.wakeup.wait()
+            # Wait for company until the oldest block has waited max_queue_delay or the batch is full.
+            deadline = self.pending[0].t_enqueue + self.max_delay_s
+            while self._rows_pending() < self.max_batch and (left := deadline - time.perf_counter()) > 0:
+                self.wakeup.clear()
+                try:
+                    await asyncio.wait_for(self.wakeup.wait(), left)
+                except TimeoutError:
+                    break
+            batch = self._take()
+            try:
+                results = await loop.run_in_executor(self.executor, self._call, batch)
+            except Exception as e:  # a failed call fails its requests, never the batcher
+                for b in batch:
+                    if not b.fut.done():
+                        b.fut.set_exception(e)
+                continue
+            for b, r in zip(batch, results, strict=True):
+                if not b.fut.done():  # the client may have gone away
+                    b.fut.set_result(r)
+
+    def _call(self, batch: list[_Block]) -> list[Scored]:
+        t0 = time.perf_counter()
+        if len(batch) == 1:
+            probs = self.scorer(batch[0].dense, batch[0].ids, batch[0].mask)
+        else:
+            probs = self.scorer(
+                np.concatenate([b.dense for b in batch]),
+                np.concatenate([b.ids for b in batch]),
+                np.concatenate([b.mask for b in batch]),
+            )
+        t1 = time.perf_counter()
+        rows = sum(b.rows for b in batch)
+        out, lo = [], 0
+        for j, b in enumerate(batch):
+            out.append(Scored(probs[lo : lo + b.rows], t0 - b.t_enqueue, t1 - t0, rows, len(batch), j == 0))
+            lo += b.rows
+        return out

@@ -1,0 +1,228 @@
+"""In-memory feature store and candidate generation, built once from a dataset's train split.
+
+Per user id: the user-side features of that user's latest train row. Per item id: the item-side
+features of that item's latest train row, and its train impression count (popularity). Everything is
+kept as dense numpy tables indexed by id, so assembling the model input for N candidates is a few
+vectorised gathers:
+
+    ids  [N, F, L] int64   user features broadcast, item features gathered, context from the request
+    mask [N, F, L] float32 1 where a position holds a real id
+    dense [N, D] float32
+
+An entity absent from the train split (or an id outside its table) is cold-start: every feature of its
+side is the shared unknown id 0 (length 1) and its dense features are 0 -- the same row the model uses
+for out-of-vocabulary and pruned ids.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from reco.data.schema import Dataset
+
+log = logging.getLogger("reco.serve")
+
+
+class ServeConfigError(ValueError):
+    """The dataset or settings cannot be served (raised before the server binds its port)."""
+
+
+@dataclass
+class SideTable:
+    """One side's (user or item) features per entity id.
+
+    ids:   [E+1, Fs, L] int32 (row E = cold-start: id 0, length 1)
+    mask:  [E+1, Fs, L] float32
+    dense: [E+1, Ds] float32
+    row:   [cardinality] int64, entity id -> row (E when the entity is not in the train split)
+    """
+
+    cols: np.ndarray
+    dense_cols: np.ndarray
+    ids: np.ndarray
+    mask: np.ndarray
+    dense: np.ndarray
+    row: np.ndarray
+
+    @property
+    def cold(self) -> int:
+        return self.ids.shape[0] - 1
+
+    def lookup(self, entity: np.ndarray) -> np.ndarray:
+        """Entity ids (any ints) -> table rows; out-of-range ids are cold-start."""
+        inside = (entity >= 0) & (entity < self.row.shape[0])
+        return np.where(inside, self.row[np.clip(entity, 0, self.row.shape[0] - 1)], self.cold)
+
+
+def _side_table(ds: Dataset, side: str, key: str) -> SideTable:
+    s, tr = ds.schema, ds.train
+    cols = np.array([i for i, f in enumerate(s.sparse) if f.side == side], dtype=np.int64)
+    dense_cols = np.array([i for i, f in enumerate(s.dense) if f.side == side], dtype=np.int64)
+    card = s.sparse[s.index(key)].cardinality
+    ent = tr.ids[:, s.index(key), 0].numpy()
+    ent = np.where((ent > 0) & (ent < card), ent, 0)  # id 0 rows are unknown entities, never stored
+    last = np.full(card, -1, dtype=np.int64)
+    np.maximum.at(last, ent, np.arange(len(ent)))  # train rows are time-ordered: latest row wins
+    last[0] = -1
+    seen = np.flatnonzero(last >= 0)
+    L = tr.ids.shape[2]
+    n = len(seen)
+    ids = np.zeros((n + 1, len(cols), L), dtype=np.int32)
+    mask = np.zeros((n + 1, len(cols), L), dtype=np.float32)
+    dense = np.zeros((n + 1, len(dense_cols)), dtype=np.float32)
+    rows = last[seen]
+    full_mask = tr.mask().numpy()
+    ids[:n] = tr.ids.numpy()[rows][:, cols]
+    mask[:n] = full_mask[rows][:, cols]
+    dense[:n] = tr.dense.numpy()[rows][:, dense_cols]
+    mask[n, :, 0] = 1.0  # cold-start: the unknown id 0 with length 1 in every feature
+    row = np.full(card, n, dtype=np.int64)
+    row[seen] = np.arange(n)
+    return SideTable(cols, dense_cols, ids, mask, dense, row)
+
+
+@dataclass
+class Request:
+    """A validated /recommend request (see reco.serve.app.parse_request)."""
+
+    user_id: int
+    k: int
+    context_ids: np.ndarray  # [Fc, L] int64
+    context_mask: np.ndarray  # [Fc, L] float32
+    context_dense: np.ndarray  # [Dc] float32
+    candidates: np.ndarray | None  # [M] int64 item ids, or None -> generate
+
+
+class FeatureStore:
+    """User/item feature tables and popularity lists of one dataset (see the module docstring)."""
+
+    def __init__(self, ds: Dataset, retrieval: dict) -> None:
+        s = ds.schema
+        if s.user_key is None or s.item_key is None:
+            raise ServeConfigError(
+                f"dataset {ds.name!r}: schema.user_key={s.user_key!r}, schema.item_key={s.item_key!r}; "
+                "serving needs both (which sparse features hold the user id and the item id)"
+            )
+        self.schema = s
+        self.L = ds.train.ids.shape[2]
+        self.F, self.D = len(s.sparse), len(s.dense)
+        self.users = _side_table(ds, "user", s.user_key)
+        self.items = _side_table(ds, "item", s.item_key)
+        self.ctx_cols = np.array([i for i, f in enumerate(s.sparse) if f.side == "context"], dtype=np.int64)
+        self.ctx_dense_cols = np.array(
+            [i for i, f in enumerate(s.dense) if f.side == "context"], dtype=np.int64
+        )
+        self.ctx_sparse = {f.name: (j, f) for j, f in enumerate(s.sparse[i] for i in self.ctx_cols)}
+        self.ctx_dense = {s.dense[i].name: j for j, i in enumerate(self.ctx_dense_cols)}
+        self.item_card = s.sparse[s.index(s.item_key)].cardinality
+
+        counts = np.bincount(ds.train.ids[:, s.index(s.item_key), 0].numpy(), minlength=self.item_card)
+        counts[0] = 0
+        known = np.flatnonzero(self.items.row != self.items.cold)
+        # Global popularity: known items, most impressions first (ties: lower id first, deterministic).
+        self.popular = known[np.lexsort((known, -counts[known]))]
+        self.share = float(retrieval.get("share", 0.0))
+        self.groups = self._group_index(retrieval, counts, known)
+        self._seen = np.zeros(self.item_card, dtype=bool)  # scratch for de-duplication (event loop only)
+
+        # Whole-row item templates: item columns filled, user/context columns 0, so a request's input is
+        # one gather plus one broadcast add of its user+context row (see assemble).
+        it = self.items
+        n_rows = it.ids.shape[0]
+        self.item_ids_full = np.zeros((n_rows, self.F, self.L), dtype=np.int64)
+        self.item_mask_full = np.zeros((n_rows, self.F, self.L), dtype=np.float32)
+        self.item_dense_full = np.zeros((n_rows, self.D), dtype=np.float32)
+        self.item_ids_full[:, it.cols] = it.ids
+        self.item_mask_full[:, it.cols] = it.mask
+        self.item_dense_full[:, it.dense_cols] = it.dense
+
+    def _group_index(self, retrieval: dict, counts: np.ndarray, known: np.ndarray) -> dict | None:
+        """Items grouped by the retrieval item feature, each group most popular first (CSR layout)."""
+        uf, itf = retrieval.get("user_feature"), retrieval.get("item_feature")
+        names = {f.name: f for f in self.schema.sparse}
+        if not uf or not itf:
+            return None
+        if uf not in names or names[uf].side != "user" or itf not in names or names[itf].side != "item":
+            log.warning(
+                "serve.retrieval: user_feature %r (user side) / item_feature %r (item side) not in the "
+                "schema; candidates come from global popularity only",
+                uf,
+                itf,
+            )
+            return None
+        card = names[itf].cardinality
+        item_group = self.items.ids[
+            self.items.row[known], list(self.items.cols).index(self.schema.index(itf)), 0
+        ]
+        order = np.lexsort((known, -counts[known], item_group))
+        grp_sorted = item_group[order]
+        return {
+            "user_col": list(self.users.cols).index(self.schema.index(uf)),
+            "items": known[order],
+            "starts": np.searchsorted(grp_sorted, np.arange(card + 1)),
+            "card": card,
+            "feature": f"{uf}->{itf}",
+        }
+
+    @property
+    def retrieval_name(self) -> str:
+        return self.groups["feature"] if self.groups else "popularity"
+
+    def user_row(self, user_id: int) -> int:
+        """Row of the user's features; cold-start for ids not in the train split (any int)."""
+        row = self.users.row
+        return int(row[user_id]) if 0 < user_id < len(row) else self.users.cold
+
+    def check_items(self, item_ids: np.ndarray) -> np.ndarray:
+        """Item ids outside [1, cardinality) (they have no embedding row at all)."""
+        return item_ids[(item_ids < 1) | (item_ids >= self.item_card)]
+
+    def candidates(self, user_row: int, n: int) -> np.ndarray:
+        """[<=n] int64 item ids: popular items of the user's recent groups, then global popularity."""
+        picked = np.empty(0, dtype=np.int64)
+        g = self.groups
+        if g is not None and self.share > 0:
+            u_ids = self.users.ids[user_row, g["user_col"]]
+            u_mask = self.users.mask[user_row, g["user_col"]]
+            grp = np.unique(u_ids[(u_mask > 0) & (u_ids > 0) & (u_ids < g["card"])])
+            if len(grp):
+                want = int(n * self.share)
+                per = math.ceil(want / len(grp))
+                st = g["starts"]
+                picked = np.concatenate([g["items"][st[c] : min(st[c] + per, st[c + 1])] for c in grp])[:want]
+        if len(picked) == 0:
+            return self.popular[:n].copy()
+        fill = self.popular[: n + len(picked)]
+        self._seen[picked] = True
+        fill = fill[~self._seen[fill]][: n - len(picked)]
+        self._seen[picked] = False
+        return np.concatenate([picked, fill])
+
+    def assemble(self, user_row: int, req: Request, items: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Model input for one user and N candidate items.
+
+        Returns dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32.
+        """
+        u = self.users
+        base_ids = np.zeros((self.F, self.L), dtype=np.int64)
+        base_mask = np.zeros((self.F, self.L), dtype=np.float32)
+        base_dense = np.zeros(self.D, dtype=np.float32)
+        base_ids[u.cols], base_mask[u.cols], base_dense[u.dense_cols] = (
+            u.ids[user_row],
+            u.mask[user_row],
+            u.dense[user_row],
+        )
+        base_ids[self.ctx_cols], base_mask[self.ctx_cols] = req.context_ids, req.context_mask
+        base_dense[self.ctx_dense_cols] = req.context_dense
+        rows = self.items.lookup(items)
+        ids = np.take(self.item_ids_full, rows, axis=0)
+        ids += base_ids  # item columns are 0 in base_*, user/context columns are 0 in the templates
+        mask = np.take(self.item_mask_full, rows, axis=0)
+        mask += base_mask
+        dense = np.take(self.item_dense_full, rows, axis=0)
+        dense += base_dense
+        return dense, ids, mask

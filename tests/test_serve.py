@@ -1,0 +1,413 @@
+"""The HTTP service on loopback: real server processes, a tiny untrained DLRM variant, real requests."""
+
+from __future__ import annotations
+
+import dataclasses
+import http.client
+import json
+import threading
+from pathlib import Path
+from urllib.parse import urlparse
+
+import numpy as np
+import pytest
+import torch
+
+from reco.data.schema import Dataset
+from reco.models.dlrm import DLRM, DLRMConfig
+from reco.serve.__main__ import main as serve_main
+from reco.serve.app import load_settings
+from reco.serve.features import FeatureStore, ServeConfigError
+from reco.serve.metrics import STAGES, parse_stage_histograms
+from reco.serve.process import start_server
+from reco.variant import Variant
+
+pytestmark = pytest.mark.timeout(240)
+
+
+def make_variant(data: Dataset, root: Path) -> tuple[Path, Path]:
+    """Dataset file + an untrained tiny DLRM variant (fixed seed) under root."""
+    data_path = root / "data.pt"
+    data.save(str(data_path))
+    torch.manual_seed(0)
+    model = DLRM(DLRMConfig.from_schema(data.schema, embedding_dim=16, bottom=[32, 16], top=[64, 32]))
+    v = Variant("tiny", "train", None, "torch", {}, dir=str(root / "variant"))
+    v.save_torch(model)
+    v.save()
+    return Path(v.dir), data_path
+
+
+@pytest.fixture(scope="module")
+def served(tiny_data, tmp_path_factory):
+    """Servers started side by side: plain, dynamic batching, a tiny admission limit, two workers."""
+    root = tmp_path_factory.mktemp("serve")
+    vdir, dpath = make_variant(tiny_data, root)
+    base = load_settings()
+    specs = {
+        "plain": {},
+        "batched": {"batching": {**base["batching"], "enabled": True, "max_queue_delay_ms": 50.0}},
+        "limited": {"queue_limit": 2, "retry_after_s": 1},
+        "workers": {"workers": 2},
+    }
+    handles = {
+        name: start_server(vdir, dpath, {**base, **over}, wait=False, work_dir=root / name)
+        for name, over in specs.items()
+    }
+    try:
+        for h in handles.values():
+            h.wait_ready(timeout_s=180)
+        yield {"handles": handles, "data": tiny_data, "vdir": vdir, "dpath": dpath, "settings": base}
+    finally:
+        for h in handles.values():
+            h.stop()
+
+
+class Client:
+    """Keep-alive HTTP/1.1 client (one connection), like a real caller."""
+
+    def __init__(self, url: str) -> None:
+        u = urlparse(url)
+        self.conn = http.client.HTTPConnection(u.hostname, u.port, timeout=60)
+
+    def request(self, method: str, path: str, body: bytes | None = None, headers: dict | None = None):
+        self.conn.request(method, path, body, headers or {})
+        r = self.conn.getresponse()
+        data = r.read()
+        return r.status, {k.lower(): v for k, v in r.getheaders()}, data
+
+    def recommend(self, body: dict | bytes):
+        raw = body if isinstance(body, bytes) else json.dumps(body).encode()
+        status, headers, data = self.request("POST", "/recommend", raw, {"Content-Type": "application/json"})
+        return status, headers, json.loads(data)
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+@pytest.fixture()
+def plain(served):
+    c = Client(served["handles"]["plain"].url)
+    yield c
+    c.close()
+
+
+def a_test_row(data: Dataset, i: int = 0) -> dict:
+    """A request body from test row i: that row's user id and context features."""
+    s = data.schema
+    ids = data.test.ids[i]
+    return {
+        "user_id": int(ids[s.index("user_id"), 0]),
+        "context": {"hour": int(ids[s.index("hour"), 0]), "device": int(ids[s.index("device"), 0])},
+        "k": 10,
+    }
+
+
+def scores(resp: dict) -> dict[int, float]:
+    return {it["item_id"]: it["score"] for it in resp["items"]}
+
+
+def test_recommend_returns_ranked_items_with_server_timing(plain, served):
+    status, headers, resp = plain.recommend(a_test_row(served["data"]))
+    assert status == 200
+    assert resp["model"] == "tiny"
+    items = resp["items"]
+    assert len(items) == 10 and len({it["item_id"] for it in items}) == 10
+    s = [it["score"] for it in items]
+    assert s == sorted(s, reverse=True) and all(0 < x < 1 for x in s)
+    timing = dict(part.split(";dur=") for part in headers["server-timing"].split(", "))
+    assert list(timing) == list(STAGES)
+    t = {k: float(v) for k, v in timing.items()}
+    assert all(v >= 0 for v in t.values())
+    # The stages partition the request: they add up to the total (up to the header's rounding).
+    assert abs(sum(t[k] for k in STAGES if k != "total") - t["total"]) < 0.01
+
+
+def test_candidates_come_from_the_users_recent_categories_and_popularity(plain, served):
+    data, body = served["data"], a_test_row(served["data"])
+    store = FeatureStore(data, served["settings"]["retrieval"])
+    row = store.user_row(body["user_id"])
+    cands = store.candidates(row, 500)
+    assert len(cands) == len(set(cands.tolist())) == 500
+    cat_col = data.schema.index("category")
+    item_cat = store.items.ids[store.items.lookup(cands), list(store.items.cols).index(cat_col), 0]
+    recent_col = list(store.users.cols).index(data.schema.index("recent_categories"))
+    user_cats = set(store.users.ids[row, recent_col].tolist()) - {0}
+    known_cat = store.items.ids[:-1, list(store.items.cols).index(cat_col), 0]
+    m = min(250, int(np.isin(known_cat, list(user_cats)).sum()))  # half from the user's categories
+    assert user_cats and m > 0 and np.isin(item_cat[:m], list(user_cats)).all()
+    # ... the rest by global popularity, skipping what is already in.
+    rest = [i for i in store.popular.tolist() if i not in set(cands[:m].tolist())][: 500 - m]
+    assert cands[m:].tolist() == rest
+    # The served top-k are drawn from exactly these candidates.
+    status, _, resp = plain.recommend({**body, "k": 100})
+    assert status == 200 and set(scores(resp)) <= set(cands.tolist())
+
+
+def test_feature_store_rebuilds_the_latest_training_row(served):
+    """The last train row is the latest for its user and its item: serving must reproduce it exactly."""
+    data = served["data"]
+    s, tr = data.schema, data.train
+    store = FeatureStore(data, served["settings"]["retrieval"])
+    r = len(tr) - 1
+    ids, mask = tr.ids[r].numpy(), tr.mask()[r].numpy()
+    body = {"user_id": int(ids[s.index("user_id"), 0]), "k": 1}
+    body["context"] = {"hour": int(ids[s.index("hour"), 0]), "device": int(ids[s.index("device"), 0])}
+    from reco.serve.app import parse_request
+
+    req = parse_request(json.dumps(body).encode(), store, 100, 10)
+    item = np.array([ids[s.index("item_id"), 0]])
+    dense_a, ids_a, mask_a = store.assemble(store.user_row(body["user_id"]), req, item)
+    np.testing.assert_array_equal(ids_a[0], ids)
+    np.testing.assert_array_equal(mask_a[0], mask)
+    np.testing.assert_array_equal(dense_a[0], tr.dense[r].numpy())
+
+
+def test_unknown_user_is_cold_start_not_an_error(plain):
+    answers = []
+    for uid in (0, 10**12, -3, 1_999_999):
+        status, _, resp = plain.recommend({"user_id": uid, "k": 5})
+        assert status == 200 and len(resp["items"]) == 5
+        answers.append(scores(resp))
+    # Every unknown id gets the same cold-start features, hence the same answer.
+    assert all(a == answers[0] for a in answers)
+
+
+def test_given_candidates_are_ranked_and_context_is_used(plain):
+    cands = [5, 17, 300, 999, 42]
+    status, _, resp = plain.recommend({"user_id": 7, "k": 10, "candidates": cands})
+    assert status == 200 and sorted(scores(resp)) == sorted(cands)  # k > len(candidates): all of them
+    _, _, night = plain.recommend({"user_id": 7, "k": 5, "candidates": cands, "context": {"hour": 3}})
+    _, _, day = plain.recommend({"user_id": 7, "k": 5, "candidates": cands, "context": {"hour": 15}})
+    assert scores(night) != scores(day)
+    # A context id outside its table is the unknown id 0, as in training.
+    _, _, oov = plain.recommend({"user_id": 7, "k": 5, "candidates": cands, "context": {"hour": 10_000}})
+    _, _, unk = plain.recommend({"user_id": 7, "k": 5, "candidates": cands, "context": {"hour": 0}})
+    assert scores(oov) == scores(unk)
+
+
+BAD = [
+    (b"{not json", 400, "body"),
+    (b"[1, 2]", 422, "body"),
+    (b'{"k": 5}', 422, "user_id"),
+    (b'{"user_id": "7", "k": 5}', 422, "user_id"),
+    (b'{"user_id": 1.5, "k": 5}', 422, "user_id"),
+    (b'{"user_id": true, "k": 5}', 422, "user_id"),
+    (b'{"user_id": 7}', 422, "k"),
+    (b'{"user_id": 7, "k": 0}', 422, "k"),
+    (b'{"user_id": 7, "k": -1}', 422, "k"),
+    (b'{"user_id": 7, "k": 101}', 422, "k"),
+    (b'{"user_id": 7, "k": "5"}', 422, "k"),
+    (b'{"user_id": 7, "k": 5, "context": [1]}', 422, "context"),
+    (b'{"user_id": 7, "k": 5, "context": {"hour": "noon"}}', 422, "context.hour"),
+    (b'{"user_id": 7, "k": 5, "context": {"colour": 1}}', 422, "context.colour"),
+    (b'{"user_id": 7, "k": 5, "context": {"user_id": 1}}', 422, "context.user_id"),
+    (b'{"user_id": 7, "k": 5, "candidates": []}', 422, "candidates"),
+    (b'{"user_id": 7, "k": 5, "candidates": "1,2"}', 422, "candidates"),
+    (b'{"user_id": 7, "k": 5, "candidates": [1, "x"]}', 422, "candidates[1]"),
+    (b'{"user_id": 7, "k": 5, "candidates": [1, 99999, 0]}', 422, "candidates"),
+    (json.dumps({"user_id": 7, "k": 5, "candidates": list(range(1, 2002))}).encode(), 422, "candidates"),
+    (b'{"user_id": 7, "k": 5, "kk": 1}', 422, "kk"),
+    (b'{"user_id": 1, "k": 1, "pad": "' + b"x" * 70_000 + b'"}', 413, "body"),
+]
+
+
+def test_bad_input_is_a_4xx_naming_the_field_and_the_server_keeps_serving(plain, served):
+    for body, status, field in BAD:
+        got, headers, resp = plain.recommend(body)
+        assert (got, resp["field"]) == (status, field), (body[:60], resp)
+        assert resp["error"].startswith(field if field != "body" else "body")
+        if status == 413:  # the server may close the connection after refusing a large body
+            plain.close()
+            plain.__init__(served["handles"]["plain"].url)
+    _, _, resp = plain.recommend({"user_id": 7, "k": 5, "candidates": [1, 99999, 0]})
+    assert "99999" in resp["error"] and "0" in resp["error"]
+    # A body without Content-Length (chunked) over the limit is refused while streaming.
+    c = Client(served["handles"]["plain"].url)
+    c.conn.request(
+        "POST",
+        "/recommend",
+        iter([b"x" * 40_000] * 2),
+        {"Content-Type": "application/json"},
+        encode_chunked=True,
+    )
+    r = c.conn.getresponse()
+    assert r.status == 413 and json.loads(r.read())["field"] == "body"
+    c.close()
+    status, _, resp = Client(served["handles"]["plain"].url).request("GET", "/recommend")
+    assert status == 405 and "field" in json.loads(resp)
+    status, _, resp = plain.recommend(a_test_row(served["data"]))
+    assert status == 200 and len(resp["items"]) == 10
+
+
+def test_healthz_metrics_and_openapi(plain, served):
+    status, _, body = plain.request("GET", "/healthz")
+    h = json.loads(body)
+    assert status == 200 and h["status"] == "ok" and h["model"] == "tiny" and h["backend"] == "torch"
+    assert h["retrieval"] == "recent_categories->category" and h["batching"]["enabled"] is False
+
+    before = parse_stage_histograms(plain.request("GET", "/metrics")[2].decode())
+    for i in range(3):
+        assert plain.recommend(a_test_row(served["data"], i))[0] == 200
+    status, headers, text = plain.request("GET", "/metrics")
+    after = parse_stage_histograms(text.decode())
+    assert status == 200 and headers["content-type"].startswith("text/plain")
+    assert set(after) == set(STAGES)
+    for stage in STAGES:
+        assert after[stage]["count"] - before.get(stage, {"count": 0})["count"] == 3
+        assert after[stage]["cum"][-1] == after[stage]["count"]
+
+    status, _, body = plain.request("GET", "/openapi.json")
+    spec = json.loads(body)
+    assert status == 200 and spec["openapi"].startswith("3.")
+    req = spec["components"]["schemas"]["RecommendRequest"]
+    assert req["required"] == ["user_id", "k"] and req["properties"]["k"]["maximum"] == 100
+    assert set(req["properties"]["context"]["properties"]) == {"hour", "device"}
+    assert {"200", "413", "422", "503"} <= set(spec["paths"]["/recommend"]["post"]["responses"])
+
+
+def test_dynamic_batching_gives_the_same_scores(served):
+    data = served["data"]
+    bodies = [{**a_test_row(data, i), "k": 20} for i in range(8)]
+    plain, batched = Client(served["handles"]["plain"].url), Client(served["handles"]["batched"].url)
+    expected = [scores(plain.recommend(b)[2]) for b in bodies]
+    # One at a time: the batcher scores a lone block exactly as the plain server does.
+    for b, exp in zip(bodies, expected, strict=True):
+        got = scores(batched.recommend(b)[2])
+        assert got.keys() == exp.keys()
+        np.testing.assert_allclose([got[i] for i in exp], list(exp.values()), rtol=1e-6)
+    # Concurrently: blocks are coalesced into shared model calls, scores still match.
+    before = _batch_counts(batched)
+    results: list[dict | None] = [None] * len(bodies)
+    gate = threading.Barrier(len(bodies))
+
+    def send(i: int) -> None:
+        c = Client(served["handles"]["batched"].url)
+        gate.wait()
+        results[i] = c.recommend(bodies[i])[2]
+        c.close()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(len(bodies))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    for got, exp in zip(results, expected, strict=True):
+        g = scores(got)
+        assert g.keys() == exp.keys()
+        np.testing.assert_allclose([g[i] for i in exp], list(exp.values()), rtol=1e-5, atol=1e-7)
+    after = _batch_counts(batched)
+    calls, reqs = after[0] - before[0], after[1] - before[1]
+    assert reqs == len(bodies) and calls < reqs  # at least one call carried several requests
+    plain.close()
+    batched.close()
+
+
+def _batch_counts(c: Client) -> tuple[float, float]:
+    """(model calls, requests carried) from reco_batch_requests."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    text = c.request("GET", "/metrics")[2].decode()
+    fam = next(f for f in text_string_to_metric_families(text) if f.name == "reco_batch_requests")
+    count = next(s.value for s in fam.samples if s.name.endswith("_count"))
+    total = next(s.value for s in fam.samples if s.name.endswith("_sum"))
+    return count, total
+
+
+def _hammer(url: str, n_clients: int, per_client: int, body: dict) -> list[tuple[int, float, dict]]:
+    """n_clients keep-alive clients back to back; (status, e2e ms, headers) per request."""
+    import time
+
+    out: list[tuple[int, float, dict]] = []
+    lock = threading.Lock()
+    gate = threading.Barrier(n_clients)
+
+    def run() -> None:
+        c = Client(url)
+        gate.wait()
+        for _ in range(per_client):
+            t = time.perf_counter()
+            status, headers, _ = c.recommend(body)
+            with lock:
+                out.append((status, (time.perf_counter() - t) * 1000, headers))
+            if status == 503:
+                time.sleep(0.01)  # a refused client backs off briefly instead of spinning
+        c.close()
+
+    threads = [threading.Thread(target=run) for _ in range(n_clients)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def test_overload_is_refused_with_503_so_admitted_latency_stays_bounded(served):
+    """Same overload (24 clients, 1000 candidates each) against queue_limit 64 and queue_limit 2."""
+    body = {"user_id": 7, "k": 10, "candidates": list(range(1, 1001))}
+    limited, plain = served["handles"]["limited"], served["handles"]["plain"]
+    res_limited = _hammer(limited.url, 24, 8, body)
+    res_plain = _hammer(plain.url, 24, 8, body)
+
+    refused = [h for s, _, h in res_limited if s == 503]
+    assert refused and all(h["retry-after"] == "1" for h in refused)
+    assert {s for s, _, _ in res_limited} <= {200, 503}
+    assert all(s == 200 for s, _, _ in res_plain)  # 24 in flight fit under queue_limit 64
+    assert limited.health()["inflight_max"] <= 2  # the queue never grew past the limit
+
+    def p99(res: list, server_side: bool) -> float:
+        ms = [_total_ms(h) if server_side else e2e for st, e2e, h in res if st == 200]
+        return float(np.percentile(ms, 99, method="inverted_cdf"))
+
+    print(
+        f"admitted p99 e2e / in server: queue_limit 2 -> {p99(res_limited, False):.1f} / "
+        f"{p99(res_limited, True):.1f} ms, queue_limit 64 -> {p99(res_plain, False):.1f} / {p99(res_plain, True):.1f} ms"
+    )
+    # Time inside the server (queue + work; free of the test client's own thread scheduling): with up to
+    # 24 requests waiting instead of at most 2, the unbounded queue's tail is several times longer.
+    assert p99(res_limited, True) < p99(res_plain, True)
+
+
+def _total_ms(headers: dict) -> float:
+    return float(dict(p.split(";dur=") for p in headers["server-timing"].split(", "))["total"])
+
+
+def test_schema_without_user_key_refuses_to_start(served, tmp_path, capsys):
+    data = served["data"]
+    nokey = dataclasses.replace(data, schema=dataclasses.replace(data.schema, user_key=None))
+    path = tmp_path / "nokey.pt"
+    nokey.save(str(path))
+    with pytest.raises(ServeConfigError, match="user_key"):
+        FeatureStore(nokey, {})
+    code = serve_main(["--variant", str(served["vdir"]), "--dataset", str(path), "--port", "1"])
+    assert code == 2
+    assert "user_key" in capsys.readouterr().err
+
+
+def test_settings_overrides_and_their_errors(tmp_path):
+    s = load_settings(None, ["batching.enabled=true", "cpu_affinity=[1]", "n_candidates=50"])
+    assert s["batching"]["enabled"] is True and s["cpu_affinity"] == [1] and s["n_candidates"] == 50
+    with pytest.raises(ServeConfigError, match="no key 'batching.nope'"):
+        load_settings(None, ["batching.nope=1"])
+    with pytest.raises(ServeConfigError, match="expected key=value"):
+        load_settings(None, ["workers"])
+    with pytest.raises(ServeConfigError, match="not found"):
+        load_settings(tmp_path / "missing.yaml")
+
+
+def test_two_workers_share_the_port_and_their_metrics(served):
+    import psutil
+
+    h = served["handles"]["workers"]
+    kids = psutil.Process(h.pid).children(recursive=True)
+    pids = set()
+    for i in range(40):  # a new connection each time: SO_REUSEPORT spreads them over the workers
+        c = Client(h.url)
+        status, _, resp = c.recommend({"user_id": i, "k": 3})
+        assert status == 200 and len(resp["items"]) == 3
+        pids.add(json.loads(c.request("GET", "/healthz")[2])["pid"])
+        c.close()
+    assert len(pids) == 2 and pids <= {k.pid for k in kids}
+    text = Client(h.url).request("GET", "/metrics")[2].decode()
+    assert parse_stage_histograms(text)["rank"]["count"] == 40  # summed over both workers
+    assert h.stop() == 0
+    assert not any(k.is_running() and k.status() != psutil.STATUS_ZOMBIE for k in kids)
