@@ -262,12 +262,13 @@ def run(cfg: DictConfig) -> list[Node]:
             metrics={f"data_skipped_{k}": v for k, v in data.skipped.items()},
         )
         build_all(nodes, data, c, tracker, parent_run)
-        if c["loadtest"].get("enabled", True):
+        load = {}
+        if c["loadtest"]["enabled"]:
             from reco.loadtest.study import load_test_all
 
-            load_test_all(nodes, data, data_path, c, tracker, out_dir)
+            load = load_test_all(nodes, data, data_path, c, tracker, out_dir)
         report_dir = out_dir / "report" if multirun else Path(c["report_dir"])
-        paths = write_study_report(nodes, c, report_dir)
+        paths = write_study_report(nodes, c, load, report_dir)
         tracker.log_artifacts(parent_run, paths, "report")
         print(f"\nReport: {report_dir / 'report.md'}", flush=True)
         failed = False
@@ -276,7 +277,7 @@ def run(cfg: DictConfig) -> list[Node]:
     return nodes
 
 
-def write_study_report(nodes: list[Node], c: dict, out_dir: Path) -> list[Path]:
+def write_study_report(nodes: list[Node], c: dict, load: dict, out_dir: Path) -> list[Path]:
     from reco.report import StudyContext, VariantResult, write_report
 
     baseline = next(n.name for n in nodes if n.step == "train")
@@ -292,13 +293,13 @@ def write_study_report(nodes: list[Node], c: dict, out_dir: Path) -> list[Path]:
                 capacity_steps=n.load.get("capacity_steps", []),
             )
         )
-    lt = c["loadtest"].get("study", {})
     ctx = StudyContext(
         experiment=c["experiment_name"],
         baseline=baseline,
-        slo_p99_ms=lt.get("slo_p99_ms_resolved"),
-        common_rate_qps=lt.get("common_rate_resolved"),
+        slo_p99_ms=load.get("slo_p99_ms"),
+        common_rate_qps=load.get("common_rate_qps"),
         auc_keep=c["gate"]["auc_keep"],
+        max_error_rate=c["loadtest"]["capacity"]["max_error_rate"],
         machine=machine_line(),
         targets=c.get("targets", {}),
     )

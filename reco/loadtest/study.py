@@ -4,28 +4,22 @@
    gives the SLO (capacity.slo_factor x that, unless capacity.slo_p99_ms is set), and its capacity at
    that SLO gives the common offered load (study.common_load_fraction x its capacity, unless
    study.common_rate is set).
-2. Every variant, the reference included, is then served alone (server pinned to core 0, Locust to
-   core 1) and measured under that same open-loop load, then capacity-searched at the same SLO.
+2. Every variant, the reference included, is then served alone (server and Locust pinned to
+   different cores) and measured under that same open-loop load, then capacity-searched at the same SLO.
 Figures go into each variant's metrics and MLflow run; raw files into <run dir>/load/<variant>/.
 """
 
 from __future__ import annotations
 
-import os
 import time
 from pathlib import Path
 
 from reco.data.schema import Dataset
 from reco.loadtest.capacity import find_capacity, resolve_slo, unloaded_p99
 from reco.loadtest.requests import write_requests
-from reco.loadtest.runner import LoadResult, run_load
+from reco.loadtest.runner import LoadResult, plan_cpus, run_load
 from reco.serve.process import start_server
 from reco.tracking import Tracker
-
-
-def _cores() -> tuple[list[int] | None, list[int] | None]:
-    cores = sorted(os.sched_getaffinity(0))
-    return ([cores[0]], [cores[1]]) if len(cores) >= 2 else (None, None)
 
 
 def _log(tracker: Tracker, node, res: LoadResult, prefix: str = "", subdir: str = "loadtest") -> None:
@@ -48,7 +42,7 @@ def load_test_all(
     if not ready:
         return outcome
     reference = next((n for n in ready if n.name == study.get("reference")), ready[0])
-    server_cpus, gen_cpus = _cores()
+    server_cpus, gen_cpus = plan_cpus()
     requests = write_requests(
         data, out_dir / "load" / "requests.jsonl", lt["requests"]["n"], lt["requests"]["k"], lt["seed"]
     )

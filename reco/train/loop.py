@@ -6,6 +6,7 @@ Used for the baseline, for fine-tuning after pruning and for distillation (which
 from __future__ import annotations
 
 import copy
+import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
