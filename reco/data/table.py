@@ -10,7 +10,8 @@ Encoding rules (the same for MovieLens, Criteo's vocab mode and user tables):
 - sparse values seen at least `min_count` times in train get ids 1..K (most frequent first, ties by
   value); everything else -- rarer, unseen in train, or missing -- is id 0, the shared "unknown" row;
 - a missing single value is id 0 with length 1; a missing or empty multi-valued cell has length 0;
-  lists longer than `max_len` keep their first `max_len` values;
+  lists longer than `max_len` keep their first `max_len` values (the rest are counted in
+  Dataset.skipped as "<column>_values_over_max_len");
 - dense values: optional log(1 + max(x, 0)), then standardised with the train mean / std; a missing
   value becomes the train mean, i.e. 0 after standardising.
 """
@@ -92,9 +93,11 @@ def frame_to_dataset(
     features = []
     for f, col in enumerate(sparse):
         if col.multi_valued:
-            f_ids, f_len, card = _encode_multi(
+            f_ids, f_len, card, n_cut = _encode_multi(
                 frame[col.column], col.separator, col.max_len, n_train, min_count
             )
+            if n_cut:  # values past max_len are not used: say how many
+                skipped = {**skipped, f"{col.column}_values_over_max_len": n_cut}
             ids[:, f, : col.max_len] = f_ids
             lengths[:, f] = f_len
             features.append(SparseFeature(col.column, card, col.max_len, col.side))
@@ -137,8 +140,8 @@ def vocab_from_counts(counts: pd.Series, min_count: int) -> pd.Index:
 
 def _encode_multi(
     cells: pd.Series, separator: str, max_len: int, n_train: int, min_count: int
-) -> tuple[np.ndarray, np.ndarray, int]:
-    """Multi-valued cells -> ids [N, max_len], lengths [N], cardinality.
+) -> tuple[np.ndarray, np.ndarray, int, int]:
+    """Multi-valued cells -> ids [N, max_len], lengths [N], cardinality, values cut by max_len.
 
     Works on the distinct cells (MovieLens has millions of ratings but a few hundred genre strings).
     """
@@ -147,7 +150,9 @@ def _encode_multi(
     if len(present) and isinstance(present.iloc[0], list | tuple | np.ndarray):  # list-valued Parquet
         cells = cells.map(lambda v: tuple(v) if isinstance(v, list | tuple | np.ndarray) else v)
     codes, uniques = pd.factorize(cells)  # missing -> -1
-    tokens = [_split_cell(u, separator)[:max_len] for u in uniques]
+    full = [_split_cell(u, separator) for u in uniques]
+    tokens = [t[:max_len] for t in full]
+    over = np.array([len(t) - max_len for t in full] + [0], dtype=np.int64).clip(min=0)
     # Token counts over train rows: each distinct cell counted as often as train rows carry it.
     weight = np.bincount(codes[:n_train][codes[:n_train] >= 0], minlength=len(uniques))
     counts: dict = {}
@@ -163,7 +168,7 @@ def _encode_multi(
         if toks:
             u_ids[i, : len(toks)] = vocab.get_indexer(pd.Index(toks, dtype=object)) + 1
         u_len[i] = len(toks)
-    return u_ids[codes], u_len[codes], len(vocab) + 1
+    return u_ids[codes], u_len[codes], len(vocab) + 1, int(over[codes].sum())
 
 
 def _split_cell(cell: object, separator: str) -> list:

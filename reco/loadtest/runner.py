@@ -33,6 +33,7 @@ from pathlib import Path
 import numpy as np
 
 from reco.loadtest.histogram import Latencies, percentiles, plot_cdf, read_latencies
+from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
 
@@ -156,6 +157,7 @@ def run_load(
     def pin() -> None:
         os.sched_setaffinity(0, cpus)
 
+    spinners = start_keep_warm(cpus or sorted(os.sched_getaffinity(0))) if loadgen["keep_warm"] else []
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out,
@@ -184,6 +186,8 @@ def run_load(
             proc.kill()
             proc.wait()
         raise
+    finally:
+        stop_keep_warm(spinners)
     if not lat_path.exists():
         raise LoadTestError(
             f"Locust exited (code {proc.returncode}) without writing {lat_path}:\n{_log_tail(log_path)}"

@@ -126,12 +126,18 @@ def main(argv: list[str] | None = None) -> int:
     except (ServeConfigError, ArtifactError, OSError, KeyError, ValueError) as e:
         print(f"reco.serve: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    if app is None:
-        return run_workers(args.variant, args.dataset, settings)
-    import uvicorn
+    from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 
-    uvicorn.run(app, host=settings["host"], port=int(settings["port"]), **uvicorn_options(settings))
-    return 0
+    spinners = start_keep_warm(sorted(os.sched_getaffinity(0))) if settings["keep_warm"] else []
+    try:
+        if app is None:
+            return run_workers(args.variant, args.dataset, settings)
+        import uvicorn
+
+        uvicorn.run(app, host=settings["host"], port=int(settings["port"]), **uvicorn_options(settings))
+        return 0
+    finally:
+        stop_keep_warm(spinners)
 
 
 if __name__ == "__main__":

@@ -1,0 +1,39 @@
+"""Keep a core from idling: one SCHED_IDLE spinner process per core.
+
+On this kind of VM (Firecracker, 2 vCPUs) a vCPU that idles between requests runs the next model
+call several times slower: measured here, torch eager ranking 500 candidates after a 50 ms sleep had
+p90 110 ms against 31 ms back to back, and 4.4 vs 24.6 ms for the distilled model with a spinner vs
+without. A SCHED_IDLE process runs only when nothing else on the core is runnable, so it takes no time
+from the server (or the load generator) but keeps the vCPU busy -- the software form of booting a
+latency-critical host with idle=poll. It costs a whole core of host CPU; switch it off with
+serve.keep_warm=false / loadtest.loadgen.keep_warm=false.
+"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+_SPIN = """
+import ctypes, os, signal
+ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the process that started us
+os.sched_setaffinity(0, [{cpu}])
+os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
+while True:
+    pass
+"""
+
+
+def start_keep_warm(cpus: list[int]) -> list[subprocess.Popen]:
+    """Start a spinner on each of `cpus`; stop them with `stop_keep_warm` (they also die with us)."""
+    return [
+        subprocess.Popen([sys.executable, "-c", _SPIN.format(cpu=int(c))], stdin=subprocess.DEVNULL)
+        for c in cpus
+    ]
+
+
+def stop_keep_warm(procs: list[subprocess.Popen]) -> None:
+    for p in procs:
+        p.kill()
+    for p in procs:
+        p.wait()
