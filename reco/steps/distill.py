@@ -48,6 +48,7 @@ class DistillConfig:
     rows_per_epoch: int | None  # None: the whole train split per epoch
     cache_teacher_logits: bool  # compute each train row's teacher logit once, reuse it in later epochs
     control: bool  # also train the student without the teacher
+    lr: float | None  # None: trainer.lr (a small student often wants a larger step)
 
     def validate(self) -> None:
         if not 0 <= self.alpha <= 1:
@@ -83,7 +84,11 @@ def run(parent: Variant, data: Dataset, cfg: dict, out_dir: Path, trainer: Train
     control = build_student(s_cfg, maps, trainer.seed) if dc.control else None
 
     budget = dataclasses.replace(
-        trainer, epochs=dc.epochs, max_rows_per_epoch=dc.rows_per_epoch, checkpoint_dir=None
+        trainer,
+        epochs=dc.epochs,
+        max_rows_per_epoch=dc.rows_per_epoch,
+        lr=dc.lr or trainer.lr,
+        checkpoint_dir=None,
     )
     loss = KDLoss(teacher, data.train, dc.alpha, dc.temperature, dc.cache_teacher_logits)
     res = train(student, data, budget, loss_fn=loss, desc=f"distill[{name}] student")
