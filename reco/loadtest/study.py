@@ -86,8 +86,11 @@ def load_test_all(
                     tracker.log_artifacts(node.run_id, [d / "capacity.md"], "loadtest")
                     print(f"  max QPS at SLO: {cap.max_qps_at_slo:.1f}", flush=True)
                 if rate is None:
-                    fraction = study["common_load_fraction"]
-                    rate = fraction * cap.max_qps_at_slo if cap and cap.max_qps_at_slo > 0 else lt["rate"]
+                    if cap and cap.max_qps_at_slo > 0:
+                        rate = study["common_load_fraction"] * cap.max_qps_at_slo
+                    else:  # no capacity at the SLO (or no search): the lowest rate the search knows
+                        rate = cap_cfg["min_rate"]
+                        print(f"  WARNING: {node.name} meets the SLO at no rate tried", flush=True)
                     print(f"  common offered load: {rate:.1f} req/s for every variant", flush=True)
                 res = run_load(
                     server.url, {**lt, "mode": "open", "rate": rate}, d / "common", requests, gen_cpus
