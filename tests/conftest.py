@@ -1,20 +1,38 @@
-import pytest
+from pathlib import Path
 
+import pytest
+import torch
+
+from reco.data.schema import Dataset
 from reco.data.synthetic import SyntheticConfig, generate
+from reco.models.dlrm import DLRM, DLRMConfig
+from reco.variant import Variant
+
+# ~1 s to generate: 20k rows with the same feature layout as the default synthetic e-commerce data.
+TINY = SyntheticConfig(
+    n_rows=20_000,
+    n_users=2_000,
+    n_items=1_000,
+    n_categories=50,
+    n_brands=100,
+    latent_dim=8,
+    max_recent=4,
+    seed=0,
+)
 
 
 @pytest.fixture(scope="session")
-def tiny_data():
-    """~1 s: 20k rows, same feature layout as the default synthetic e-commerce data."""
-    return generate(
-        SyntheticConfig(
-            n_rows=20_000,
-            n_users=2_000,
-            n_items=1_000,
-            n_categories=50,
-            n_brands=100,
-            latent_dim=8,
-            max_recent=4,
-            seed=0,
-        )
-    )
+def tiny_data() -> Dataset:
+    return generate(TINY)
+
+
+def make_variant(data: Dataset, root: Path) -> tuple[Path, Path]:
+    """Dataset file + an untrained tiny DLRM variant (fixed seed) under root."""
+    data_path = root / "data.pt"
+    data.save(str(data_path))
+    torch.manual_seed(0)
+    model = DLRM(DLRMConfig.from_schema(data.schema, embedding_dim=16, bottom=[32, 16], top=[64, 32]))
+    v = Variant("tiny", "train", None, "torch", {}, dir=str(root / "variant"))
+    v.save_torch(model)
+    v.save()
+    return Path(v.dir), data_path

@@ -5,11 +5,12 @@ import json
 import numpy as np
 import pytest
 import torch
+from conftest import TINY
 from sklearn.metrics import roc_auc_score
 from torchrec.models.dlrm import DLRM as TorchRecDLRM
 
 from reco.data.schema import Dataset, to_kjt
-from reco.data.synthetic import SyntheticConfig, generate
+from reco.data.synthetic import generate
 from reco.measure import evaluate
 from reco.models.dlrm import DLRM, DLRMConfig, flops_per_candidate
 from reco.runtime import load_scorer
@@ -34,18 +35,7 @@ def test_kjt_matches_padded_ids(tiny_data):
 
 
 def test_synthetic_is_deterministic_and_learnable(tiny_data):
-    again = generate(
-        SyntheticConfig(
-            n_rows=20_000,
-            n_users=2_000,
-            n_items=1_000,
-            n_categories=50,
-            n_brands=100,
-            latent_dim=8,
-            max_recent=4,
-            seed=0,
-        )
-    )
+    again = generate(TINY)
     assert again.fingerprint == tiny_data.fingerprint
     s = tiny_data.schema
     for f, feat in enumerate(s.sparse):

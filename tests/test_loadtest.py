@@ -10,20 +10,17 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
+from conftest import make_variant
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from reco.data.schema import Dataset
 from reco.loadtest.capacity import _next_rate, find_capacity, resolve_slo, slo_from_reference
 from reco.loadtest.histogram import percentiles, read_latencies
 from reco.loadtest.requests import request_bodies, write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load
-from reco.models.dlrm import DLRM, DLRMConfig
 from reco.serve.app import load_settings
 from reco.serve.process import start_server
 from reco.tracking import log_to_run
-from reco.variant import Variant
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -46,18 +43,6 @@ def load_settings_for_test(**over) -> dict:
     s = OmegaConf.to_container(OmegaConf.load(Path(__file__).parents[1] / "conf/loadtest/default.yaml"))
     s.update(warmup_s=1, drain_s=1, **over)
     return s
-
-
-def make_variant(data: Dataset, root: Path) -> tuple[Path, Path]:
-    """Dataset file + an untrained tiny DLRM variant (fixed seed) under root."""
-    data_path = root / "data.pt"
-    data.save(str(data_path))
-    torch.manual_seed(0)
-    model = DLRM(DLRMConfig.from_schema(data.schema, embedding_dim=16, bottom=[32, 16], top=[64, 32]))
-    v = Variant("tiny", "train", None, "torch", {}, dir=str(root / "variant"))
-    v.save_torch(model)
-    v.save()
-    return Path(v.dir), data_path
 
 
 @pytest.fixture(scope="module")

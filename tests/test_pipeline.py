@@ -61,17 +61,35 @@ def test_smoke_experiment_end_to_end(tmp_path):
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = {r.data.tags["variant"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert set(children) == {"baseline", "pruned", "distilled", "distilled_onnx_int8", "distilled_onnx_int8_batched"}
+    assert set(children) == {
+        "baseline",
+        "pruned",
+        "distilled",
+        "distilled_onnx_int8",
+        "distilled_onnx_int8_batched",
+    }
     base = children["baseline"].data.metrics
     assert base["auc"] > 0.6, base  # planted signal: clearly above chance
     assert base["oracle_auc"] >= base["auc"] - 0.02
     for name, run in children.items():
         m = run.data.metrics
         assert run.info.status == "FINISHED", (name, run.data.tags.get("error"))
-        for key in ("auc", "logloss", "params", "size_mb", "rank_p50_ms", "e2e_p50_ms", "e2e_p99_ms", "qps", "max_qps_at_slo"):
+        for key in (
+            "auc",
+            "logloss",
+            "params",
+            "size_mb",
+            "rank_p50_ms",
+            "e2e_p50_ms",
+            "e2e_p99_ms",
+            "qps",
+            "max_qps_at_slo",
+        ):
             assert key in m, (name, key)
         assert m["e2e_p99_ms"] >= m["e2e_p50_ms"] > 0
-        assert run.data.tags["parent_variant"] == ("" if name == "baseline" else run.data.tags["parent_variant"])
+        assert run.data.tags["parent_variant"] == (
+            "" if name == "baseline" else run.data.tags["parent_variant"]
+        )
     assert children["pruned"].data.metrics["params"] < 0.75 * base["params"]
     assert children["distilled_onnx_int8"].data.params["backend"] == "onnxruntime"
     report = (tmp_path / "report" / "report.md").read_text()

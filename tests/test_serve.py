@@ -6,15 +6,13 @@ import dataclasses
 import http.client
 import json
 import threading
-from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
 import pytest
-import torch
+from conftest import make_variant
 
 from reco.data.schema import Dataset
-from reco.models.dlrm import DLRM, DLRMConfig
 from reco.serve.__main__ import main as serve_main
 from reco.serve.app import load_settings
 from reco.serve.features import FeatureStore, ServeConfigError
@@ -23,18 +21,6 @@ from reco.serve.process import start_server
 from reco.variant import Variant
 
 pytestmark = pytest.mark.timeout(240)
-
-
-def make_variant(data: Dataset, root: Path) -> tuple[Path, Path]:
-    """Dataset file + an untrained tiny DLRM variant (fixed seed) under root."""
-    data_path = root / "data.pt"
-    data.save(str(data_path))
-    torch.manual_seed(0)
-    model = DLRM(DLRMConfig.from_schema(data.schema, embedding_dim=16, bottom=[32, 16], top=[64, 32]))
-    v = Variant("tiny", "train", None, "torch", {}, dir=str(root / "variant"))
-    v.save_torch(model)
-    v.save()
-    return Path(v.dir), data_path
 
 
 @pytest.fixture(scope="module")
@@ -381,6 +367,19 @@ def test_schema_without_user_key_refuses_to_start(served, tmp_path, capsys):
     code = serve_main(["--variant", str(served["vdir"]), "--dataset", str(path), "--port", "1"])
     assert code == 2
     assert "user_key" in capsys.readouterr().err
+
+
+def test_variant_built_on_other_data_refuses_to_start(served, tmp_path, capsys):
+    v = Variant.load(served["vdir"])
+    v.data_fingerprint = "0" * 16  # as if trained on another dataset
+    v.dir = str(tmp_path / "other")
+    (tmp_path / "other").mkdir()
+    for f in v.artifacts.values():
+        (tmp_path / "other" / f).write_bytes((served["vdir"] / f).read_bytes())
+    v.save()
+    code = serve_main(["--variant", v.dir, "--dataset", str(served["dpath"]), "--port", "1"])
+    assert code == 2
+    assert "data fingerprint" in capsys.readouterr().err
 
 
 def test_settings_overrides_and_their_errors(tmp_path):

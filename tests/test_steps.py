@@ -14,7 +14,6 @@ import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
 
-from reco.data.synthetic import SyntheticConfig, generate
 from reco.measure import evaluate
 from reco.models.dlrm import DLRM, DLRMConfig, count_params
 from reco.runtime import load_scorer
@@ -27,19 +26,8 @@ from reco.variant import ArtifactError, Variant
 
 
 @pytest.fixture(scope="module")
-def data():
-    return generate(
-        SyntheticConfig(
-            n_rows=20_000,
-            n_users=2_000,
-            n_items=1_000,
-            n_categories=50,
-            n_brands=100,
-            latent_dim=8,
-            max_recent=4,
-            seed=0,
-        )
-    )
+def data(tiny_data):
+    return tiny_data
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,8 @@ def load_test_all(
             f"[load] skipped: dataset {data.name!r} has no user/item key, so it cannot be served", flush=True
         )
         return outcome
-    ready = [n for n in nodes if n.variant is not None]
+    only = study.get("variants")  # null: every variant
+    ready = [n for n in nodes if n.variant is not None and (only is None or n.name in only)]
     if not ready:
         return outcome
     reference = next((n for n in ready if n.name == study.get("reference")), ready[0])

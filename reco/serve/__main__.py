@@ -22,7 +22,7 @@ import signal
 import sys
 import tempfile
 
-from reco.serve.app import load_settings, serve_worker
+from reco.serve.app import check_same_data, load_settings, serve_worker
 from reco.serve.features import ServeConfigError
 
 
@@ -37,7 +37,9 @@ def check_servable(variant_dir: str, dataset_path: str, settings: dict) -> None:
         v.verify(role)
     if not os.path.exists(dataset_path):
         raise ServeConfigError(f"--dataset {dataset_path}: file not found (expected a Dataset saved by reco)")
-    FeatureStore(Dataset.load(dataset_path), settings.get("retrieval", {}))
+    data = Dataset.load(dataset_path)
+    check_same_data(v, data, dataset_path)
+    FeatureStore(data, settings.get("retrieval", {}))
 
 
 def uvicorn_options(settings: dict) -> dict:

@@ -58,6 +58,15 @@ class RequestError(Exception):
         self.status, self.field, self.message = status, field, message
 
 
+def check_same_data(variant, data: Dataset, dataset_path: str) -> None:
+    """A model trained on other data would index its tables out of range or score nonsense."""
+    if variant.data_fingerprint and data.fingerprint and variant.data_fingerprint != data.fingerprint:
+        raise ServeConfigError(
+            f"--dataset {dataset_path}: data fingerprint {data.fingerprint} differs from the one variant "
+            f"{variant.name!r} was built on ({variant.data_fingerprint}); pass that variant's dataset"
+        )
+
+
 def _json(obj: object, status: int = 200, headers: dict | None = None) -> Response:
     return Response(orjson.dumps(obj), status, headers, media_type="application/json")
 
@@ -172,6 +181,7 @@ class RecoService:
         need = _need(settings)
         variant = Variant.load(variant_dir)
         data = Dataset.load(str(dataset_path))
+        check_same_data(variant, data, dataset_path)
         self.store = FeatureStore(data, need("retrieval"))
         del data
         self.name = variant.name

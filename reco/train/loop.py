@@ -103,7 +103,13 @@ def train(
         perm = torch.randperm(len(data.train), generator=gen)[:n]
         steps = range(0, n, cfg.batch_size)
         bar = tqdm(
-            steps, desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}", disable=not cfg.progress, leave=False
+            steps,
+            desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}",
+            disable=not cfg.progress,
+            leave=False,
+            mininterval=0.2
+            if sys.stderr.isatty()
+            else 15,  # a log file gets a line every 15 s, not every step
         )
         total, count = 0.0, 0
         opt.zero_grad(set_to_none=True)
