@@ -33,6 +33,7 @@ def latest_variants(uri: str, experiment: str) -> tuple[str, dict[str, dict]]:
         children = client.search_runs(
             [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
         )
+        children.sort(key=lambda c: c.info.start_time)  # the order the pipeline built them
         if children:
             rows = {
                 c.data.tags.get("variant", c.info.run_name): {
@@ -59,11 +60,19 @@ def table(rows: dict[str, dict]) -> str:
         dauc = (r.get("auc", math.nan) / p["auc"] - 1) * 100 if p.get("auc") else math.nan
         lines.append(
             f"| {name} | {r['parent'] or '–'} | {r['backend']} | {r.get('params', math.nan):,.0f} | "
-            f"{r.get('size_mb', math.nan):.1f} | {r.get('auc', math.nan):.4f} | {dauc:+.2f}% | "
+            f"{r.get('size_mb', math.nan):.1f} | {r.get('auc', math.nan):.4f} | {_pct(dauc)} | "
             f"{r.get('rank_p50_ms', math.nan):.2f} | {r.get('rank_p99_ms', math.nan):.2f} | "
-            f"{_ratio(p.get('rank_p50_ms'), r.get('rank_p50_ms')):.2f}x |"
+            f"{_x(_ratio(p.get('rank_p50_ms'), r.get('rank_p50_ms')))} |"
         )
     return "\n".join(lines)
+
+
+def _pct(v: float) -> str:
+    return "–" if math.isnan(v) else f"{v:+.2f}%"
+
+
+def _x(v: float) -> str:
+    return "–" if math.isnan(v) else f"{v:.2f}x"
 
 
 def targets(rows: dict[str, dict]) -> list[str]:
@@ -83,18 +92,18 @@ def targets(rows: dict[str, dict]) -> list[str]:
         if "params_removed_pct" in r:
             removed = (1 - r["params"] / p["params"]) * 100
             check(f"{name}: ≥30% fewer parameters", removed >= 30, f"{removed:.1f}%")
-            check(f"{name}: ΔAUC ≤ 0.5%", drop <= 0.5, f"{drop:+.2f}% drop")
+            check(f"{name}: ΔAUC ≤ 0.5%", drop <= 0.5, f"{drop:.2f}% drop")
             check(f"{name}: measurable in-process speedup", speed > 1.05, f"{speed:.2f}x")
         elif "kd_gain_auc" in r:
             ratio = _ratio(p.get("size_mb"), r.get("size_mb"))
             check(f"{name}: ≥6x smaller than its teacher", ratio >= 6, f"{ratio:.1f}x")
-            check(f"{name}: ΔAUC ≤ 0.5% vs teacher", drop <= 0.5, f"{drop:+.2f}% drop")
+            check(f"{name}: ΔAUC ≤ 0.5% vs teacher", drop <= 0.5, f"{drop:.2f}% drop")
             check(
                 f"{name}: better than its no-KD control", r["kd_gain_auc"] > 0, f"{r['kd_gain_auc']:+.4f} AUC"
             )
         elif r["backend"] == "onnxruntime" and step_name == "int8":
             check(f"{name}: ≥2x torch eager ({r['parent']})", speed >= 2, f"{speed:.2f}x")
-            check(f"{name}: ΔAUC ≤ 0.5%", drop <= 0.5, f"{drop:+.2f}% drop")
+            check(f"{name}: ΔAUC ≤ 0.5%", drop <= 0.5, f"{drop:.2f}% drop")
         elif r["backend"] in ("onnxruntime", "torch_compile", "torch_bf16"):
             out.append(f"- REPORT {name} vs torch eager ({r['parent']}): {speed:.2f}x, ΔAUC {-drop:+.2f}%")
     return out
