@@ -147,7 +147,8 @@ def test_movielens_100k_text_layout(tmp_path: Path) -> None:
     m = make_movies()
     ds = load_movielens(str(write_100k(tmp_path / "ml", m)), **ML_PARAMS)
     check_invariants(ds)
-    assert ds.name == "movielens_100k" and ds.skipped == {}
+    over = int(m.ratings["item"].map(lambda i: max(len(m.genres[i]) - 6, 0)).sum())
+    assert ds.name == "movielens_100k" and ds.skipped == {"genres_values_over_max_len": over} and over > 0
     assert ds.schema.sparse_names == [
         "user_id", "age", "gender", "occupation", "zip_prefix", "item_id", "genres", "hour", "weekday"
     ]  # fmt: skip
@@ -214,11 +215,18 @@ def test_movielens_skips_and_max_rows(tmp_path: Path) -> None:
     lines[7] = f"{u}\t{i}\t{r}\t"
     (d / "u.data").write_text("\n".join(lines) + "\n")
     ds = load_movielens(str(d), **ML_PARAMS)
-    assert ds.skipped == {"rating_missing": 1, "timestamp_missing": 1}
+    assert {k: v for k, v in ds.skipped.items() if k != "genres_values_over_max_len"} == {
+        "rating_missing": 1,
+        "timestamp_missing": 1,
+    }
     assert sum(len(s) for s in ds.splits().values()) == len(m.ratings) - 2
 
     latest = load_movielens(str(d), **{**ML_PARAMS, "max_rows": 100})
-    assert latest.skipped == {"rating_missing": 1, "timestamp_missing": 1, "before_max_rows": 498}
+    assert {k: v for k, v in latest.skipped.items() if k != "genres_values_over_max_len"} == {
+        "rating_missing": 1,
+        "timestamp_missing": 1,
+        "before_max_rows": 498,
+    }
     assert sum(len(s) for s in latest.splits().values()) == 100
     # The last test row is the latest rating either way.
     assert torch.equal(latest.test.labels[-10:], ds.test.labels[-10:])
@@ -457,8 +465,11 @@ def test_table_csv_time_order_multi_valued_and_skips(tmp_path: Path) -> None:
     frame.to_csv(tmp_path / "t.csv", index=False)
     ds = load_table(**table_params(tmp_path / "t.csv", min_count=1))
     check_invariants(ds)
-    assert ds.skipped == {"label_missing": 1, "time_missing": 1}
     kept = frame.drop(frame.index[[5, 9]])
+    over = int(kept["tags"].map(lambda t: max(len(t.split("|")) - 4, 0)).sum())  # max_len 4: cut, counted
+    assert (
+        ds.skipped == {"label_missing": 1, "time_missing": 1, "tags_values_over_max_len": over} and over > 0
+    )
     by_time = kept.iloc[np.argsort(pd.to_datetime(kept["ts"]).to_numpy(), kind="stable")]
     assert all_rows(ds, "labels").tolist() == by_time["clicked"].astype(float).tolist()
     want = by_time["tags"].str.count(r"\|").add(1).clip(upper=4)
