@@ -339,6 +339,7 @@ def test_overload_is_refused_with_503_so_admitted_latency_stays_bounded(served):
     assert {s for s, _, _ in res_limited} <= {200, 503}
     assert all(s == 200 for s, _, _ in res_plain)  # 24 in flight fit under queue_limit 64
     assert limited.health()["inflight_max"] <= 2  # the queue never grew past the limit
+    assert plain.health()["inflight_max"] > 2  # without the limit the same load queues deeper
 
     def p99(res: list, server_side: bool) -> float:
         ms = [_total_ms(h) if server_side else e2e for st, e2e, h in res if st == 200]
@@ -348,9 +349,8 @@ def test_overload_is_refused_with_503_so_admitted_latency_stays_bounded(served):
         f"admitted p99 e2e / in server: queue_limit 2 -> {p99(res_limited, False):.1f} / "
         f"{p99(res_limited, True):.1f} ms, queue_limit 64 -> {p99(res_plain, False):.1f} / {p99(res_plain, True):.1f} ms"
     )
-    # Time inside the server (queue + work; free of the test client's own thread scheduling): with up to
-    # 24 requests waiting instead of at most 2, the unbounded queue's tail is several times longer.
-    assert p99(res_limited, True) < p99(res_plain, True)
+    # The bound is structural (inflight_max above): no request ever waited behind more than one other.
+    # The p99s are printed, not asserted -- timings on a shared 2-core machine are not a test.
 
 
 def _total_ms(headers: dict) -> float:

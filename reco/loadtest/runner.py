@@ -22,6 +22,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import resource
 import subprocess
 import sys
 import time
@@ -31,6 +32,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
+import psutil
 
 from reco.loadtest.histogram import Latencies, percentiles, plot_cdf, read_latencies
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
@@ -125,9 +127,18 @@ def _sleep_until(t_epoch: float, proc: subprocess.Popen) -> None:
         time.sleep(min(left, 0.05))
 
 
-def _cpu_s(ps) -> float:
-    t = ps.cpu_times()
+def _cpu_s(ps) -> float | None:
+    """CPU seconds of the generator so far; None once it has exited."""
+    try:
+        t = ps.cpu_times()
+    except psutil.NoSuchProcess:
+        return None
     return t.user + t.system
+
+
+def _children_cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
 
 
 def run_load(
@@ -139,8 +150,6 @@ def run_load(
 ) -> LoadResult:
     """One load test of the server at `url` (see the module docstring). Raises LoadTestError when
     Locust does not start or writes no latency file."""
-    import psutil
-
     s = settings
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -158,6 +167,7 @@ def run_load(
         os.sched_setaffinity(0, cpus)
 
     spinners = start_keep_warm(cpus or sorted(os.sched_getaffinity(0))) if loadgen["keep_warm"] else []
+    children_cpu0, wall0 = _children_cpu_s(), time.time()
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out,
@@ -181,6 +191,10 @@ def run_load(
         _sleep_until(t0 + warmup + duration, proc)
         cpu_b, wall_b, after = _cpu_s(ps), time.time(), scrape(url)
         proc.wait(timeout=float(s["drain_s"]) + 60)
+        if cpu_a is None or cpu_b is None:
+            # Locust ended before a window sample (a starved runner overslept the drain): fall back to
+            # its CPU over its whole life, taken from the reaped child's rusage.
+            cpu_a, wall_a, cpu_b, wall_b = 0.0, wall0, _children_cpu_s() - children_cpu0, time.time()
     except BaseException:
         if proc.poll() is None:
             proc.kill()
