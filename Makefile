@@ -4,7 +4,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed
 ML100K  := .cache/data/movielens_100k
 
-.PHONY: venv case-study smoke test lint format movielens-100k mlflow-ui benchmark clean
+.PHONY: venv case-study smoke test lint format movielens-100k mlflow-ui benchmark crosscheck clean
 
 venv: $(STAMP)
 
@@ -44,6 +44,12 @@ mlflow-ui: $(STAMP)
 benchmark: $(STAMP)
 	$(PY) run.py experiment=optimize_chain
 	$(PY) -m reco.benchmark optimize_chain
+
+# Locust's max throughput vs wrk's on one served variant:
+#   make crosscheck VARIANT=.cache/variants/<name>-<hash> DATASET=.cache/data/<file>.pt
+crosscheck: $(STAMP)
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(PY) -m reco.loadtest.crosscheck --variant $(VARIANT) --dataset $(DATASET)
 
 clean:
 	rm -rf outputs multirun .cache/variants

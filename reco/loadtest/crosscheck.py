@@ -1,0 +1,91 @@
+"""Cross-check Locust's maximum throughput against an independent generator (wrk).
+
+    python -m reco.loadtest.crosscheck --variant DIR --dataset DATA.pt [--connections 8] [--seconds 15]
+    (make crosscheck runs it on the case study's distilled INT8 variant; needs Debian's wrk)
+
+Both generators run closed loop with the same number of connections against the same server (pinned
+to its own core, the generator to the other), back to back; the table prints both throughputs and
+their ratio. Locust's figure comes from reco's exact per-request record, wrk's from its own summary.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+from pathlib import Path
+
+from omegaconf import OmegaConf
+
+from reco.loadtest.requests import write_requests
+from reco.loadtest.runner import plan_cpus, run_load
+from reco.serve.app import load_settings
+from reco.serve.process import start_server
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def wrk_qps(url: str, requests: Path, connections: int, seconds: int, cpus: list[int] | None) -> float:
+    if shutil.which("wrk") is None:
+        raise SystemExit("wrk not found: apt-get install wrk (Debian) or run `make crosscheck`")
+    cmd = [
+        "wrk",
+        "-t1",
+        f"-c{connections}",
+        f"-d{seconds}s",
+        "-s",
+        str(ROOT / "loadtest" / "wrk_requests.lua"),
+        url,
+    ]
+    if cpus:
+        cmd = ["taskset", "-c", ",".join(map(str, cpus)), *cmd]
+    out = subprocess.run(
+        cmd, capture_output=True, text=True, check=True, env={**os.environ, "RECO_REQUESTS": str(requests)}
+    ).stdout
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    if non2xx:
+        raise SystemExit(f"wrk saw {non2xx.group(1)} error responses:\n{out}")
+    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variant", required=True)
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--connections", type=int, default=8)
+    ap.add_argument("--seconds", type=int, default=15)
+    args = ap.parse_args()
+    server_cpus, gen_cpus = plan_cpus()
+    work = Path(tempfile.mkdtemp(prefix="reco-crosscheck-"))
+    requests = write_requests(args.dataset, work / "requests.jsonl", n=2000, k=10, seed=0)
+    lt = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "loadtest" / "default.yaml"))
+    with start_server(args.variant, args.dataset, load_settings(), cpus=server_cpus, work_dir=work) as server:
+        run_load(
+            server.url,
+            {**lt, "mode": "closed", "users": args.connections, "duration_s": 3},
+            work / "warm",
+            requests,
+            gen_cpus,
+        )
+        locust = run_load(
+            server.url,
+            {**lt, "mode": "closed", "users": args.connections, "duration_s": args.seconds},
+            work / "locust",
+            requests,
+            gen_cpus,
+        ).metrics["qps"]
+        wrk = wrk_qps(server.url, requests, args.connections, args.seconds, gen_cpus)
+    print("| generator | connections | seconds | req/s |\n|---|---|---|---|")
+    print(f"| Locust (reco) | {args.connections} | {args.seconds} | {locust:.1f} |")
+    print(f"| wrk | {args.connections} | {args.seconds} | {wrk:.1f} |")
+    diff = abs(locust - wrk) / wrk * 100
+    print(
+        f"\nLocust / wrk = {locust / wrk:.3f} ({diff:.1f}% apart; target within 10%: {'MET' if diff <= 10 else 'MISSED'})"
+    )
+
+
+if __name__ == "__main__":
+    main()
