@@ -13,32 +13,21 @@ from __future__ import annotations
 
 import copy
 import dataclasses
-import importlib
-from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar
 
 import yaml
 
 from reco.data.schema import Dataset
-from reco.train.loop import TrainConfig
 from reco.variant import Backend, Variant
 
-STEPS = ("prune", "distill", "accelerate")
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf" / "step"
 
-StepFn = Callable[[Variant, Dataset, dict, Path, TrainConfig, str], Variant]
 T = TypeVar("T")
 
 
 class StepError(ValueError):
     """A step cannot run with this parent/config; the message names the step, the field and why."""
-
-
-def get_step(step: str) -> StepFn:
-    if step not in STEPS:
-        raise StepError(f"step: expected one of {STEPS}, got {step!r}")
-    return importlib.import_module(f"reco.steps.{step}").run
 
 
 def load_step_config(step: str, overrides: dict | None = None) -> dict:

@@ -40,30 +40,20 @@ def export_onnx(model: DLRM, path: Path, example: Split, opset: int, exporter: s
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=DeprecationWarning)  # the torchscript exporter's notice
         if exporter == "torchscript":
-            torch.onnx.export(
-                scorer,
-                args,
-                str(path),
-                dynamo=False,
-                input_names=list(INPUTS),
-                output_names=[OUTPUT],
-                opset_version=opset,
-                dynamic_axes={n: {0: "batch"} for n in (*INPUTS, OUTPUT)},
-            )
+            shapes: dict = {"dynamo": False, "dynamic_axes": {n: {0: "batch"} for n in (*INPUTS, OUTPUT)}}
         else:
             batch = torch.export.Dim("batch", min=1)
-            torch.onnx.export(
-                scorer,
-                args,
-                str(path),
-                dynamo=True,
-                input_names=list(INPUTS),
-                output_names=[OUTPUT],
-                opset_version=opset,
-                dynamic_shapes={n: {0: batch} for n in INPUTS},
-                external_data=False,
-                verbose=False,
-            )
+            shapes = {"dynamo": True, "dynamic_shapes": {n: {0: batch} for n in INPUTS}, "external_data": False}
+        torch.onnx.export(
+            scorer,
+            args,
+            str(path),
+            input_names=list(INPUTS),
+            output_names=[OUTPUT],
+            opset_version=opset,
+            verbose=False,
+            **shapes,
+        )
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto)
     assert_static_graph(proto, path)
