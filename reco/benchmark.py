@@ -40,6 +40,7 @@ def latest_variants(uri: str, experiment: str) -> tuple[str, dict[str, dict]]:
                     **c.data.metrics,
                     "parent": c.data.tags.get("parent_variant", ""),
                     "backend": c.data.params.get("backend", ""),
+                    "mode": c.data.params.get("step_config.mode", ""),  # accelerate steps only
                     "status": c.data.tags.get("status", c.info.status),
                 }
                 for c in children
@@ -88,7 +89,6 @@ def targets(rows: dict[str, dict]) -> list[str]:
             continue
         drop = (1 - r["auc"] / p["auc"]) * 100
         speed = _ratio(p.get("rank_p50_ms"), r.get("rank_p50_ms"))
-        step_name = name.split("_")[-1]
         if "params_removed_pct" in r:
             removed = (1 - r["params"] / p["params"]) * 100
             check(f"{name}: ≥30% fewer parameters", removed >= 30, f"{removed:.1f}%")
@@ -101,10 +101,10 @@ def targets(rows: dict[str, dict]) -> list[str]:
             check(
                 f"{name}: better than its no-KD control", r["kd_gain_auc"] > 0, f"{r['kd_gain_auc']:+.4f} AUC"
             )
-        elif r["backend"] == "onnxruntime" and step_name == "int8":
+        elif r["mode"] == "onnx_int8":
             check(f"{name}: ≥2x torch eager ({r['parent']})", speed >= 2, f"{speed:.2f}x")
             check(f"{name}: ΔAUC ≤ 0.5%", drop <= 0.5, f"{drop:.2f}% drop")
-        elif r["backend"] in ("onnxruntime", "torch_compile", "torch_bf16"):
+        elif r["mode"]:
             out.append(f"- REPORT {name} vs torch eager ({r['parent']}): {speed:.2f}x, ΔAUC {-drop:+.2f}%")
     return out
 

@@ -135,9 +135,7 @@ def log_to_run(
 ) -> None:
     """Log into an existing run (e.g. a variant's run, from a load test)."""
     client = MlflowClient(tracking_uri=tracking_uri)
-    exp_id = client.get_run(run_id).info.experiment_id
-    t = Tracker.__new__(Tracker)
-    t.uri, t.client, t.experiment_id = tracking_uri, client, exp_id
+    t = Tracker(tracking_uri, client.get_experiment(client.get_run(run_id).info.experiment_id).name)
     t.log(run_id, metrics, params)
     t.log_artifacts(run_id, artifacts, subdir)
 

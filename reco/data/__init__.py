@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 from reco.data.schema import Dataset
@@ -33,9 +35,6 @@ def build_dataset(cfg: dict) -> Dataset:
 
 def load_dataset(cfg: dict, cache_dir: str | Path) -> tuple[Dataset, Path]:
     """Build the dataset once per distinct data config; later runs (and the server) load the cache."""
-    import hashlib
-    import json
-
     key_src = {"cfg": cfg, "sources": _source_stats(cfg.get("params", {}).get("path"))}
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{cfg.get('loader')}-{key}.pt"

@@ -43,7 +43,11 @@ def export_onnx(model: DLRM, path: Path, example: Split, opset: int, exporter: s
             shapes: dict = {"dynamo": False, "dynamic_axes": {n: {0: "batch"} for n in (*INPUTS, OUTPUT)}}
         else:
             batch = torch.export.Dim("batch", min=1)
-            shapes = {"dynamo": True, "dynamic_shapes": {n: {0: batch} for n in INPUTS}, "external_data": False}
+            shapes = {
+                "dynamo": True,
+                "dynamic_shapes": {n: {0: batch} for n in INPUTS},
+                "external_data": False,
+            }
         torch.onnx.export(
             scorer,
             args,
