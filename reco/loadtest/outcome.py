@@ -1,0 +1,92 @@
+"""Typed results of load tests: what the study hands to tracking and the report (nobody mutates them).
+
+    LoadRun       one Locust run (a window of requests): latency quantiles with CIs, errors, validity
+    CapacityStep  one rate of the capacity search and its verdict
+    Capacity      one capacity search: the bracket [highest pass, lowest fail] and its steps
+    LoadOutcome   everything measured on one variant (repeats of each kind of run)
+    StudyOutcome  the study's yardsticks (SLO, common load) and every variant's LoadOutcome
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+
+from reco.stats import Estimate, Verdict
+
+QUANTILES = {"p50": 0.50, "p90": 0.90, "p95": 0.95, "p99": 0.99, "p999": 0.999}
+
+
+@dataclass
+class LoadRun:
+    """One measured window. Latencies include failed/shed/timed-out requests as +inf."""
+
+    kind: str  # "unloaded" | "common" | "equal_util" | "capacity"
+    offered_qps: float | None  # open loop: the target rate; closed loop: None
+    n: int  # requests in the window (failures included)
+    n_failed: int
+    error_rate: float
+    qps: float  # successful requests per second of window
+    quantiles: dict[str, Estimate]  # QUANTILES keys -> e2e latency ms with CI
+    mean_ms: float  # successful requests only
+    valid: bool  # False: the generator may have been the bottleneck (CPU, lag) or nothing succeeded
+    invalid_reason: str
+    loadgen_cpu_pct: float
+    server_stages: dict[str, float]  # server_<stage>_mean_ms / _p99_ms (Prometheus buckets, window only)
+    latencies_ms: np.ndarray = field(repr=False)  # [n] every request of the window, +inf = failed
+    artifacts: list[Path] = field(default_factory=list, repr=False)
+
+
+@dataclass
+class CapacityStep:
+    rate: float  # offered open-loop rate, req/s
+    run: LoadRun
+    verdict: Verdict  # p99 CI vs the SLO and errors; INVALID when run.valid is False
+    reason: str  # why not PASS ("" when PASS)
+
+
+@dataclass
+class Capacity:
+    slo_p99_ms: float
+    highest_pass: float  # req/s; 0.0 when no rate passed
+    lowest_fail: float | None  # req/s; None when no rate failed (max_rate passed)
+    steps: list[CapacityStep]
+
+    @property
+    def resolution(self) -> float | None:
+        """(lowest fail - highest pass) / lowest fail; None when the bracket is open."""
+        if self.lowest_fail is None or self.highest_pass <= 0:
+            return None
+        return (self.lowest_fail - self.highest_pass) / self.lowest_fail
+
+
+@dataclass
+class CorrectnessCheck:
+    """Scores returned under load vs the same variant's offline scores (MLPerf TEST01's idea)."""
+
+    n_requests: int
+    max_abs_diff: float
+    tolerance: float
+    passed: bool
+
+
+@dataclass
+class LoadOutcome:
+    variant: str
+    unloaded: list[LoadRun] = field(default_factory=list)  # repeats, one closed-loop user
+    common: list[LoadRun] = field(default_factory=list)  # repeats at the study's common offered load
+    equal_util: list[LoadRun] = field(default_factory=list)  # at a fraction of its own capacity
+    capacity: list[Capacity] = field(default_factory=list)  # repeats
+    correctness: CorrectnessCheck | None = None
+    error: str = ""  # why the load test failed ("" when it did not)
+
+
+@dataclass
+class StudyOutcome:
+    slo_p99_ms: float | None
+    slo_source: str  # e.g. "fixed in conf/experiment/ecommerce_case_study.yaml" or "3.0 x median of 5 unloaded p99"
+    common_rate_qps: float | None
+    keep_warm: bool
+    outcomes: dict[str, LoadOutcome] = field(default_factory=dict)

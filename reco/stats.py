@@ -1,0 +1,230 @@
+"""The statistics every decision in reco rests on: quantile CIs, verdicts, ratio CIs, paired ΔAUC.
+
+One module, shared by the load test, the capacity search, the study and the report, so a p99 means the
+same thing everywhere:
+
+- **Quantiles** are nearest-rank (a latency some request really had) with a distribution-free 95 %
+  confidence interval from order statistics: the number of samples below the true q-quantile is
+  Binomial(n, q), so [x_(l), x_(u)] with l, u from that binomial's 2.5 % / 97.5 % points covers it with
+  >= 95 % probability whatever the latency distribution. When n is too small for the upper bound to be
+  an observed sample (p99 needs n >= 368, p999 n >= 3,688), the quantile is *not supported*: reported
+  as "n/a (n=...)", never as the maximum.
+- **Failures count as +inf**: a request that failed, was shed or timed out is slower than any SLO, so
+  dropping it can never improve a verdict.
+- **Verdicts** against a limit are PASS only when the whole CI is within it, FAIL when the whole CI is
+  beyond it, INCONCLUSIVE otherwise.
+- **ΔAUC** between two models scored on the same rows uses DeLong's paired variance (fast, exact
+  for the Mann-Whitney AUC, no resampling).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from enum import Enum
+
+import numpy as np
+from scipy import stats as sps
+
+CONF = 0.95
+
+
+class Verdict(str, Enum):
+    PASS = "PASS"
+    FAIL = "FAIL"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    INVALID = "INVALID"  # the measurement itself cannot vouch (e.g. a saturated load generator)
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A figure with its two-sided confidence interval and the sample size behind it.
+
+    `value` is None when n cannot support the figure (then lo/hi are None too).
+    """
+
+    value: float | None
+    lo: float | None
+    hi: float | None
+    n: int
+
+    @property
+    def supported(self) -> bool:
+        return self.value is not None
+
+    def fmt(self, spec: str = ".1f", unit: str = "") -> str:
+        """'12.3 [11.9, 13.0] (n=4,000)' or 'n/a (n=120)'."""
+        if self.value is None:
+            return f"n/a (n={self.n:,})"
+        return f"{_num(self.value, spec)}{unit} [{_num(self.lo, spec)}, {_num(self.hi, spec)}] (n={self.n:,})"
+
+    def to_dict(self) -> dict:
+        return {"value": self.value, "lo": self.lo, "hi": self.hi, "n": self.n}
+
+
+def _num(x: float | None, spec: str) -> str:
+    if x is None:
+        return "n/a"
+    return "inf" if math.isinf(x) else format(x, spec)
+
+
+def min_n_for_quantile(q: float, conf: float = CONF) -> int:
+    """Smallest n whose upper confidence bound for the q-quantile is an observed sample."""
+    # P(all n samples below the q-quantile) = q^n must be <= (1 - conf) / 2.
+    return int(math.ceil(math.log((1 - conf) / 2) / math.log(q)))
+
+
+def quantile_ci(x: np.ndarray, q: float, conf: float = CONF) -> Estimate:
+    """Nearest-rank q-quantile of `x` with a distribution-free order-statistic CI.
+
+    Args:
+        x: [n] samples; +inf allowed (failed requests), NaN not.
+        q: quantile in (0, 1), e.g. 0.99.
+    Returns:
+        Estimate(value, lo, hi, n); value None when n < min_n_for_quantile(q) (either side).
+    """
+    x = np.asarray(x, dtype=np.float64)
+    assert not np.isnan(x).any(), "quantile_ci: NaN latencies (failures must be +inf)"
+    n = len(x)
+    if n == 0:
+        return Estimate(None, None, None, 0)
+    a = (1 - conf) / 2
+    # B = #samples below the true quantile ~ Binomial(n, q); x_(l) <= Q <= x_(u) when l <= B < u.
+    lo_k = int(sps.binom.ppf(a, n, q))  # 1-based order statistic index of the lower bound
+    hi_k = int(sps.binom.ppf(1 - a, n, q)) + 1
+    if lo_k < 1 or hi_k > n:
+        return Estimate(None, None, None, n)
+    s = np.sort(x)
+    point = s[max(int(math.ceil(q * n)), 1) - 1]
+    return Estimate(float(point), float(s[lo_k - 1]), float(s[hi_k - 1]), n)
+
+
+def verdict_at_most(est: Estimate, limit: float) -> Verdict:
+    """PASS when the CI lies within `limit` (upper bound <= limit), FAIL when beyond, else INCONCLUSIVE."""
+    if est.value is None:
+        return Verdict.INCONCLUSIVE
+    if est.hi <= limit:
+        return Verdict.PASS
+    if est.lo > limit:
+        return Verdict.FAIL
+    return Verdict.INCONCLUSIVE
+
+
+def verdict_at_least(est: Estimate, limit: float) -> Verdict:
+    """PASS when the CI lies at or above `limit`, FAIL when wholly below, else INCONCLUSIVE."""
+    if est.value is None:
+        return Verdict.INCONCLUSIVE
+    if est.lo >= limit:
+        return Verdict.PASS
+    if est.hi < limit:
+        return Verdict.FAIL
+    return Verdict.INCONCLUSIVE
+
+
+def with_failures(ok_latency_ms: np.ndarray, n_failed: int) -> np.ndarray:
+    """Latencies of successful requests plus `n_failed` +inf entries (see the module docstring)."""
+    return np.concatenate([np.asarray(ok_latency_ms, np.float64), np.full(int(n_failed), np.inf)])
+
+
+def bootstrap_ci(
+    stat: Callable[..., float],
+    samples: Sequence[np.ndarray],
+    n_boot: int = 1000,
+    seed: int = 0,
+    conf: float = CONF,
+) -> Estimate:
+    """Percentile-bootstrap CI of `stat(*samples)`, each sample resampled independently.
+
+    Used for ratios of two runs' figures (e.g. p99 of A / p99 of B): independent requests, so each
+    run's requests are resampled on their own. n is the smallest sample's size.
+    """
+    rng = np.random.default_rng(seed)
+    point = float(stat(*samples))
+    reps = np.empty(n_boot)
+    for b in range(n_boot):
+        reps[b] = stat(*(s[rng.integers(0, len(s), len(s))] for s in samples))
+    reps = reps[np.isfinite(reps)] if np.isfinite(point) else reps
+    if len(reps) == 0:
+        return Estimate(point, point, point, min(len(s) for s in samples))
+    a = (1 - conf) / 2
+    lo, hi = np.quantile(reps, [a, 1 - a])
+    return Estimate(point, float(lo), float(hi), min(len(s) for s in samples))
+
+
+def median_ratio_ci(num: Sequence[float], den: Sequence[float], conf: float = CONF) -> Estimate:
+    """Ratio of medians of repeated measurements (e.g. 3 capacity runs each), with a CI from
+    all pairwise ratios' spread: the interval [min ratio, max ratio] over repeats is reported as the
+    range when too few repeats exist for a bootstrap to mean anything (n < 5)."""
+    a, b = np.asarray(num, float), np.asarray(den, float)
+    a, b = a[np.isfinite(a)], b[np.isfinite(b) & (b > 0)]
+    if len(a) == 0 or len(b) == 0:
+        return Estimate(None, None, None, min(len(a), len(b)))
+    point = float(np.median(a) / np.median(b))
+    ratios = (a[:, None] / b[None, :]).ravel()
+    if min(len(a), len(b)) < 5:
+        return Estimate(point, float(ratios.min()), float(ratios.max()), min(len(a), len(b)))
+    lo, hi = np.quantile(ratios, [(1 - conf) / 2, 1 - (1 - conf) / 2])
+    return Estimate(point, float(lo), float(hi), min(len(a), len(b)))
+
+
+def _midrank(x: np.ndarray) -> np.ndarray:
+    """1-based ranks of x with ties given their average rank."""
+    order = np.argsort(x, kind="mergesort")
+    xs = x[order]
+    ranks = np.empty(len(x))
+    # boundaries of runs of equal values
+    starts = np.r_[0, np.flatnonzero(np.diff(xs)) + 1]
+    ends = np.r_[starts[1:], len(xs)]
+    avg = (starts + ends + 1) / 2.0  # mean of 1-based ranks start+1 .. end
+    ranks[order] = np.repeat(avg, ends - starts)
+    return ranks
+
+
+def delong(labels: np.ndarray, scores: Sequence[np.ndarray]) -> tuple[np.ndarray, np.ndarray]:
+    """AUCs of k score vectors on the same rows and their DeLong covariance matrix.
+
+    Args:
+        labels: [n] 0/1.
+        scores: k arrays [n].
+    Returns:
+        (aucs [k], cov [k, k]).
+    """
+    y = np.asarray(labels).astype(bool)
+    m, n = int(y.sum()), int((~y).sum())
+    if m == 0 or n == 0:
+        raise ValueError("delong: need both positive and negative labels")
+    k = len(scores)
+    v01 = np.empty((k, m))
+    v10 = np.empty((k, n))
+    aucs = np.empty(k)
+    for i, s in enumerate(scores):
+        s = np.asarray(s, np.float64)
+        pos, neg = s[y], s[~y]
+        tz = _midrank(np.concatenate([pos, neg]))
+        tx, ty = _midrank(pos), _midrank(neg)
+        aucs[i] = (tz[:m].sum() / m - (m + 1) / 2) / n
+        v01[i] = (tz[:m] - tx) / n
+        v10[i] = 1.0 - (tz[m:] - ty) / m
+    cov = np.atleast_2d(np.cov(v01)) / m + np.atleast_2d(np.cov(v10)) / n
+    return aucs, cov
+
+
+def auc_delta(
+    labels: np.ndarray, base_scores: np.ndarray, scores: np.ndarray, conf: float = CONF
+) -> tuple[Estimate, Estimate]:
+    """Paired AUC difference of `scores` against `base_scores` on the same rows (DeLong).
+
+    Returns:
+        (absolute ΔAUC = auc - base_auc, relative ΔAUC = ΔAUC / base_auc), each with its CI; the
+        relative CI treats the base AUC as fixed (its own error is in the paired variance).
+    """
+    aucs, cov = delong(labels, [base_scores, scores])
+    d = float(aucs[1] - aucs[0])
+    se = math.sqrt(max(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], 0.0))
+    z = float(sps.norm.ppf(1 - (1 - conf) / 2))
+    n = len(labels)
+    absolute = Estimate(d, d - z * se, d + z * se, n)
+    b = float(aucs[0])
+    relative = Estimate(d / b, (d - z * se) / b, (d + z * se) / b, n)
+    return absolute, relative
