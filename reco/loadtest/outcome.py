@@ -1,5 +1,7 @@
 """Typed results of load tests: what the study hands to tracking and the report (nobody mutates them).
 
+::
+
     LoadRun       one Locust run (a window of requests): latency quantiles with CIs, errors, validity
     CapacityStep  one rate of the capacity search and its verdict
     Capacity      one capacity search: the bracket [highest pass, lowest fail] and its steps
@@ -86,7 +88,7 @@ class LoadOutcome:
 @dataclass
 class StudyOutcome:
     slo_p99_ms: float | None
-    slo_source: str  # e.g. "fixed in conf/experiment/ecommerce_case_study.yaml" or "3.0 x median of 5 unloaded p99"
+    slo_source: str  # e.g. "fixed in the preset" or "3.0 x median of 5 unloaded p99"
     common_rate_qps: float | None
     keep_warm: bool
     outcomes: dict[str, LoadOutcome] = field(default_factory=dict)
