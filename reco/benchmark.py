@@ -11,42 +11,9 @@ from __future__ import annotations
 
 import argparse
 import math
-from pathlib import Path
 
-from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
-
-from reco.tracking import TrackingError
-
-
-def latest_variants(uri: str, experiment: str) -> tuple[str, dict[str, dict]]:
-    client = MlflowClient(tracking_uri=uri)
-    exp = client.get_experiment_by_name(experiment)
-    if exp is None:
-        raise TrackingError(
-            f"no MLflow experiment {experiment!r} at {uri}: run `python run.py experiment={experiment}`"
-        )
-    parents = client.search_runs(
-        [exp.experiment_id], "tags.`mlflow.parentRunId` IS NULL", order_by=["start_time DESC"], max_results=20
-    )
-    for parent in parents:
-        children = client.search_runs(
-            [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
-        )
-        children.sort(key=lambda c: c.info.start_time)  # the order the pipeline built them
-        if children:
-            rows = {
-                c.data.tags.get("variant", c.info.run_name): {
-                    **c.data.metrics,
-                    "parent": c.data.tags.get("parent_variant", ""),
-                    "backend": c.data.params.get("backend", ""),
-                    "mode": c.data.params.get("step_config.mode", ""),  # accelerate steps only
-                    "status": c.data.tags.get("status", c.info.status),
-                }
-                for c in children
-            }
-            return parent.info.run_id, rows
-    raise TrackingError(f"experiment {experiment!r} has no run with variants yet")
+from reco.config import compose
+from reco.tracking import latest_variant_runs
 
 
 def _ratio(a: float | None, b: float | None) -> float:
@@ -112,10 +79,10 @@ def targets(rows: dict[str, dict]) -> list[str]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("experiment", nargs="?", default="optimize_chain")
-    default_uri = OmegaConf.load(Path(__file__).parents[1] / "conf" / "tracking" / "default.yaml").uri
-    ap.add_argument("--tracking-uri", default=default_uri)
+    ap.add_argument("--tracking-uri", default=None, help="default: tracking.uri of the composed config")
     args = ap.parse_args()
-    run_id, rows = latest_variants(args.tracking_uri, args.experiment)
+    uri = args.tracking_uri or compose().tracking.uri
+    run_id, rows = latest_variant_runs(uri, args.experiment)
     print(f"experiment {args.experiment}, MLflow parent run {run_id}\n")
     print(table(rows))
     print("\nTargets (each variant against its parent):")

@@ -19,6 +19,7 @@ from hydra import compose as hydra_compose
 from hydra import initialize_config_dir
 from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
+from hydra.errors import ConfigCompositionException
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
@@ -40,13 +41,15 @@ def compose(overrides: Sequence[str] = (), config_name: str = "config") -> DictC
         The composed, schema-checked config.
     """
     register()
-    if GlobalHydra.instance().is_initialized():
-        return hydra_compose(config_name, overrides=list(overrides))
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        try:
+    try:
+        if GlobalHydra.instance().is_initialized():
             return hydra_compose(config_name, overrides=list(overrides))
-        except OmegaConfBaseException as e:
-            raise ConfigError(_describe(e)) from None
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return hydra_compose(config_name, overrides=list(overrides))
+    except (ConfigCompositionException, OmegaConfBaseException) as e:
+        cause = e.__cause__
+        detail = _describe(cause) if isinstance(cause, OmegaConfBaseException) else ""
+        raise ConfigError(f"{str(e).splitlines()[0]}" + (f": {detail}" if detail else "")) from None
 
 
 def typed(node: Any, cls: type[T], where: str) -> T:
@@ -57,6 +60,8 @@ def typed(node: Any, cls: type[T], where: str) -> T:
     if isinstance(node, cls):
         return node
     try:
+        if isinstance(node, DictConfig):  # resolve against its own root before it is detached
+            node = OmegaConf.to_container(node, resolve=True)
         merged = OmegaConf.merge(OmegaConf.structured(cls), node)
         return OmegaConf.to_object(merged)  # type: ignore[return-value]
     except OmegaConfBaseException as e:
@@ -77,9 +82,19 @@ def register() -> None:
     global _registered
     if _registered:
         return
+    from reco.steps import steps
+
     cs = ConfigStore.instance()
     for (group, name), node in _schemas().items():
         cs.store(group=group, name=name, node=node)
+    # Every registered step's defaults at the key its variants read them from (conf/config.yaml lists
+    # `step_defaults`), so a new step needs no edit here or in config.yaml.
+    step_defaults = [
+        {f"step@{s.config_key}": s.name}
+        for s in steps().values()
+        if s.config_key == s.name and (CONF_DIR / "step" / f"{s.name}.yaml").exists()
+    ]
+    cs.store(name="step_defaults", node={"defaults": step_defaults})
     _registered = True
 
 
@@ -88,4 +103,17 @@ def _schemas() -> dict[tuple[str, str], type]:
     `defaults: [schema, _self_]` (conf/step/*.yaml: `[prune_schema, _self_]` etc.)."""
     # Each module owns its config dataclass (as TorchRec's embedding_configs sits beside its modules);
     # this is only the index. Imported here, not at module top, to keep `import reco.config` light.
-    return {}
+    from reco.models.dlrm import ModelConfig
+    from reco.steps import steps
+    from reco.tracking import TrackingConfig
+    from reco.train.loop import TrainConfig
+
+    schemas: dict[tuple[str, str], type] = {
+        ("model", "schema"): ModelConfig,
+        ("trainer", "schema"): TrainConfig,
+        ("tracking", "schema"): TrackingConfig,
+    }
+    for s in steps().values():
+        if s.config_key == s.name:
+            schemas[("step", f"{s.name}_schema")] = s.config
+    return schemas

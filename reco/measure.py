@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass
 
 import numpy as np
+from omegaconf import MISSING
 
 from reco.data.schema import Split
 from reco.runtime import Scorer
@@ -20,9 +22,21 @@ def predict(scorer: Scorer, split: Split, batch_size: int = 4096) -> np.ndarray:
     return np.concatenate(out)
 
 
+@dataclass
+class RankLatencyConfig:
+    """`rank_latency` in conf/config.yaml: the in-process ranking benchmark run on every variant."""
+
+    repeats: int = MISSING  # timed calls
+    warmup: int = MISSING  # untimed calls first
+
+
 def evaluate(scorer: Scorer, split: Split, batch_size: int = 4096) -> dict[str, float]:
     """auc, logloss, calibration; plus oracle_auc when the split carries true probabilities."""
-    probs = predict(scorer, split, batch_size)
+    return score_metrics(split, predict(scorer, split, batch_size))
+
+
+def score_metrics(split: Split, probs: np.ndarray) -> dict[str, float]:
+    """Metrics of [N] probabilities against the split's labels (see evaluate)."""
     if not np.isfinite(probs).all():
         raise FloatingPointError(f"scorer produced {int((~np.isfinite(probs)).sum())} non-finite scores")
     labels = split.labels.numpy()
@@ -33,9 +47,14 @@ def evaluate(scorer: Scorer, split: Split, batch_size: int = 4096) -> dict[str, 
 
 
 def rank_latency(
-    scorer: Scorer, split: Split, n_candidates: int = 500, repeats: int = 50, warmup: int = 5, seed: int = 0
+    scorer: Scorer, split: Split, n_candidates: int, cfg: RankLatencyConfig, seed: int = 0
 ) -> dict[str, float]:
-    """Score blocks of `n_candidates` rows drawn from `split`; p50/p99 ms after warm-up."""
+    """Score blocks of `n_candidates` rows drawn from `split`; p50/p99 ms after warm-up.
+
+    Returns:
+        {"rank_p50_ms", "rank_p99_ms", "rank_n_candidates"}.
+    """
+    repeats, warmup = cfg.repeats, cfg.warmup
     rng = np.random.default_rng(seed)
     blocks = []
     for _ in range(min(repeats, 8)):

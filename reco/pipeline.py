@@ -1,256 +1,92 @@
-"""Walk an experiment's variant graph: build, measure, serve, load-test, track, report.
+"""Run one experiment: build every variant of the graph, measure it, serve and load-test it, track, report.
 
-Finished variants are cached by a content hash of (step, step config, parent's hash, data
-fingerprint, trainer/model config), so an interrupted experiment re-run redoes only what changed or
-never finished. A failed variant is marked failed in MLflow and in the report; the rest go on.
+Finished variants are cached by content hash (reco.graph.cache_key), so an interrupted experiment re-run
+redoes only what changed or never finished. A variant counts as finished only when its `FINISHED` marker
+exists (written last, after variant.json); anything else in its directory is rebuilt. A failed variant
+is marked failed in MLflow and in the report; the rest go on.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
+import functools
+import io
+import shutil
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from reco.config import typed
 from reco.data import load_dataset
 from reco.data.schema import Dataset
-from reco.measure import evaluate, rank_latency
+from reco.graph import Node, cache_key, plan
+from reco.measure import RankLatencyConfig, predict, rank_latency, score_metrics
 from reco.runtime import load_scorer
-from reco.tracking import Tracker, environment_tags, flatten
+from reco.steps import StepRun
+from reco.tracking import Tracker, TrackingConfig, environment_tags, flatten
 from reco.train.loop import TrainConfig
-from reco.variant import Variant
+from reco.variant import ArtifactError, Variant, atomic_write
 
-CACHE_VERSION = 1
-STEPS = ("train", "prune", "distill", "accelerate", "batching")
-
-
-class ConfigError(ValueError):
-    pass
+FINISHED = "FINISHED"  # marker file: the variant directory is complete
+SCORES = "test_scores.npy"  # [N test rows] float32, the variant's own runtime's scores
 
 
 @dataclass
-class Node:
-    """One entry of the variant graph and what became of it."""
+class Built:
+    """What became of one node of the graph."""
 
-    name: str
-    step: str
-    parent: str | None
-    step_cfg: dict
-    variant: Variant | None = None
-    error: str = ""
-    run_id: str = ""
-    cached: bool = False
-    load: dict = field(default_factory=dict)  # load-test outcome (see reco.loadtest)
+    node: Node
+    variant: Variant | None
+    error: str
+    run_id: str
+    cached: bool
 
-
-def plan(c: dict) -> list[Node]:
-    """Validate `variants` and order it parents-first."""
-    specs = c.get("variants") or {}
-    if not specs:
-        raise ConfigError(
-            "variants: the experiment defines no variants (expected at least {baseline: {step: train}})"
-        )
-    nodes: dict[str, Node] = {}
-    for name, spec in specs.items():
-        spec = dict(spec or {})
-        step = spec.pop("step", None)
-        parent = spec.pop("parent", None)
-        if step not in STEPS:
-            raise ConfigError(f"variants.{name}.step: expected one of {STEPS}, got {step!r}")
-        if step == "train" and parent:
-            raise ConfigError(f"variants.{name}.parent: a train step has no parent (got {parent!r})")
-        if step != "train" and parent not in specs:
-            raise ConfigError(
-                f"variants.{name}.parent: {parent!r} is not a variant of this experiment (have {sorted(specs)})"
-            )
-        base = c.get(step, {}) if step != "train" else {}
-        step_cfg = OmegaConf.to_container(OmegaConf.merge(base, spec), resolve=True)
-        nodes[name] = Node(name, step, parent, step_cfg)
-    order: list[Node] = []
-    state: dict[str, int] = {}
-
-    def visit(n: str, path: tuple[str, ...]) -> None:
-        if state.get(n) == 2:
-            return
-        if state.get(n) == 1:
-            raise ConfigError(f"variants: cycle through {' -> '.join((*path, n))}")
-        state[n] = 1
-        if nodes[n].parent:
-            visit(nodes[n].parent, (*path, n))
-        state[n] = 2
-        order.append(nodes[n])
-
-    for n in nodes:
-        visit(n, ())
-    return order
+    @property
+    def name(self) -> str:
+        return self.node.name
 
 
-def trainer_config(c: dict, out_dir: Path) -> TrainConfig:
-    t = dict(c["trainer"])
-    t["checkpoint_dir"] = t.get("checkpoint_dir") or str(out_dir / "checkpoints")
-    return TrainConfig(**t)
+def run(cfg: DictConfig) -> list[Built]:
+    """The whole experiment (see the module docstring).
 
-
-def cache_key(node: Node, parent: Variant | None, data: Dataset, c: dict) -> str:
-    src: dict = {"v": CACHE_VERSION, "step": node.step, "cfg": node.step_cfg, "data": data.fingerprint}
-    src["parent"] = parent.cache_key if parent else None
-    if node.step in ("train", "prune", "distill"):
-        src["trainer"] = {k: v for k, v in c["trainer"].items() if k not in ("progress", "checkpoint_dir")}
-    if node.step == "train":
-        src["model"] = c["model"]
-    return hashlib.sha256(json.dumps(src, sort_keys=True, default=str).encode()).hexdigest()[:16]
-
-
-def build(
-    node: Node, parent: Variant | None, data: Dataset, c: dict, out_dir: Path, tracker: Tracker
-) -> Variant:
-    trainer = trainer_config(c, out_dir)
-
-    def on_epoch(epoch: int, row: dict[str, float]) -> None:
-        tracker.log(node.run_id, metrics=row, step=epoch)
-
-    if node.step == "train":
-        from reco.train import baseline
-
-        return baseline.run(data, c["model"], out_dir, trainer, node.name, on_epoch)
-    assert parent is not None
-    if node.step == "batching":
-        from reco.steps import batching
-
-        return batching.run(parent, node.step_cfg, out_dir, node.name)
-    if node.step == "prune":
-        from reco.steps import prune as step
-    elif node.step == "distill":
-        from reco.steps import distill as step
-    else:
-        from reco.steps import accelerate as step
-    return step.run(parent, data, node.step_cfg, out_dir, trainer, node.name)
-
-
-def measure(v: Variant, data: Dataset, c: dict, accuracy: bool) -> None:
-    """Accuracy through the variant's own runtime; in-process ranking latency at serving threads."""
-    if accuracy:
-        v.metrics.update(evaluate(load_scorer(v, threads=c["trainer"]["threads"]), data.test))
-    scorer = load_scorer(v, threads=c["serve"]["intra_op_threads"])
-    v.metrics.update(
-        rank_latency(
-            scorer,
-            data.test,
-            n_candidates=c["serve"]["n_candidates"],
-            repeats=c["benchmark"]["repeats"],
-            warmup=c["benchmark"]["warmup"],
-            seed=c["seed"],
-        )
-    )
-
-
-def _variant_dir(c: dict, name: str, key: str) -> Path:
-    return Path(c["cache_dir"]) / "variants" / f"{name}-{key}"
-
-
-def _log_variant(tracker: Tracker, node: Node, v: Variant, log_models: bool) -> None:
-    params = flatten(
-        {
-            "variant": v.name,
-            "parent": v.parent or "",
-            "step": v.step,
-            "backend": v.backend,
-            "step_config": v.step_config,
-        }
-    )
-    sizes = {"params": v.params, "size_mb": v.size_mb, "flops_per_candidate": v.flops_per_candidate}
-    tracker.log(node.run_id, metrics={**v.metrics, **sizes}, params=params, tags={"cache_key": v.cache_key})
-    files = [v.path / "variant.json"]
-    if log_models:
-        files += [v.path / f for f in v.artifacts.values()]
-    tracker.log_artifacts(node.run_id, files, "variant")
-
-
-def build_all(nodes: list[Node], data: Dataset, c: dict, tracker: Tracker, parent_run: str) -> None:
-    by_name = {n.name: n for n in nodes}
-    for i, node in enumerate(nodes, 1):
-        parent = by_name[node.parent].variant if node.parent else None
-        print(
-            f"\n[variant {i}/{len(nodes)}] {node.name}: {node.step}"
-            + (f" from {node.parent}" if node.parent else ""),
-            flush=True,
-        )
-        node.run_id = tracker.start_run(
-            node.name,
-            parent_id=parent_run,
-            tags={"variant": node.name, "parent_variant": node.parent or "", "step": node.step},
-        )
-        if node.parent and parent is None:
-            node.error = (
-                f"parent variant {node.parent!r} failed: {by_name[node.parent].error.splitlines()[0]}"
-            )
-            print(f"  skipped: {node.error}", flush=True)
-            tracker.log(node.run_id, tags={"error": node.error, "status": "skipped"})
-            tracker.end(node.run_id, failed=True)
-            continue
-        key = cache_key(node, parent, data, c)
-        out_dir = _variant_dir(c, node.name, key)
-        t0 = time.time()
-        try:
-            if (out_dir / "variant.json").exists() and "auc" in (cached := Variant.load(out_dir)).metrics:
-                v, node.cached = cached, True
-                print(f"  reusing finished variant {out_dir} (same config and inputs)", flush=True)
-            else:
-                v = build(node, parent, data, c, out_dir, tracker)
-                v.cache_key, v.data_fingerprint = key, data.fingerprint
-            measure(v, data, c, accuracy=not node.cached)
-            v.mlflow_run_id = node.run_id
-            v.save()
-            node.variant = v
-            _log_variant(tracker, node, v, c["tracking"]["log_models"])
-            tracker.log(node.run_id, tags={"status": "ok", "cached": str(node.cached)})
-            tracker.end(node.run_id)
-            m = v.metrics
-            print(
-                f"  {node.name}: auc {m.get('auc', float('nan')):.4f}  params {v.params:,}  size {v.size_mb:.1f} MB  "
-                f"rank p50 {m.get('rank_p50_ms', float('nan')):.2f} ms  ({time.time() - t0:.0f} s)",
-                flush=True,
-            )
-        except Exception as e:  # a failed variant must not stop the comparison
-            node.error = f"{type(e).__name__}: {e}"
-            print(f"  FAILED: {node.error}", flush=True)
-            tracker.log(node.run_id, tags={"error": node.error[:5000], "status": "failed"})
-            (Path(c["cache_dir"]) / "failed").mkdir(parents=True, exist_ok=True)
-            (Path(c["cache_dir"]) / "failed" / f"{node.name}.txt").write_text(traceback.format_exc())
-            tracker.end(node.run_id, failed=True)
-
-
-def run(cfg: DictConfig) -> list[Node]:
+    Args:
+        cfg: the composed config (run.py's @hydra.main, or reco.config.compose).
+    Returns:
+        One Built per variant of the graph, parents first.
+    """
     from hydra.core.hydra_config import HydraConfig
 
-    c = OmegaConf.to_container(cfg, resolve=True)
+    nodes = plan(cfg)  # config errors before anything slow
+    tracking = typed(cfg.tracking, TrackingConfig, "tracking")
+    trainer = typed(cfg.trainer, TrainConfig, "trainer")
     hc = HydraConfig.get()
     out_dir = Path(hc.runtime.output_dir)
     multirun = hc.mode.name == "MULTIRUN"
-    nodes = plan(c)  # config errors before anything slow
-    tracker = Tracker(c["tracking"]["uri"], c["experiment_name"], c["tracking"]["artifact_root"])
+    tracker = Tracker(tracking.uri, cfg.experiment_name, tracking.artifact_root)
+    for run_id in tracker.close_orphans():
+        print(f"MLflow: closed run {run_id} left RUNNING by an interrupted execution (KILLED)", flush=True)
     overrides = [o for o in hc.overrides.task if not o.startswith("experiment=")]
-    run_name = c["experiment_name"] + (f" [{', '.join(overrides)}]" if overrides else "")
-    tags = {**environment_tags(), "experiment": c["experiment_name"], "overrides": " ".join(overrides)}
+    run_name = cfg.experiment_name + (f" [{', '.join(overrides)}]" if overrides else "")
+    tags = {**environment_tags(), "experiment": cfg.experiment_name, "overrides": " ".join(overrides)}
     if multirun:
         tags["multirun.sweep_dir"] = hc.sweep.dir
     parent_run = tracker.start_run(run_name, tags=tags)
-    print(
-        f"MLflow: experiment {c['experiment_name']!r}, parent run {parent_run} ({c['tracking']['uri']})",
-        flush=True,
-    )
-    failed = True
+    print(f"MLflow: experiment {cfg.experiment_name!r}, parent run {parent_run} ({tracking.uri})", flush=True)
+    status = "FAILED"
+    built: list[Built] = []
     try:
-        tracker.log(parent_run, params=flatten({k: v for k, v in c.items() if k != "hydra"}))
-        (out_dir / "resolved_config.yaml").write_text(OmegaConf.to_yaml(c))
+        resolved = OmegaConf.to_container(cfg, resolve=True)
+        tracker.log(parent_run, params=flatten({k: v for k, v in resolved.items() if k != "hydra"}))
+        atomic_write(out_dir / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
         tracker.log_artifacts(parent_run, [out_dir / "resolved_config.yaml"])
 
-        print("[data] loading " + str(c["data"].get("loader")), flush=True)
-        data, data_path = load_dataset(c["data"], Path(c["cache_dir"]) / "data")
+        print(f"[data] loading {cfg.data.loader}", flush=True)
+        data, data_path = load_dataset(
+            OmegaConf.to_container(cfg.data, resolve=True), Path(cfg.cache_dir) / "data"
+        )
         print(
             f"[data] {data.name}: train {len(data.train):,} val {len(data.val):,} test {len(data.test):,} rows, "
             f"fingerprint {data.fingerprint}, skipped {data.skipped or 'none'}",
@@ -261,55 +97,203 @@ def run(cfg: DictConfig) -> list[Node]:
             params={"data.fingerprint": data.fingerprint, "data.path": str(data_path)},
             metrics={f"data_skipped_{k}": v for k, v in data.skipped.items()},
         )
-        build_all(nodes, data, c, tracker, parent_run)
-        load = {}
-        if c["loadtest"]["enabled"]:
-            from reco.loadtest.study import load_test_all
+        build_all(nodes, data, cfg, trainer, tracker, parent_run, built)
+        study = None
+        if cfg.loadtest.enabled:
+            from reco.loadtest.study import run_study
 
-            load = load_test_all(nodes, data, data_path, c, tracker, out_dir)
-        report_dir = out_dir / "report" if multirun else Path(c["report_dir"])
-        paths = write_study_report(nodes, c, load, report_dir)
+            def log(name: str, metrics: dict, artifacts: list[Path], subdir: str) -> None:
+                b = next(b for b in built if b.name == name)
+                tracker.log(b.run_id, metrics=metrics)
+                tracker.log_artifacts(b.run_id, artifacts, subdir)
+
+            ready = [(b.name, b.variant) for b in built if b.variant is not None]
+            study = run_study(ready, data, data_path, cfg, out_dir, log)
+        report_dir = out_dir / "report" if multirun else Path(cfg.report_dir)
+        paths = write_study_report(built, data, cfg, study, report_dir, tracker)
         tracker.log_artifacts(parent_run, paths, "report")
         print(f"\nReport: {report_dir / 'report.md'}", flush=True)
-        failed = False
+        status = "FINISHED"
+    except KeyboardInterrupt:
+        status = "KILLED"
+        raise
     finally:
-        tracker.end(parent_run, failed=failed)
-    return nodes
+        for b in built:
+            tracker.end(b.run_id, failed=b.variant is None)
+        tracker.end(parent_run, status=status)
+    return built
 
 
-def write_study_report(nodes: list[Node], c: dict, load: dict, out_dir: Path) -> list[Path]:
-    from reco.report import StudyContext, VariantResult, write_report
+def build_all(
+    nodes: list[Node],
+    data: Dataset,
+    cfg: DictConfig,
+    trainer: TrainConfig,
+    tracker: Tracker,
+    parent_run: str,
+    built: list[Built],
+) -> None:
+    """Build (or reuse) and measure every node, parents first, appending to `built` as it goes (so an
+    interruption still ends every run started); a failure skips only its subtree."""
+    done: dict[str, Built] = {}
+    for i, node in enumerate(nodes, 1):
+        parent = done[node.parent] if node.parent else None
+        print(
+            f"\n[variant {i}/{len(nodes)}] {node.name}: {node.step}"
+            + (f" from {node.parent}" if node.parent else ""),
+            flush=True,
+        )
+        run_id = tracker.start_run(
+            node.name,
+            parent_id=parent_run,
+            tags={"variant": node.name, "parent_variant": node.parent or "", "step": node.step},
+        )
+        b = done[node.name] = Built(node, None, "", run_id, False)
+        built.append(b)
+        if parent is not None and parent.variant is None:
+            b.error = f"parent variant {node.parent!r} failed: {parent.error.splitlines()[0]}"
+            print(f"  skipped: {b.error}", flush=True)
+            tracker.log(run_id, tags={"error": b.error, "status": "skipped"})
+            continue
+        key = cache_key(node, parent.variant.cache_key if parent else None, data.fingerprint, trainer)
+        out_dir = Path(cfg.cache_dir) / "variants" / f"{node.name}-{key}"
+        t0 = time.time()
+        try:
+            v, b.cached = _reuse(out_dir), True
+            if v is None:
+                b.cached = False
+                shutil.rmtree(out_dir, ignore_errors=True)  # an unfinished build: start clean
+                ctx = StepRun(node.name, out_dir, trainer, functools.partial(_log_epoch, tracker, run_id))
+                v = node.spec.fn(parent.variant if parent else None, data, node.config, ctx)
+                v.cache_key, v.data_fingerprint = key, data.fingerprint
+                measure_accuracy(v, data, trainer.threads)
+            v.metrics.update(
+                rank_latency(
+                    load_scorer(v, threads=cfg.serve.intra_op_threads),
+                    data.test,
+                    n_candidates=cfg.serve.n_candidates,
+                    cfg=typed(cfg.rank_latency, RankLatencyConfig, "rank_latency"),
+                    seed=cfg.seed,
+                )
+            )
+            v.mlflow_run_id = run_id
+            v.save()
+            atomic_write(out_dir / FINISHED, key)
+            b.variant = v
+            _log_variant(tracker, run_id, v, cfg.tracking.log_models)
+            tracker.log(run_id, tags={"status": "ok", "cached": str(b.cached)})
+            m = v.metrics
+            print(
+                f"  {'reusing finished variant ' + str(out_dir) + ' (same config, code and inputs)' if b.cached else 'built'}"
+                f"\n  {node.name}: auc {m.get('auc', float('nan')):.4f}  params {v.params:,}  size {v.size_mb:.1f} MB  "
+                f"rank p50 {m.get('rank_p50_ms', float('nan')):.2f} ms  ({time.time() - t0:.0f} s)",
+                flush=True,
+            )
+        except Exception as e:  # a failed variant must not stop the comparison
+            b.error = f"variant {node.name!r} (step {node.step}): {type(e).__name__}: {e}"
+            print(f"  FAILED: {b.error}", flush=True)
+            tracker.log(run_id, tags={"error": b.error[:5000], "status": "failed"})
+            failed = Path(cfg.cache_dir) / "failed"
+            failed.mkdir(parents=True, exist_ok=True)
+            atomic_write(failed / f"{node.name}.txt", traceback.format_exc())
 
-    baseline = next(n.name for n in nodes if n.step == "train")
+
+def _log_epoch(tracker: Tracker, run_id: str, epoch: int, row: dict[str, float]) -> None:
+    tracker.log(run_id, metrics=row, step=epoch)
+
+
+def _reuse(out_dir: Path) -> Variant | None:
+    """The finished variant in `out_dir`, or None when it never finished or its files do not check out."""
+    if not (out_dir / FINISHED).exists():
+        return None
+    try:
+        v = Variant.load(out_dir)
+        for role in v.artifacts:
+            v.verify(role)
+    except (ArtifactError, ValueError, TypeError) as e:
+        print(f"  cached variant {out_dir} is damaged ({e}); rebuilding it", flush=True)
+        return None
+    return v if "auc" in v.metrics else None
+
+
+def measure_accuracy(v: Variant, data: Dataset, threads: int) -> None:
+    """Score the test split once through the variant's own runtime: metrics + the scores themselves
+    (kept as an artifact so ΔAUC against the baseline is paired on the same rows)."""
+    scores = predict(load_scorer(v, threads=threads), data.test)
+    v.metrics.update(score_metrics(data.test, scores))
+    buf = io.BytesIO()
+    np.save(buf, scores.astype(np.float32))
+    atomic_write(v.path / SCORES, buf.getvalue())
+    v.add_artifact("test_scores", SCORES)
+
+
+def _log_variant(tracker: Tracker, run_id: str, v: Variant, log_models: bool) -> None:
+    params = flatten(
+        {
+            "variant": v.name,
+            "parent": v.parent or "",
+            "step": v.step,
+            "backend": v.backend,
+            "step_config": v.step_config,
+        }
+    )
+    sizes = {"params": v.params, "size_mb": v.size_mb, "flops_per_candidate": v.flops_per_candidate}
+    tracker.log(run_id, metrics={**v.metrics, **sizes}, params=params, tags={"cache_key": v.cache_key})
+    files = [v.path / "variant.json"]
+    if log_models:
+        files += [v.path / f for r, f in v.artifacts.items() if r != "test_scores"]
+    tracker.log_artifacts(run_id, files, "variant")
+
+
+def write_study_report(
+    built: list[Built], data: Dataset, cfg: DictConfig, study, out_dir: Path, tracker: Tracker
+) -> list[Path]:
+    """Comparison table, plots and report.md of the study; each variant's report metrics into its run."""
+    from reco.report import StudyContext, VariantResult, variant_metrics, write_report
+    from reco.stats import auc_delta
+
+    base = next(b for b in built if b.node.spec.root)
+    labels = data.test.labels.numpy()
+    base_scores = _scores(base.variant)
     results = []
-    for n in nodes:
-        v = n.variant or Variant(n.name, n.step, n.parent, "torch", {})
+    for b in built:
+        v = b.variant or Variant(b.name, b.node.step, b.node.parent, "torch", {})
+        scores = _scores(b.variant)
+        delta = None
+        if b is not base and scores is not None and base_scores is not None:
+            delta = auc_delta(labels, base_scores, scores)
+        load = study.outcomes.get(b.name) if study else None
         results.append(
             VariantResult(
-                variant=v,
-                status="ok" if n.variant else "failed",
-                error=n.error,
-                latencies_ms=n.load.get("latencies_ms"),
-                capacity_steps=n.load.get("capacity_steps", []),
+                variant=v, status="ok" if b.variant else "failed", error=b.error, load=load, auc_delta=delta
             )
         )
+    tags = environment_tags()
     ctx = StudyContext(
-        experiment=c["experiment_name"],
-        baseline=baseline,
-        slo_p99_ms=load.get("slo_p99_ms"),
-        common_rate_qps=load.get("common_rate_qps"),
-        auc_keep=c["gate"]["auc_keep"],
-        max_error_rate=c["loadtest"]["capacity"]["max_error_rate"],
-        machine=machine_line(),
-        targets=c.get("targets", {}),
+        experiment=cfg.experiment_name,
+        baseline=base.name,
+        study=study,
+        max_auc_drop_pct=cfg.gate.max_auc_drop_pct,
+        max_error_rate=cfg.loadtest.capacity.max_error_rate,
+        machine=machine_line(tags),
+        commit=tags["git.commit"],
+        targets=OmegaConf.to_container(cfg.targets, resolve=True),
     )
     out_dir.mkdir(parents=True, exist_ok=True)
-    return write_report(results, ctx, out_dir)
+    paths = write_report(results, ctx, out_dir)
+    for b, r in zip(built, results, strict=True):
+        tracker.log(b.run_id, metrics=variant_metrics(r, ctx))
+    return paths
 
 
-def machine_line() -> str:
-    t = environment_tags()
+def _scores(v: Variant | None) -> np.ndarray | None:
+    if v is None or "test_scores" not in v.artifacts:
+        return None
+    return np.load(v.verify("test_scores"), allow_pickle=False)
+
+
+def machine_line(tags: dict[str, str]) -> str:
     return (
-        f"{time.strftime('%Y-%m-%d')} · {t['machine.cpu']} · {t['machine.cores']} cores · "
-        f"Python {t['machine.python']} · torch {t['machine.torch']} · onnxruntime {t['machine.onnxruntime']}"
+        f"{time.strftime('%Y-%m-%d')} · {tags['machine.cpu']} · {tags['machine.cores']} cores · "
+        f"Python {tags['machine.python']} · torch {tags['machine.torch']} · onnxruntime {tags['machine.onnxruntime']}"
     )

@@ -9,6 +9,7 @@ variant's accuracy is measured through its own runtime (ONNX Runtime INT8 is eva
 from __future__ import annotations
 
 from collections.abc import Callable
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -22,7 +23,7 @@ Scorer = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
 def load_scorer(variant: Variant, threads: int = 1) -> Scorer:
     """threads: intra-op threads of this runtime (torch's are process-wide)."""
     if variant.backend == "onnxruntime":
-        return _ort_scorer(variant, threads)
+        return ort_scorer(variant.verify("onnx"), variant.runtime.get("ort", {}), threads)
     torch.set_num_threads(threads)
     module = PlainScorer(variant.load_torch()).eval()
     if variant.backend == "torch_compile":
@@ -54,14 +55,12 @@ def ort_session_options(settings: dict, threads: int):
     return so
 
 
-def _ort_scorer(variant: Variant, threads: int) -> Scorer:
+def ort_scorer(path: Path, settings: dict, threads: int = 1) -> Scorer:
+    """An ONNX Runtime session of the graph at `path` with session `settings` (see ort_session_options)."""
     import onnxruntime as ort
 
-    path = variant.verify("onnx")
     sess = ort.InferenceSession(
-        str(path),
-        ort_session_options(variant.runtime.get("ort", {}), threads),
-        providers=["CPUExecutionProvider"],
+        str(path), ort_session_options(settings, threads), providers=["CPUExecutionProvider"]
     )
 
     def score(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:

@@ -1,4 +1,4 @@
-"""MLflow helpers: the one module that knows MLflow's API.
+"""MLflow helpers: the one module that knows MLflow's API (writing runs and reading them back).
 
 Layout: one MLflow experiment per Hydra experiment preset; one parent run per execution; one child
 run per variant (tag `mlflow.parentRunId`), all children logging the same metric names so MLflow's
@@ -12,11 +12,14 @@ import os
 import socket
 import subprocess
 from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
+import psutil
 from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
+from omegaconf import MISSING
 
 # MLflow rejects longer param values.
 _MAX_PARAM = 6000
@@ -24,6 +27,15 @@ _MAX_PARAM = 6000
 
 class TrackingError(RuntimeError):
     pass
+
+
+@dataclass
+class TrackingConfig:
+    """The `tracking` config group (conf/tracking/default.yaml)."""
+
+    uri: str = MISSING  # sqlite:///mlruns/mlflow.db (embedded) or http://host:port (a tracking server)
+    artifact_root: str | None = MISSING  # where a new experiment's artifacts go (embedded store)
+    log_models: bool = MISSING  # copy each variant's model files into its MLflow run
 
 
 def flatten(d: Mapping, prefix: str = "") -> dict[str, object]:
@@ -84,7 +96,8 @@ class Tracker:
     def start_run(
         self, name: str, parent_id: str | None = None, tags: Mapping[str, str] | None = None
     ) -> str:
-        all_tags = dict(tags or {})
+        # Who owns the run: a later start closes runs whose owner died (see close_orphans).
+        all_tags = {"reco.owner": f"{socket.gethostname()}:{os.getpid()}", **(tags or {})}
         if parent_id:
             all_tags["mlflow.parentRunId"] = parent_id
         run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
@@ -118,26 +131,74 @@ class Tracker:
             elif p.exists():
                 self.client.log_artifact(run_id, str(p), subdir)
 
-    def end(self, run_id: str, failed: bool = False) -> None:
-        self.client.set_terminated(run_id, "FAILED" if failed else "FINISHED")
+    def end(self, run_id: str, failed: bool = False, status: str | None = None) -> None:
+        """Terminate a run: FINISHED, FAILED, or an explicit MLflow status such as KILLED."""
+        self.client.set_terminated(run_id, status or ("FAILED" if failed else "FINISHED"))
 
-    def metrics(self, run_id: str) -> dict[str, float]:
-        return dict(self.client.get_run(run_id).data.metrics)
+    def close_orphans(self) -> list[str]:
+        """End as KILLED every RUNNING run of this experiment whose owning process (on this host) is gone.
+
+        An interrupted run (SIGKILL, power loss) cannot end its own MLflow runs; the next start does,
+        with the reason in the tag `reco.end_reason`. Runs owned by a live process are left alone.
+        Returns:
+            The ids of the runs closed.
+        """
+        host = socket.gethostname()
+        closed = []
+        for run in self.client.search_runs([self.experiment_id], "attributes.status = 'RUNNING'"):
+            owner = run.data.tags.get("reco.owner", "")
+            owner_host, _, pid = owner.rpartition(":")
+            if owner_host != host or not pid.isdigit() or _alive(int(pid)):
+                continue
+            self.client.set_tag(
+                run.info.run_id, "reco.end_reason", f"interrupted: owning process {owner} is gone"
+            )
+            self.client.set_terminated(run.info.run_id, "KILLED")
+            closed.append(run.info.run_id)
+        return closed
 
 
-def log_to_run(
-    run_id: str,
-    metrics: Mapping[str, float],
-    params: Mapping[str, object],
-    artifacts: Iterable[str | Path],
-    tracking_uri: str,
-    subdir: str | None = None,
-) -> None:
-    """Log into an existing run (e.g. a variant's run, from a load test)."""
-    client = MlflowClient(tracking_uri=tracking_uri)
-    t = Tracker(tracking_uri, client.get_experiment(client.get_run(run_id).info.experiment_id).name)
-    t.log(run_id, metrics, params)
-    t.log_artifacts(run_id, artifacts, subdir)
+def _alive(pid: int) -> bool:
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.Error:
+        return False
+
+
+def latest_variant_runs(uri: str, experiment: str) -> tuple[str, dict[str, dict]]:
+    """The newest parent run of `experiment` that has variant child runs.
+
+    Returns:
+        (parent run id, {variant name: {metric: value, "parent", "backend", "mode", "status"}}) with the
+        variants in the order the pipeline built them.
+    """
+    client = MlflowClient(tracking_uri=uri)
+    exp = client.get_experiment_by_name(experiment)
+    if exp is None:
+        raise TrackingError(
+            f"no MLflow experiment {experiment!r} at {uri}: run `python run.py experiment={experiment}`"
+        )
+    parents = client.search_runs(
+        [exp.experiment_id], "tags.`mlflow.parentRunId` IS NULL", order_by=["start_time DESC"], max_results=20
+    )
+    for parent in parents:
+        children = client.search_runs(
+            [exp.experiment_id], f"tags.`mlflow.parentRunId` = '{parent.info.run_id}'"
+        )
+        children.sort(key=lambda c: c.info.start_time)
+        if children:
+            rows = {
+                c.data.tags.get("variant", c.info.run_name): {
+                    **c.data.metrics,
+                    "parent": c.data.tags.get("parent_variant", ""),
+                    "backend": c.data.params.get("backend", ""),
+                    "mode": c.data.params.get("step_config.mode", ""),  # accelerate steps only
+                    "status": c.data.tags.get("status", c.info.status),
+                }
+                for c in children
+            }
+            return parent.info.run_id, rows
+    raise TrackingError(f"experiment {experiment!r} has no run with variants yet")
 
 
 def environment_tags() -> dict[str, str]:

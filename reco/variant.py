@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
+import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -22,6 +24,34 @@ Backend = Literal["torch", "torch_compile", "torch_bf16", "onnxruntime"]
 
 class ArtifactError(RuntimeError):
     pass
+
+
+def _plain_name(name: str, what: str) -> str:
+    """Artifact names are bare file names: a recorded '../x' or '/etc/x' must not reach outside."""
+    if not name or name != Path(name).name or name in (".", ".."):
+        raise ArtifactError(
+            f"{what}: file name {name!r} must be a plain file name inside the variant directory"
+        )
+    return name
+
+
+def atomic_write(path: str | Path, data: str | bytes) -> Path:
+    """Write `data` to `path` so a reader (or a crash) sees the old file or the new one, never half:
+    a temporary file in the same directory, fsynced, then renamed over the target."""
+    p = Path(path)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    raw = data.encode() if isinstance(data, str) else data
+    fd, tmp = tempfile.mkstemp(dir=p.parent, prefix=f".{p.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(raw)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return p
 
 
 def sha256_file(path: str | Path) -> str:
@@ -58,11 +88,12 @@ class Variant:
         return Path(self.dir)
 
     def artifact(self, role: str) -> Path:
+        """The file of `role`; its recorded name must be a plain file name inside the variant directory."""
         if role not in self.artifacts:
             raise ArtifactError(
                 f"variant {self.name!r} has no {role!r} artifact (has {sorted(self.artifacts)})"
             )
-        return self.path / self.artifacts[role]
+        return self.path / _plain_name(self.artifacts[role], f"variant {self.name!r} artifact {role!r}")
 
     @property
     def serving_role(self) -> str:
@@ -71,7 +102,7 @@ class Variant:
     def add_artifact(self, role: str, file_name: str) -> None:
         """Record a file of this variant with its SHA-256. `size_mb` counts only the file the runtime
         loads (reports, a control model or an ONNX variant's source weights are not served)."""
-        self.artifacts[role] = file_name
+        self.artifacts[role] = _plain_name(file_name, f"variant {self.name!r} artifact {role!r}")
         self.sha256[role] = sha256_file(self.path / file_name)
         if role == self.serving_role:
             self.size_mb = (self.path / file_name).stat().st_size / 2**20
@@ -88,10 +119,8 @@ class Variant:
         return p
 
     def save(self) -> Path:
-        self.path.mkdir(parents=True, exist_ok=True)
-        out = self.path / "variant.json"
-        out.write_text(json.dumps(asdict(self), indent=2, sort_keys=True))
-        return out
+        """variant.json, written atomically (a kill mid-write leaves the previous file intact)."""
+        return atomic_write(self.path / "variant.json", json.dumps(asdict(self), indent=2, sort_keys=True))
 
     @staticmethod
     def load(path: str | Path) -> Variant:
@@ -100,7 +129,10 @@ class Variant:
             p = p / "variant.json"
         if not p.exists():
             raise ArtifactError(f"{p}: no variant.json (expected a variant directory written by reco)")
-        v = Variant(**json.loads(p.read_text()))
+        try:
+            v = Variant(**json.loads(p.read_text()))
+        except (json.JSONDecodeError, TypeError) as e:
+            raise ArtifactError(f"{p}: not a valid variant record ({e})") from None
         v.dir = str(p.parent)
         return v
 

@@ -13,14 +13,14 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
+from reco.steps.onnx_export import check_parity, export_onnx, random_batch, real_batch, torch_probs
+from reco.steps.ort_tuning import ort_scorer
+from reco.steps.quantize import gemm_to_matmul
 
 from reco.measure import evaluate
 from reco.models.dlrm import DLRM, DLRMConfig, count_params
 from reco.runtime import load_scorer
 from reco.steps import StepError, accelerate, deep_merge, distill, load_step_config, prune
-from reco.steps.onnx_export import check_parity, export_onnx, random_batch, real_batch, torch_probs
-from reco.steps.ort_tuning import ort_scorer
-from reco.steps.quantize import gemm_to_matmul
 from reco.train.loop import TrainConfig, train
 from reco.variant import ArtifactError, Variant
 

@@ -12,12 +12,27 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, field
 
 import torch
+from omegaconf import MISSING
 from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from reco.data.schema import Schema, to_kjt
+
+
+@dataclass
+class ModelConfig:
+    """The `model` config group (conf/model/dlrm.yaml): the architecture the train step builds.
+
+    The tables come from the dataset's schema; `bottom[-1]` must equal `embedding_dim` (the dot
+    interaction), which the YAML derives by interpolation so overriding `model.embedding_dim` alone works.
+    """
+
+    name: str = MISSING
+    embedding_dim: int = MISSING
+    bottom: list[int] = MISSING  # hidden sizes of the dense-feature MLP
+    top: list[int] = MISSING  # hidden sizes of the top MLP; a final Linear(top[-1], 1) is added
 
 
 @dataclass

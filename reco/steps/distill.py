@@ -11,59 +11,70 @@ the same torch scorer.
 from __future__ import annotations
 
 import dataclasses
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
+from omegaconf import MISSING
 from torch import nn
 
 from reco.data.schema import Dataset, Split
 from reco.measure import evaluate
 from reco.models.dlrm import DLRM, DLRMConfig, PlainScorer, TableSpec, count_params
 from reco.runtime import Scorer
-from reco.steps import StepError, child_variant, nested, parse_config, require_artifact
 from reco.steps.prune import row_counts
-from reco.train.loop import TrainConfig, train
+from reco.steps.registry import StepError, StepRun, child_variant, register, require_artifact
+from reco.train.loop import train
 from reco.variant import Variant
 
-TABLE_SOURCES = ("schema", "teacher")
+
+class TableSource(Enum):
+    """Where the student's embedding tables come from."""
+
+    schema = "schema"  # full cardinalities of the dataset's schema
+    teacher = "teacher"  # the teacher's (possibly pruned) rows and id maps
 
 
 @dataclass
 class StudentConfig:
-    embedding_dim: int
-    bottom: list[int]  # last = embedding_dim
-    top: list[int]
-    tables: str  # schema: full cardinalities; teacher: the teacher's (possibly pruned) rows and id maps
-    min_count: int  # rows of ids seen fewer times in train map to row 0 (0: keep every row)
-    min_rows: int  # only tables with at least this many rows are thinned by min_count
+    embedding_dim: int = MISSING
+    bottom: list[int] = MISSING  # last = embedding_dim (derived in the YAML)
+    top: list[int] = MISSING
+    tables: TableSource = MISSING
+    min_count: int = MISSING  # rows of ids seen fewer times in train map to row 0 (0: keep every row)
+    min_rows: int = MISSING  # only tables with at least this many rows are thinned by min_count
 
 
 @dataclass
 class DistillConfig:
-    student: StudentConfig = nested(StudentConfig)
-    alpha: float  # weight of the hard-label loss; 1 = no teacher
-    temperature: float
-    epochs: int
-    rows_per_epoch: int | None  # None: the whole train split per epoch
-    cache_teacher_logits: bool  # compute each train row's teacher logit once, reuse it in later epochs
-    control: bool  # also train the student without the teacher
-    lr: float | None  # None: trainer.lr (a small student often wants a larger step)
+    """conf/step/distill.yaml (override as distill.<key>, or per variant in the variant graph)."""
+
+    student: StudentConfig = field(default_factory=StudentConfig)
+    alpha: float = MISSING  # weight of the hard-label loss; 1 = no teacher
+    temperature: float = MISSING
+    epochs: int = MISSING
+    rows_per_epoch: int | None = MISSING  # None: the whole train split per epoch
+    cache_teacher_logits: bool = MISSING  # each train row's teacher logit computed once, reused later
+    control: bool = MISSING  # also train the student without the teacher
+    lr: float | None = MISSING  # None: trainer.lr (a small student often wants a larger step)
 
     def validate(self) -> None:
         if not 0 <= self.alpha <= 1:
-            raise StepError(f"distill: step.distill.alpha must be in [0, 1], got {self.alpha}")
+            raise StepError(f"distill: distill.alpha must be in [0, 1], got {self.alpha}")
         if self.temperature <= 0:
-            raise StepError(f"distill: step.distill.temperature must be > 0, got {self.temperature}")
-        if self.student.tables not in TABLE_SOURCES:
-            raise StepError(
-                f"distill: step.distill.student.tables must be one of {TABLE_SOURCES}, got {self.student.tables!r}"
-            )
+            raise StepError(f"distill: distill.temperature must be > 0, got {self.temperature}")
 
 
-def run(parent: Variant, data: Dataset, cfg: dict, out_dir: Path, trainer: TrainConfig, name: str) -> Variant:
-    dc = parse_config(DistillConfig, cfg, "step.distill")
+@register("distill", DistillConfig, trains=True)
+def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) -> Variant:
+    """Train a smaller student on labels + the parent's soft targets, and a no-teacher control.
+
+    Returns:
+        The student's torch variant (size_ratio, teacher_auc, control_auc, kd_gain_auc in its metrics).
+    """
+    assert parent is not None
     dc.validate()
+    trainer, name = ctx.trainer, ctx.name
     if parent.backend == "onnxruntime":
         raise StepError(
             f"distill: parent variant {parent.name!r} has backend onnxruntime; the teacher must be a torch "
@@ -78,7 +89,7 @@ def run(parent: Variant, data: Dataset, cfg: dict, out_dir: Path, trainer: Train
     n_t, n_s = count_params(teacher), count_params(student)
     if n_s >= n_t:
         raise StepError(
-            f"distill: step.distill.student has {n_s} params, not fewer than the teacher's {n_t} "
+            f"distill: distill.student has {n_s} params, not fewer than the teacher's {n_t} "
             f"(teacher {parent.name!r}); shrink student.embedding_dim/bottom/top"
         )
     control = build_student(s_cfg, maps, trainer.seed) if dc.control else None
@@ -94,7 +105,7 @@ def run(parent: Variant, data: Dataset, cfg: dict, out_dir: Path, trainer: Train
     res = train(student, data, budget, loss_fn=loss, desc=f"distill[{name}] student")
     student_m = evaluate(torch_scorer(student), data.test)
 
-    v = child_variant(parent, data, cfg, out_dir, name, "distill", "torch")
+    v = child_variant(parent, data, dc, ctx, "distill", "torch")
     v.save_torch(student)
     v.metrics.update(
         teacher_auc=float(parent.metrics["auc"]) if "auc" in parent.metrics else float("nan"),
@@ -167,7 +178,7 @@ def student_config(
     Tables come from the schema (full cardinality) or the teacher (its pruned rows and maps); then
     ids whose row is seen < min_count times in train are folded into row 0.
     """
-    if sc.tables == "teacher":
+    if sc.tables is TableSource.teacher:
         tables = [TableSpec(t.feature, t.num_rows, t.max_len, t.cardinality) for t in teacher.cfg.tables]
         remapped = list(teacher.cfg.remapped)
     else:
@@ -191,7 +202,7 @@ def student_config(
             len(data.schema.dense), tables, sc.embedding_dim, list(sc.bottom), list(sc.top), remapped
         )
     except ValueError as e:
-        raise StepError(f"distill: step.distill.student: {e}") from e
+        raise StepError(f"distill: distill.student: {e}") from e
     return cfg, maps
 
 

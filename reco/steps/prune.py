@@ -20,59 +20,73 @@ from __future__ import annotations
 import copy
 import dataclasses
 import math
-from dataclasses import dataclass
-from pathlib import Path
+from dataclasses import dataclass, field
+from enum import Enum
 
 import torch
+from omegaconf import MISSING
 from torch import nn
 
 from reco.data.schema import Dataset, Split
 from reco.models.dlrm import DLRM, DLRMConfig, TableSpec, count_params, flops_per_candidate
-from reco.steps import StepError, child_variant, nested, parse_config, require_artifact
+from reco.steps.registry import StepError, StepRun, child_variant, register, require_artifact
 from reco.train.loop import TrainConfig, predict_torch, train
 from reco.train.metrics import classification_metrics
 from reco.variant import Variant
 
-CRITERIA = ("l1", "l2", "taylor")
+
+class Criterion(Enum):
+    """How an MLP neuron is scored (lowest scores are removed)."""
+
+    taylor = "taylor"  # |w * grad| accumulated over train batches (first-order loss change)
+    l1 = "l1"  # weight L1 norm, fan-in x fan-out
+    l2 = "l2"  # weight L2 norm, fan-in x fan-out
 
 
 @dataclass
 class EmbeddingRule:
-    min_count: int  # rows of ids seen fewer times in train are always dropped
-    min_rows: int  # only tables with at least this many rows are pruned
+    min_count: int = MISSING  # rows of ids seen fewer times in train are always dropped
+    min_rows: int = MISSING  # only tables with at least this many rows are pruned
 
 
 @dataclass
 class PruneConfig:
-    amount: float
-    criterion: str
-    taylor_batches: int
-    mlp_fraction: float
-    embeddings: EmbeddingRule = nested(EmbeddingRule)
-    iterations: int  # prune -> fine-tune rounds
-    finetune_epochs: int
-    finetune_rows: int | None  # train rows per fine-tune epoch; None: the whole split
+    """conf/step/prune.yaml (override as prune.<key>, or per variant in the variant graph)."""
+
+    amount: float = MISSING  # fraction of parameters to remove, in (0, 1)
+    criterion: Criterion = MISSING
+    taylor_batches: int = MISSING  # train batches the taylor score accumulates over
+    mlp_fraction: float = MISSING  # fraction of hidden neurons removed from every MLP layer, in [0, 1)
+    embeddings: EmbeddingRule = field(default_factory=EmbeddingRule)
+    iterations: int = MISSING  # prune -> fine-tune rounds
+    finetune_epochs: int = MISSING
+    finetune_rows: int | None = MISSING  # train rows per fine-tune epoch; None: the whole split
 
     def validate(self) -> None:
         if not 0 < self.amount < 1:
             raise StepError(
-                f"prune: step.prune.amount must be in (0, 1) (fraction of parameters), got {self.amount}"
+                f"prune: prune.amount must be in (0, 1) (fraction of parameters), got {self.amount}"
             )
         if not 0 <= self.mlp_fraction < 1:
-            raise StepError(f"prune: step.prune.mlp_fraction must be in [0, 1), got {self.mlp_fraction}")
-        if self.criterion not in CRITERIA:
-            raise StepError(f"prune: step.prune.criterion must be one of {CRITERIA}, got {self.criterion!r}")
+            raise StepError(f"prune: prune.mlp_fraction must be in [0, 1), got {self.mlp_fraction}")
         if self.iterations < 1:
-            raise StepError(f"prune: step.prune.iterations must be >= 1, got {self.iterations}")
+            raise StepError(f"prune: prune.iterations must be >= 1, got {self.iterations}")
         if self.embeddings.min_count < 0:
             raise StepError(
-                f"prune: step.prune.embeddings.min_count must be >= 0, got {self.embeddings.min_count}"
+                f"prune: prune.embeddings.min_count must be >= 0, got {self.embeddings.min_count}"
             )
 
 
-def run(parent: Variant, data: Dataset, cfg: dict, out_dir: Path, trainer: TrainConfig, name: str) -> Variant:
-    pc = parse_config(PruneConfig, cfg, "step.prune")
+@register("prune", PruneConfig, trains=True)
+def run(parent: Variant | None, data: Dataset, pc: PruneConfig, ctx: StepRun) -> Variant:
+    """Structured pruning of the parent's MLP neurons and rare embedding rows, then fine-tuning.
+
+    Returns:
+        A physically smaller torch variant (params_removed_pct, flops_removed_pct, ... in its metrics).
+    """
+    assert parent is not None
     pc.validate()
+    trainer, name = ctx.trainer, ctx.name
     require_artifact(parent, "torch", "prune")
     model = parent.load_torch()
     p0, f0 = count_params(model), flops_per_candidate(model.cfg)
@@ -83,7 +97,7 @@ def run(parent: Variant, data: Dataset, cfg: dict, out_dir: Path, trainer: Train
     rows_removed, kept, val = 0, 0, {}
     for r in range(1, pc.iterations + 1):
         target = math.floor(p0 * (1 - pc.amount * r / pc.iterations))  # params allowed after round r
-        model = prune_mlps(model, pc.criterion, 1 - keep_frac, data.train, ft, pc.taylor_batches)
+        model = prune_mlps(model, pc.criterion.value, 1 - keep_frac, data.train, ft, pc.taylor_batches)
         model, n = prune_embeddings(model, data.train, target, pc.embeddings)
         rows_removed += n
         if pc.finetune_epochs > 0:
@@ -94,9 +108,9 @@ def run(parent: Variant, data: Dataset, cfg: dict, out_dir: Path, trainer: Train
             kept += int(val["kept"])
     p1, f1 = count_params(model), flops_per_candidate(model.cfg)
     if p1 > p0 * (1 - pc.amount):  # invariant of prune_embeddings' budget
-        raise StepError(f"prune: could not remove step.prune.amount={pc.amount} of {p0} params (left {p1})")
+        raise StepError(f"prune: could not remove prune.amount={pc.amount} of {p0} params (left {p1})")
 
-    v = child_variant(parent, data, cfg, out_dir, name, "prune", "torch")
+    v = child_variant(parent, data, pc, ctx, "prune", "torch")
     v.save_torch(model)
     v.metrics.update(
         params_before=float(p0),
@@ -282,7 +296,7 @@ def prune_embeddings(
     drop = rows_to_drop(counts, model.cfg.embedding_dim, rule.min_count, excess)
     if sum(int(m.sum()) for m in drop.values()) * model.cfg.embedding_dim < excess:
         raise StepError(
-            f"prune: step.prune.amount too large: even dropping every row of tables "
+            f"prune: prune.amount too large: even dropping every row of tables "
             f"{[t.feature for t in tables]} leaves {count_params(model)} - target {target_params} > 0 params"
         )
     state = model.state_dict()

@@ -21,7 +21,7 @@ import torch
 
 from reco.data.schema import Split
 from reco.models.dlrm import DLRM, PlainScorer
-from reco.steps import StepError
+from reco.steps.registry import StepError
 
 INPUTS = ("dense", "ids", "mask")
 OUTPUT = "probs"
@@ -34,7 +34,7 @@ Batch = tuple[np.ndarray, np.ndarray, np.ndarray]  # dense [B, D] f32, ids [B, F
 def export_onnx(model: DLRM, path: Path, example: Split, opset: int, exporter: str) -> onnx.ModelProto:
     """Write PlainScorer(model) to `path` (weights inside the file) and return the loaded graph."""
     if exporter not in EXPORTERS:
-        raise StepError(f"accelerate: step.accelerate.exporter must be one of {EXPORTERS}, got {exporter!r}")
+        raise StepError(f"accelerate: accelerate.exporter must be one of {EXPORTERS}, got {exporter!r}")
     scorer = PlainScorer(model).eval()
     args = (example.dense, example.ids, example.mask())
     with warnings.catch_warnings():
@@ -117,6 +117,6 @@ def check_parity(scorer, model: DLRM, batches: dict[str, Batch], tol: float, wha
     if max(diffs.values()) > tol:
         raise StepError(
             f"accelerate: ONNX export parity failed for {what}: max |p_onnx - p_torch| per batch {diffs} > "
-            f"step.accelerate.parity_tol={tol}"
+            f"accelerate.parity_tol={tol}"
         )
     return diffs

@@ -1,6 +1,6 @@
 """ONNX Runtime session-parameter tuning, in the manner of Olive's session-params tuning pass.
 
-For each point of a small grid a real session is built with `reco.runtime.ort_session_options` (the
+For each point of a small grid a real session is built with `reco.runtime.ort_scorer` (the
 function serving uses, so the chosen settings mean the same thing there) and timed on ranking one
 block of `n_candidates` rows with `reco.measure.rank_latency`; the fastest p50 wins. The points are
 timed round-robin over `rounds` rounds (p50 = median of the per-round p50s), so a burst of load from
@@ -12,48 +12,37 @@ from __future__ import annotations
 import itertools
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
+from omegaconf import MISSING
 
 from reco.data.schema import Split
-from reco.measure import rank_latency
-from reco.runtime import Scorer, ort_session_options
-from reco.steps import StepError
+from reco.measure import RankLatencyConfig, rank_latency
+from reco.runtime import ort_scorer
+from reco.steps.registry import StepError
 
 GRID_KEYS = ("graph_optimization_level", "intra_op_num_threads", "inter_op_num_threads", "execution_mode")
 
 
 @dataclass
 class TuneConfig:
-    n_candidates: int
-    repeats: int  # timed calls per point, split over the rounds
-    warmup: int  # untimed calls per point and round
-    rounds: int
-    grid: dict[str, list]  # GRID_KEYS -> values to try
+    n_candidates: int = MISSING  # rows scored per timed call (one ranking request)
+    repeats: int = MISSING  # timed calls per point, split over the rounds
+    warmup: int = MISSING  # untimed calls per point and round
+    rounds: int = MISSING
+    grid: dict[str, list[Any]] = MISSING  # GRID_KEYS -> values to try
 
     def points(self) -> list[dict]:
         bad = sorted(set(self.grid) - set(GRID_KEYS))
         if bad or not self.grid:
             raise StepError(
-                f"accelerate: step.accelerate.tune.grid keys {bad} unknown; expected a subset of {GRID_KEYS}"
+                f"accelerate: accelerate.tune.grid keys {bad} unknown; expected a subset of {GRID_KEYS}"
             )
         keys = list(self.grid)
         return [
             dict(zip(keys, vals, strict=True)) for vals in itertools.product(*(self.grid[k] for k in keys))
         ]
-
-
-def ort_scorer(path: Path, settings: dict, threads: int = 1) -> Scorer:
-    import onnxruntime as ort
-
-    sess = ort.InferenceSession(
-        str(path), ort_session_options(settings, threads), providers=["CPUExecutionProvider"]
-    )
-
-    def score(dense, ids, mask):
-        return sess.run(None, {"dense": dense, "ids": ids, "mask": mask})[0]
-
-    return score
 
 
 def tune(path: Path, split: Split, tc: TuneConfig) -> tuple[dict, list[dict]]:
@@ -64,12 +53,12 @@ def tune(path: Path, split: Split, tc: TuneConfig) -> tuple[dict, list[dict]]:
         try:
             scorers.append(ort_scorer(path, settings))
         except AttributeError as e:  # a misspelled enum value in the grid
-            raise StepError(f"accelerate: step.accelerate.tune.grid: {settings} is not valid: {e}") from e
+            raise StepError(f"accelerate: accelerate.tune.grid: {settings} is not valid: {e}") from e
     reps = max(1, -(-tc.repeats // tc.rounds))
     runs: list[list[dict]] = [[] for _ in points]
     for _ in range(tc.rounds):
         for i, scorer in enumerate(scorers):
-            runs[i].append(rank_latency(scorer, split, tc.n_candidates, repeats=reps, warmup=tc.warmup))
+            runs[i].append(rank_latency(scorer, split, tc.n_candidates, RankLatencyConfig(reps, tc.warmup)))
     table = [
         {
             **settings,

@@ -19,10 +19,11 @@ from pathlib import Path
 
 import numpy as np
 import onnx
+from omegaconf import MISSING
 from onnx import helper, numpy_helper
 
 from reco.data.schema import Split
-from reco.steps import StepError
+from reco.steps.registry import StepError
 
 WEIGHT_TYPES = ("QInt8", "QUInt8")
 # Ops that compute a quantized matrix product (dynamic, QOperator and the fused forms).
@@ -31,20 +32,20 @@ INT_MATMULS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
 
 @dataclass
 class QuantizeConfig:
-    weight_type: str  # QInt8 | QUInt8
-    per_channel: bool
-    reduce_range: bool  # 7-bit weights: avoids u8s8 saturation on CPUs without VNNI, may cost accuracy
-    op_types: list[str]  # ONNX op types handed to the quantizer, e.g. [MatMul] or [MatMul, Gather]
-    gemm_to_matmul: bool
-    preprocess: bool  # onnxruntime.quantization.quant_pre_process (shape inference + optimisation)
-    static: bool  # static (calibrated activations, QDQ format) instead of dynamic
-    calibration_batches: int
-    calibration_batch_size: int
+    weight_type: str = MISSING  # QInt8 | QUInt8
+    per_channel: bool = MISSING
+    reduce_range: bool = MISSING  # 7-bit weights: avoid u8s8 saturation on CPUs without VNNI, may cost AUC
+    op_types: list[str] = MISSING  # ONNX op types handed to the quantizer, e.g. [MatMul] or [MatMul, Gather]
+    gemm_to_matmul: bool = MISSING
+    preprocess: bool = MISSING  # onnxruntime.quantization.quant_pre_process (shape inference + optimisation)
+    static: bool = MISSING  # static (calibrated activations, QDQ format) instead of dynamic
+    calibration_batches: int = MISSING
+    calibration_batch_size: int = MISSING
 
     def validate(self) -> None:
         if self.weight_type not in WEIGHT_TYPES:
             raise StepError(
-                f"accelerate: step.accelerate.quantize.weight_type must be one of {WEIGHT_TYPES}, "
+                f"accelerate: accelerate.quantize.weight_type must be one of {WEIGHT_TYPES}, "
                 f"got {self.weight_type!r}"
             )
 
@@ -114,7 +115,7 @@ def quantize(fp32: Path, out: Path, qc: QuantizeConfig, calib: Split | None, wor
     logging.getLogger("root").setLevel(logging.ERROR)  # the quantizer logs every skipped node
     if qc.static:
         if calib is None:
-            raise StepError("accelerate: step.accelerate.quantize.static needs calibration rows")
+            raise StepError("accelerate: accelerate.quantize.static needs calibration rows")
         quantize_static(
             str(src),
             str(out),

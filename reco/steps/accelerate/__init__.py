@@ -1,8 +1,8 @@
 """Accelerate a torch variant for CPU serving: ONNX Runtime fp32 / INT8, torch.compile or bf16.
 
-onnx_fp32 / onnx_int8: export (reco.steps.onnx_export) -> parity check against torch on a random and a
+onnx_fp32 / onnx_int8: export (.export) -> parity check against torch on a random and a
 real test batch (fail if max |p_onnx - p_torch| > parity_tol) -> [INT8: Gemm->MatMul rewrite + ORT
-quantization, reco.steps.quantize] -> session-parameter tuning (reco.steps.ort_tuning).
+quantization, .quantize] -> session-parameter tuning (.tuning).
 torch_compile / torch_bf16: the parent's weights with another torch backend (reco.runtime handles them).
 Every mode ends with the AUC guard: the child is scored on the test split through its own runtime
 (reco.runtime.load_scorer) and may lose at most `auc_guard` (relative) of the parent's test AUC.
@@ -13,15 +13,16 @@ from __future__ import annotations
 import json
 import shutil
 import time
-from dataclasses import asdict, dataclass
-from pathlib import Path
+from dataclasses import asdict, dataclass, field
+from enum import Enum
+
+from omegaconf import MISSING
 
 from reco.data.schema import Dataset
 from reco.measure import evaluate
 from reco.models.dlrm import count_params, flops_per_candidate
-from reco.runtime import load_scorer
-from reco.steps import StepError, child_variant, nested, parse_config, require_artifact
-from reco.steps.onnx_export import (
+from reco.runtime import load_scorer, ort_scorer
+from reco.steps.accelerate.export import (
     check_parity,
     export_onnx,
     max_abs_diff,
@@ -29,39 +30,61 @@ from reco.steps.onnx_export import (
     random_batch,
     real_batch,
 )
-from reco.steps.ort_tuning import TuneConfig, ort_scorer, tune
-from reco.steps.quantize import QuantizeConfig, census, quantize
-from reco.train.loop import TrainConfig
+from reco.steps.accelerate.quantize import QuantizeConfig, census, quantize
+from reco.steps.accelerate.tuning import TuneConfig, tune
+from reco.steps.registry import StepError, StepRun, child_variant, register, require_artifact
 from reco.variant import Variant
 
-MODES = ("onnx_fp32", "onnx_int8", "torch_compile", "torch_bf16")
+
+class Mode(Enum):
+    onnx_fp32 = "onnx_fp32"
+    onnx_int8 = "onnx_int8"
+    torch_compile = "torch_compile"
+    torch_bf16 = "torch_bf16"
+
+    @property
+    def backend(self) -> str:
+        """The runtime (Variant.backend) that serves the result."""
+        return "onnxruntime" if self.name.startswith("onnx") else self.name
+
+
+class Exporter(Enum):
+    torchscript = "torchscript"  # torch.onnx.export(dynamo=False)
+    dynamo = "dynamo"  # the torch.export-based exporter (opset >= 18)
 
 
 @dataclass
 class AccelerateConfig:
-    mode: str
-    exporter: str  # torchscript | dynamo (see reco.steps.onnx_export)
-    opset: int
-    parity_tol: float  # max |p_onnx - p_torch| of the fp32 export
-    parity_rows: int  # rows of each parity batch (random and real)
-    auc_guard: float  # max relative test-AUC drop vs the parent
-    quantize: QuantizeConfig = nested(QuantizeConfig)
-    tune: TuneConfig | None = nested(TuneConfig)
+    """conf/step/accelerate.yaml (override as accelerate.<key>, or per variant in the variant graph)."""
+
+    mode: Mode = MISSING
+    exporter: Exporter = MISSING
+    opset: int = MISSING
+    parity_tol: float = MISSING  # max |p_onnx - p_torch| of the fp32 export
+    parity_rows: int = MISSING  # rows of each parity batch (random and real)
+    auc_guard: float = MISSING  # max relative test-AUC drop vs the parent
+    quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
+    tune: TuneConfig | None = None  # null: keep the runtime's defaults
 
     def validate(self) -> None:
-        if self.mode not in MODES:
-            raise StepError(f"accelerate: step.accelerate.mode must be one of {MODES}, got {self.mode!r}")
         if self.auc_guard < 0:
-            raise StepError(f"accelerate: step.accelerate.auc_guard must be >= 0, got {self.auc_guard}")
+            raise StepError(f"accelerate: accelerate.auc_guard must be >= 0, got {self.auc_guard}")
 
 
-def run(parent: Variant, data: Dataset, cfg: dict, out_dir: Path, trainer: TrainConfig, name: str) -> Variant:
-    ac = parse_config(AccelerateConfig, cfg, "step.accelerate")
+@register("accelerate", AccelerateConfig)
+def run(parent: Variant | None, data: Dataset, ac: AccelerateConfig, ctx: StepRun) -> Variant:
+    """The parent's torch model for a faster runtime (see the module docstring).
+
+    Returns:
+        An onnxruntime variant (model.onnx, tuned session settings in runtime["ort"]) or the same torch
+        weights under another torch backend; either passed the parity check and the AUC guard.
+    """
+    assert parent is not None
     ac.validate()
     require_artifact(parent, "torch", "accelerate")
     model = parent.load_torch()
-    backend = "onnxruntime" if ac.mode.startswith("onnx") else ac.mode
-    v = child_variant(parent, data, cfg, out_dir, name, "accelerate", backend)
+    backend = ac.mode.backend
+    v = child_variant(parent, data, ac, ctx, "accelerate", backend)
     if backend != "onnxruntime":
         v.save_torch(model)  # same weights; the backend decides how they run
     else:
@@ -70,7 +93,7 @@ def run(parent: Variant, data: Dataset, cfg: dict, out_dir: Path, trainer: Train
         report = build_onnx(v, model, data, ac)
         (v.path / "accelerate.json").write_text(json.dumps(report, indent=2))
         v.add_artifact("report", "accelerate.json")
-    auc_guard(parent, v, data, ac.auc_guard, trainer.threads)
+    auc_guard(parent, v, data, ac.auc_guard, ctx.trainer.threads)
     v.save()
     return v
 
@@ -82,16 +105,16 @@ def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
     try:
         fp32 = work / "fp32.onnx"
         t0 = time.perf_counter()
-        proto = export_onnx(model, fp32, data.test.take(slice(0, 8)), ac.opset, ac.exporter)
+        proto = export_onnx(model, fp32, data.test.take(slice(0, 8)), ac.opset, ac.exporter.value)
         export_s = time.perf_counter() - t0
         batches = {
             "random": random_batch(model, ac.parity_rows, data.test.ids.shape[2], seed=0),
             "real": real_batch(data.test, ac.parity_rows),
         }
-        what = f"{ac.exporter} exporter, opset {ac.opset}"
+        what = f"{ac.exporter.value} exporter, opset {ac.opset}"
         parity = check_parity(ort_scorer(fp32, {}), model, batches, ac.parity_tol, what)
         report: dict = {
-            "exporter": ac.exporter,
+            "exporter": ac.exporter.value,
             "opset": ac.opset,
             "export_seconds": export_s,
             "fp32_ops": op_counts(proto),
@@ -103,7 +126,7 @@ def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
             mlp_layers=float(len(model.cfg.bottom) + len(model.cfg.top) + 1),
         )
         final = v.path / "model.onnx"
-        if ac.mode == "onnx_int8":
+        if ac.mode is Mode.onnx_int8:
             calib = data.train if ac.quantize.static else None
             q = quantize(fp32, final, ac.quantize, calib, work)
             int8 = {k: max_abs_diff(ort_scorer(final, {}), model, b) for k, b in batches.items()}
@@ -130,7 +153,7 @@ def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
         report["tuning"] = {"n_candidates": ac.tune.n_candidates, "chosen": best, "table": table}
         p50 = {json.dumps({k: r[k] for k in best}, sort_keys=True): r["rank_p50_ms"] for r in table}
         v.metrics["tuned_rank_p50_ms"] = p50[json.dumps(best, sort_keys=True)]
-        if ac.mode == "onnx_fp32":  # graph optimisation levels fuse differently: re-check what will serve
+        if ac.mode is Mode.onnx_fp32:  # graph optimisation levels fuse differently: re-check what will serve
             tuned = check_parity(
                 ort_scorer(final, best), model, batches, ac.parity_tol, f"{what}, tuned {best}"
             )
@@ -150,5 +173,5 @@ def auc_guard(parent: Variant, child: Variant, data: Dataset, guard: float, thre
         raise StepError(
             f"accelerate: mode {child.backend}/{child.step_config.get('mode')} lost too much AUC: parent "
             f"{parent.name!r} auc {ref:.5f} -> {child.name!r} auc {got:.5f} (relative drop {drop:.4%} > "
-            f"step.accelerate.auc_guard={guard:.4%})"
+            f"accelerate.auc_guard={guard:.4%})"
         )

@@ -1,0 +1,103 @@
+"""The experiment's variant graph: which step builds which variant from which parent, in build order.
+
+`variants` (a conf/variants/ group chosen by the preset) maps a name to `{step, parent, ...overrides}`;
+each node's typed step config is the step's defaults (`cfg[<config_key>]`, schema-checked by Hydra)
+merged with those overrides. Finished variants are cached under a content hash of everything that
+shapes them (see `cache_key`).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass
+from typing import Any
+
+from omegaconf import DictConfig, OmegaConf
+
+from reco.config import ConfigError, typed
+from reco.steps import StepSpec, steps
+from reco.steps.registry import plain
+
+# Bump when the layout of a cached variant changes in a way old caches cannot serve.
+CACHE_VERSION = 2
+
+
+@dataclass
+class Node:
+    """One entry of the variant graph (immutable plan; what became of it is the pipeline's business)."""
+
+    name: str
+    spec: StepSpec
+    parent: str | None
+    config: Any  # the step's typed config (spec.config instance)
+
+    @property
+    def step(self) -> str:
+        return self.spec.name
+
+
+def plan(cfg: DictConfig) -> list[Node]:
+    """Validate `variants` and order it parents-first.
+
+    Raises:
+        ConfigError naming `variants.<name>.<field>` for an unknown step, a missing parent, a cycle or
+        a step setting the step's schema rejects.
+    """
+    specs = OmegaConf.to_container(cfg.get("variants") or {}, resolve=True)
+    if not specs:
+        raise ConfigError(
+            "variants: the experiment defines no variants (expected at least {baseline: {step: train}})"
+        )
+    known = steps()
+    nodes: dict[str, Node] = {}
+    for name, raw in specs.items():
+        raw = dict(raw or {})
+        step, parent = raw.pop("step", None), raw.pop("parent", None)
+        if step not in known:
+            raise ConfigError(f"variants.{name}.step: expected one of {sorted(known)}, got {step!r}")
+        spec = known[step]
+        if spec.root and parent:
+            raise ConfigError(
+                f"variants.{name}.parent: a {step} step starts the graph (got parent {parent!r})"
+            )
+        if not spec.root and parent not in specs:
+            raise ConfigError(
+                f"variants.{name}.parent: {parent!r} is not a variant of this experiment (have {sorted(specs)})"
+            )
+        defaults = OmegaConf.to_container(cfg[spec.config_key], resolve=True)
+        merged = OmegaConf.merge(OmegaConf.create(defaults), OmegaConf.create(raw))
+        nodes[name] = Node(name, spec, parent, typed(merged, spec.config, f"variants.{name}"))
+    order: list[Node] = []
+    state: dict[str, int] = {}
+
+    def visit(n: str, path: tuple[str, ...]) -> None:
+        if state.get(n) == 2:
+            return
+        if state.get(n) == 1:
+            raise ConfigError(f"variants: cycle through {' -> '.join((*path, n))}")
+        state[n] = 1
+        if nodes[n].parent:
+            visit(nodes[n].parent, (*path, n))
+        state[n] = 2
+        order.append(nodes[n])
+
+    for n in nodes:
+        visit(n, ())
+    return order
+
+
+def cache_key(node: Node, parent_key: str | None, data_fingerprint: str, trainer: Any) -> str:
+    """Content hash of what shapes the variant: step + its code, step config, parent, data, and the
+    trainer settings for steps that train (minus settings that only change how progress is shown)."""
+    src: dict = {
+        "v": CACHE_VERSION,
+        "step": node.step,
+        "code": node.spec.code,
+        "cfg": plain(node.config),
+        "parent": parent_key,
+        "data": data_fingerprint,
+    }
+    if node.spec.trains:
+        src["trainer"] = {k: v for k, v in plain(trainer).items() if k not in ("progress", "checkpoint_dir")}
+    return hashlib.sha256(json.dumps(src, sort_keys=True, default=str).encode()).hexdigest()[:16]
