@@ -4,7 +4,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed
 ML100K  := .cache/data/movielens_100k
 
-.PHONY: venv case-study smoke test lint format movielens-100k mlflow-ui benchmark crosscheck clean
+.PHONY: venv case-study smoke test lint format movielens-100k mlflow-ui benchmark crosscheck readme-check clean
 
 venv: $(STAMP)
 
@@ -53,3 +53,7 @@ crosscheck: $(STAMP)
 
 clean:
 	rm -rf outputs multirun .cache/variants
+
+# Every command the README shows, checked against the code (compose + plan, --help flags, make targets).
+readme-check: $(STAMP)
+	$(PY) -m pytest -q tests/test_readme.py

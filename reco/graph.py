@@ -65,9 +65,7 @@ def plan(cfg: DictConfig) -> list[Node]:
             raise ConfigError(
                 f"variants.{name}.parent: {parent!r} is not a variant of this experiment (have {sorted(specs)})"
             )
-        defaults = OmegaConf.to_container(cfg[spec.config_key], resolve=True)
-        merged = OmegaConf.merge(OmegaConf.create(defaults), OmegaConf.create(raw))
-        nodes[name] = Node(name, spec, parent, typed(merged, spec.config, f"variants.{name}"))
+        nodes[name] = Node(name, spec, parent, step_config(cfg, spec, raw, f"variants.{name}"))
     order: list[Node] = []
     state: dict[str, int] = {}
 
@@ -85,6 +83,23 @@ def plan(cfg: DictConfig) -> list[Node]:
     for n in nodes:
         visit(n, ())
     return order
+
+
+def step_config(cfg: DictConfig, spec: StepSpec, overrides: dict, where: str) -> Any:
+    """The step's defaults (`cfg[spec.config_key]`) merged with `overrides`, as its typed config.
+
+    Raises:
+        ConfigError naming `where.<key>` for an unknown key or a value of the wrong type.
+    """
+    defaults = OmegaConf.to_container(cfg[spec.config_key], resolve=True)
+    merged = OmegaConf.merge(OmegaConf.create(defaults), OmegaConf.create(overrides))
+    config = typed(merged, spec.config, where)
+    if hasattr(config, "validate"):  # range checks before anything slow runs
+        try:
+            config.validate()
+        except ValueError as e:
+            raise ConfigError(f"{where}: {e}") from None
+    return config
 
 
 def cache_key(node: Node, parent_key: str | None, data_fingerprint: str, trainer: Any) -> str:

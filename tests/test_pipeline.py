@@ -5,10 +5,12 @@ import sys
 from pathlib import Path
 
 import pytest
-from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
-from reco.pipeline import ConfigError, plan
+from reco.config import ConfigError, compose
+from reco.graph import plan
+from reco.steps.registry import plain
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
@@ -30,24 +32,45 @@ def run_py(tmp_path: Path, *overrides: str, timeout: int = 300) -> subprocess.Co
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes_and_plans(preset):
-    with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
-        cfg = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=False)
-    from omegaconf import OmegaConf
-
-    c = OmegaConf.to_container(cfg, resolve=False)
-    nodes = plan(c)
+    nodes = plan(compose([f"experiment={preset}"]))
     assert nodes[0].step == "train"
     names = [n.name for n in nodes]
     for n in nodes:  # parents first
         assert n.parent is None or names.index(n.parent) < names.index(n.name)
 
 
+def graph(variants: dict):
+    cfg = compose()
+    cfg.variants = OmegaConf.create(variants)
+    return cfg
+
+
 def test_bad_variant_graph_names_the_field():
-    base = {"prune": {}, "distill": {}, "accelerate": {}, "batching": {}}
     with pytest.raises(ConfigError, match=r"variants\.p\.parent: 'nope' is not a variant"):
-        plan({**base, "variants": {"b": {"step": "train"}, "p": {"step": "prune", "parent": "nope"}}})
+        plan(graph({"b": {"step": "train"}, "p": {"step": "prune", "parent": "nope"}}))
     with pytest.raises(ConfigError, match=r"variants\.b\.step: expected one of"):
-        plan({**base, "variants": {"b": {"step": "fly"}}})
+        plan(graph({"b": {"step": "fly"}}))
+    with pytest.raises(ConfigError, match=r"variants\.p: .*amount"):
+        plan(graph({"b": {"step": "train"}, "p": {"step": "prune", "parent": "b", "amount": "lots"}}))
+    with pytest.raises(ConfigError, match=r"variants: cycle"):
+        plan(graph({"a": {"step": "prune", "parent": "c"}, "c": {"step": "prune", "parent": "a"}}))
+
+
+def test_settings_that_must_agree_follow_each_other():
+    """The README's `model.embedding_dim=32` alone gives a valid model (bottom's last layer follows)."""
+    cfg = compose(["model.embedding_dim=32"])
+    assert cfg.model.bottom[-1] == 32
+    assert compose(["distill.student.embedding_dim=8"]).distill.student.bottom[-1] == 8
+    assert compose(["serve.batching.max_queue_delay_ms=7"]).batching.max_queue_delay_ms == 7
+
+
+def test_presets_share_one_variant_graph():
+    """batching_gain reuses the case study's variants from the cache only if their configs agree."""
+    a = plan(compose(["experiment=ecommerce_case_study"]))
+    b = plan(compose(["experiment=batching_gain"]))
+    assert [(n.name, n.step, n.parent, plain(n.config)) for n in a] == [
+        (n.name, n.step, n.parent, plain(n.config)) for n in b
+    ]
 
 
 @pytest.mark.timeout(600)

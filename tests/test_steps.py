@@ -13,14 +13,15 @@ import onnx
 import pytest
 import torch
 from onnx import TensorProto, helper, numpy_helper
-from reco.steps.onnx_export import check_parity, export_onnx, random_batch, real_batch, torch_probs
-from reco.steps.ort_tuning import ort_scorer
-from reco.steps.quantize import gemm_to_matmul
 
+from reco.config import ConfigError, compose
+from reco.graph import step_config
 from reco.measure import evaluate
 from reco.models.dlrm import DLRM, DLRMConfig, count_params
-from reco.runtime import load_scorer
-from reco.steps import StepError, accelerate, deep_merge, distill, load_step_config, prune
+from reco.runtime import load_scorer, ort_scorer
+from reco.steps import StepError, StepRun, accelerate, distill, get_step, prune  # noqa: F401 (registers them)
+from reco.steps.accelerate.export import check_parity, export_onnx, random_batch, real_batch, torch_probs
+from reco.steps.accelerate.quantize import gemm_to_matmul
 from reco.train.loop import TrainConfig, train
 from reco.variant import ArtifactError, Variant
 
@@ -59,7 +60,19 @@ def parent(data, trainer, tmp_path_factory) -> Variant:
 @pytest.fixture(scope="module")
 def pruned(parent, data, trainer, tmp_path_factory) -> Variant:
     cfg = load_step_config("prune", {"finetune_rows": 4_000})
-    return prune.run(parent, data, cfg, tmp_path_factory.mktemp("pruned"), trainer, "pruned")
+    return prune.run(parent, data, cfg, StepRun("pruned", tmp_path_factory.mktemp("pruned"), trainer))
+
+
+def load_step_config(step: str, overrides: dict | None = None):
+    """The step's typed config as the pipeline builds it: composed defaults + a variant's overrides."""
+    return step_config(compose(), get_step(step), overrides or {}, f"variants.{step}")
+
+
+def deep_merge(base: dict, over: dict) -> dict:
+    out = dict(base)
+    for k, v in over.items():
+        out[k] = deep_merge(out[k], v) if isinstance(v, dict) and isinstance(out.get(k), dict) else v
+    return out
 
 
 def dir_digest(path: str) -> dict[str, str]:
@@ -123,7 +136,7 @@ def test_prune_taylor_iterative_leaves_parent_untouched(parent, data, trainer, t
     cfg = load_step_config(
         "prune", {"criterion": "taylor", "iterations": 2, "finetune_rows": 2_000, "amount": 0.5}
     )
-    v = prune.run(parent, data, cfg, tmp_path / "taylor", trainer, "taylor")
+    v = prune.run(parent, data, cfg, StepRun("taylor", tmp_path / "taylor", trainer))
     assert v.params <= 0.5 * parent.params
     assert dir_digest(parent.dir) == digest
 
@@ -131,19 +144,20 @@ def test_prune_taylor_iterative_leaves_parent_untouched(parent, data, trainer, t
 @pytest.mark.parametrize(
     ("override", "field"),
     [
-        ({"amount": 1.5}, "step.prune.amount"),
-        ({"amount": 0.0}, "step.prune.amount"),
-        ({"criterion": "l3"}, "criterion"),
+        ({"amount": 1.5}, r"prune\.amount must be in \(0, 1\)"),
+        ({"amount": 0.0}, r"prune\.amount must be in \(0, 1\)"),
     ],
 )
 def test_prune_bad_config_is_a_clear_error(parent, data, trainer, tmp_path, override, field):
     with pytest.raises(StepError, match=field):
-        prune.run(parent, data, load_step_config("prune", override), tmp_path, trainer, "x")
+        prune.run(parent, data, load_step_config("prune", override), StepRun("x", tmp_path, trainer))
 
 
-def test_unknown_config_key_is_named(parent, data, trainer, tmp_path):
-    with pytest.raises(StepError, match="unknown keys \\['amout'\\]"):
-        prune.run(parent, data, load_step_config("prune", {"amout": 0.3}), tmp_path, trainer, "x")
+def test_unknown_or_mistyped_config_key_is_named():
+    with pytest.raises(ConfigError, match=r"variants\.prune: .*amout"):
+        load_step_config("prune", {"amout": 0.3})
+    with pytest.raises(ConfigError, match=r"variants\.prune: .*expected one of \[taylor, l1, l2\]"):
+        load_step_config("prune", {"criterion": "l3"})
 
 
 # distill ----------------------------------------------------------------------------------------
@@ -157,7 +171,7 @@ def distill_cfg(**over) -> dict:
 
 
 def test_distill_student_smaller_with_control(parent, data, trainer, tmp_path):
-    v = distill.run(parent, data, distill_cfg(), tmp_path / "student", trainer, "student")
+    v = distill.run(parent, data, distill_cfg(), StepRun("student", tmp_path / "student", trainer))
     assert v.params < parent.params and v.metrics["size_ratio"] == pytest.approx(parent.params / v.params)
     m = v.metrics
     assert m["kd_gain_auc"] == pytest.approx(m["student_auc"] - m["control_auc"])
@@ -176,7 +190,7 @@ def test_distill_student_smaller_with_control(parent, data, trainer, tmp_path):
 
 def test_distill_from_pruned_teacher_reuses_its_tables(pruned, data, trainer, tmp_path):
     cfg = distill_cfg(student={"tables": "teacher", "min_count": 0}, control=False)
-    v = distill.run(pruned, data, cfg, tmp_path / "s", trainer, "s")
+    v = distill.run(pruned, data, cfg, StepRun("s", tmp_path / "s", trainer))
     teacher, student = pruned.load_torch(), v.load_torch()
     assert [t.num_rows for t in student.cfg.tables] == [t.num_rows for t in teacher.cfg.tables]
     for f in teacher.cfg.remapped:
@@ -187,7 +201,7 @@ def test_distill_from_pruned_teacher_reuses_its_tables(pruned, data, trainer, tm
 def test_distill_student_larger_than_teacher_is_an_error(parent, data, trainer, tmp_path):
     cfg = distill_cfg(student={"embedding_dim": 64, "bottom": [64], "top": [128], "min_count": 0})
     with pytest.raises(StepError, match="student has .* not fewer than the teacher"):
-        distill.run(parent, data, cfg, tmp_path, trainer, "big")
+        distill.run(parent, data, cfg, StepRun("big", tmp_path, trainer))
 
 
 # accelerate -------------------------------------------------------------------------------------
@@ -199,7 +213,7 @@ def accel_cfg(mode: str, **over) -> dict:
 @pytest.fixture(scope="module")
 def int8(parent, data, trainer, tmp_path_factory) -> Variant:
     return accelerate.run(
-        parent, data, accel_cfg("onnx_int8"), tmp_path_factory.mktemp("int8"), trainer, "int8"
+        parent, data, accel_cfg("onnx_int8"), StepRun("int8", tmp_path_factory.mktemp("int8"), trainer)
     )
 
 
@@ -239,7 +253,7 @@ def test_static_int8_needs_the_gemm_rewrite(parent, data, trainer, tmp_path, rew
     """ORT's static (QDQ) quantizer leaves Gemm in float; gemm_to_matmul is what quantizes the MLP."""
     q = {"static": True, "gemm_to_matmul": rewrite, "calibration_batches": 2}
     cfg = accel_cfg("onnx_int8", tune=None, auc_guard=1.0, quantize=q)
-    v = accelerate.run(parent, data, cfg, tmp_path / "static", trainer, "static")
+    v = accelerate.run(parent, data, cfg, StepRun("static", tmp_path / "static", trainer))
     n_linear = v.metrics["mlp_layers"]
     if rewrite:
         assert v.metrics["quantized_matmuls"] == n_linear and v.metrics["float_matmuls"] == 0
@@ -250,7 +264,7 @@ def test_static_int8_needs_the_gemm_rewrite(parent, data, trainer, tmp_path, rew
 def test_int8_tables_of_a_pruned_parent_keep_its_id_maps(pruned, data, trainer, tmp_path):
     """8-bit embedding tables (op_types + Gather) behind int32 id maps, which must stay exact."""
     cfg = accel_cfg("onnx_int8", tune=None, quantize={"op_types": ["MatMul", "Gather"]})
-    v = accelerate.run(pruned, data, cfg, tmp_path / "p8", trainer, "p8")
+    v = accelerate.run(pruned, data, cfg, StepRun("p8", tmp_path / "p8", trainer))
     model = pruned.load_torch()
     batch = random_batch(model, 400, data.test.ids.shape[2], seed=2)  # pruned ids included
     assert np.abs(load_scorer(v)(*batch) - torch_probs(model, batch)).max() < 0.02
@@ -259,7 +273,9 @@ def test_int8_tables_of_a_pruned_parent_keep_its_id_maps(pruned, data, trainer, 
 
 
 def test_fp32_onnx_parity_and_tamper_detection(parent, data, trainer, tmp_path):
-    v = accelerate.run(parent, data, accel_cfg("onnx_fp32", tune=None), tmp_path / "fp32", trainer, "fp32")
+    v = accelerate.run(
+        parent, data, accel_cfg("onnx_fp32", tune=None), StepRun("fp32", tmp_path / "fp32", trainer)
+    )
     assert v.runtime["ort"] == {}
     batch = random_batch(parent.load_torch(), 300, data.test.ids.shape[2], seed=3)
     np.testing.assert_allclose(load_scorer(v)(*batch), torch_probs(parent.load_torch(), batch), atol=1e-4)
@@ -287,12 +303,12 @@ def test_parity_check_catches_a_wrong_export(parent, data, tmp_path):
 def test_auc_guard_rejects_a_worse_variant(parent, data, trainer, tmp_path):
     fake = dataclasses.replace(parent, metrics={**parent.metrics, "auc": 0.99})
     with pytest.raises(StepError, match=r"auc 0\.99000 -> .* auc 0\.\d+ .*auc_guard"):
-        accelerate.run(fake, data, accel_cfg("onnx_fp32", tune=None), tmp_path, trainer, "guarded")
+        accelerate.run(fake, data, accel_cfg("onnx_fp32", tune=None), StepRun("guarded", tmp_path, trainer))
 
 
 def test_bf16_backend_keeps_weights(parent, data, trainer, tmp_path):
     v = accelerate.run(
-        parent, data, accel_cfg("torch_bf16", auc_guard=0.02), tmp_path / "bf16", trainer, "bf16"
+        parent, data, accel_cfg("torch_bf16", auc_guard=0.02), StepRun("bf16", tmp_path / "bf16", trainer)
     )
     assert v.backend == "torch_bf16" and v.sha256["torch"] == parent.sha256["torch"]
     assert v.metrics["guard_auc"] == pytest.approx(parent.metrics["auc"], abs=0.01)
@@ -300,9 +316,9 @@ def test_bf16_backend_keeps_weights(parent, data, trainer, tmp_path):
 
 def test_accelerate_needs_a_torch_parent(int8, data, trainer, tmp_path):
     with pytest.raises(StepError, match="no 'torch' artifact"):
-        accelerate.run(int8, data, accel_cfg("onnx_fp32"), tmp_path, trainer, "again")
+        accelerate.run(int8, data, accel_cfg("onnx_fp32"), StepRun("again", tmp_path, trainer))
     with pytest.raises(StepError, match="backend onnxruntime"):
-        distill.run(int8, data, distill_cfg(), tmp_path, trainer, "again")
+        distill.run(int8, data, distill_cfg(), StepRun("again", tmp_path, trainer))
 
 
 def test_gemm_to_matmul_preserves_outputs(tmp_path):

@@ -34,6 +34,13 @@ class ModelConfig:
     bottom: list[int] = MISSING  # hidden sizes of the dense-feature MLP
     top: list[int] = MISSING  # hidden sizes of the top MLP; a final Linear(top[-1], 1) is added
 
+    def validate(self) -> None:
+        if not self.bottom or self.bottom[-1] != self.embedding_dim:
+            raise ValueError(
+                f"model.bottom: the last layer must equal model.embedding_dim ({self.embedding_dim}) "
+                f"for the dot interaction, got {self.bottom}"
+            )
+
 
 @dataclass
 class TableSpec:

@@ -63,6 +63,11 @@ class DistillConfig:
             raise StepError(f"distill: distill.alpha must be in [0, 1], got {self.alpha}")
         if self.temperature <= 0:
             raise StepError(f"distill: distill.temperature must be > 0, got {self.temperature}")
+        if not self.student.bottom or self.student.bottom[-1] != self.student.embedding_dim:
+            raise StepError(
+                f"distill: distill.student.bottom must end in distill.student.embedding_dim "
+                f"({self.student.embedding_dim}) for the dot interaction, got {self.student.bottom}"
+            )
 
 
 @register("distill", DistillConfig, trains=True)
