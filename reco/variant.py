@@ -19,7 +19,7 @@ import torch
 
 from reco.models.dlrm import DLRM, DLRMConfig, count_params, flops_per_candidate
 
-Backend = Literal["torch", "torch_compile", "torch_bf16", "onnxruntime"]
+Backend = Literal["torch", "torch_compile", "torch_bf16", "onnxruntime", "torchrec_quant"]
 
 
 class ArtifactError(RuntimeError):
@@ -97,7 +97,8 @@ class Variant:
 
     @property
     def serving_role(self) -> str:
-        return "onnx" if self.backend == "onnxruntime" else "torch"
+        # torchrec_quant: quantized tables (reco.steps.embed_quant.qmodel), not loadable by load_torch
+        return {"onnxruntime": "onnx", "torchrec_quant": "qtorch"}.get(self.backend, "torch")
 
     def add_artifact(self, role: str, file_name: str) -> None:
         """Record a file of this variant with its SHA-256. `size_mb` counts only the file the runtime
