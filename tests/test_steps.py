@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import trainer_config
 from onnx import TensorProto, helper, numpy_helper
 
 from reco.config import ConfigError, compose
@@ -22,7 +23,7 @@ from reco.runtime import load_scorer, ort_scorer
 from reco.steps import StepError, StepRun, accelerate, distill, get_step, prune  # noqa: F401 (registers them)
 from reco.steps.accelerate.export import check_parity, export_onnx, random_batch, real_batch, torch_probs
 from reco.steps.accelerate.quantize import gemm_to_matmul
-from reco.train.loop import TrainConfig, train
+from reco.train.loop import train
 from reco.variant import ArtifactError, Variant
 
 
@@ -33,7 +34,7 @@ def data(tiny_data):
 
 @pytest.fixture(scope="module")
 def trainer():
-    return TrainConfig(
+    return trainer_config(
         epochs=1,
         batch_size=512,
         lr=5e-3,
