@@ -114,12 +114,16 @@ def run(cfg: DictConfig) -> list[Built]:
         tracker.log_artifacts(parent_run, paths, "report")
         print(f"\nReport: {report_dir / 'report.md'}", flush=True)
         status = "FINISHED"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (run.py turns it into this)
         status = "KILLED"
+        tracker.log(parent_run, tags={"reco.end_reason": f"interrupted: {e or 'SIGINT'}"})
         raise
     finally:
         for b in built:
-            tracker.end(b.run_id, failed=b.variant is None)
+            st = "FINISHED" if b.variant else "FAILED" if b.error or status != "KILLED" else "KILLED"
+            if st == "KILLED":
+                tracker.log(b.run_id, tags={"reco.end_reason": "interrupted while building"})
+            tracker.end(b.run_id, status=st)
         tracker.end(parent_run, status=status)
     return built
 
@@ -170,7 +174,7 @@ def build_all(
             v.metrics.update(
                 rank_latency(
                     load_scorer(v, threads=cfg.serve.intra_op_threads),
-                    data.test,
+                    data.val,  # timing only; the test split is the accuracy report's
                     n_candidates=cfg.serve.n_candidates,
                     cfg=typed(cfg.rank_latency, RankLatencyConfig, "rank_latency"),
                     seed=cfg.seed,
