@@ -151,8 +151,13 @@ def test_prune_taylor_iterative_leaves_parent_untouched(parent, data, trainer, t
     ],
 )
 def test_prune_bad_config_is_a_clear_error(parent, data, trainer, tmp_path, override, field):
+    # Planning stops on it before anything runs ...
+    with pytest.raises(ConfigError, match=r"variants\.prune: .*" + field):
+        load_step_config("prune", override)
+    # ... and the step itself refuses it when called directly.
+    bad = dataclasses.replace(load_step_config("prune"), **override)
     with pytest.raises(StepError, match=field):
-        prune.run(parent, data, load_step_config("prune", override), StepRun("x", tmp_path, trainer))
+        prune.run(parent, data, bad, StepRun("x", tmp_path, trainer))
 
 
 def test_unknown_or_mistyped_config_key_is_named():
