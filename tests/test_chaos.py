@@ -74,7 +74,7 @@ def kill_after(tmp: Path, seconds: float, sig: int) -> tuple[set[str], list[str]
 
 def test_kills_leave_no_orphans_and_the_rerun_completes(tmp_path):
     rng = random.Random(0)
-    for t in sorted(rng.uniform(3, 70) for _ in range(TRIALS)):
+    for t in sorted(rng.uniform(3, 45) for _ in range(TRIALS)):
         done, alive = kill_after(tmp_path, t, signal.SIGKILL)
         assert not alive, f"SIGKILL after {t:.0f} s left {alive}"
     done, alive = kill_after(tmp_path, 25, signal.SIGTERM)
