@@ -35,8 +35,9 @@ KNEE_REPEATS = (1.0, 1.2, 0.85)  # each repeat's true knee, x nominal: drift bet
 
 
 # Builders: real latency arrays -> the typed outcomes the load test produces ----------------------------
-def load_run(kind, ok_ms, *, n_failed=0, offered=None, valid=True, reason="", stages=None, window_s=60.0):
+def load_run(kind, ok_ms, *, n_failed=0, offered=None, valid=True, reason="", stages=None):
     lat = with_failures(ok_ms, n_failed)
+    window_s = len(lat) / (0.98 * offered) if offered else 60.0  # open loop: about the offered rate
     return LoadRun(
         kind=kind,
         offered_qps=offered,
@@ -75,6 +76,7 @@ def capacity(knee: float, seed: int, knee_repeat: float = 1.0, slo: float = SLO)
 def outcome(name, p50, knee, seed, *, common_repeats=3, extra_common=(), correctness=None) -> LoadOutcome:
     def stages(p):
         return {
+            "server_parse_mean_ms": 0.05 * p,
             "server_rank_mean_ms": 0.5 * p,
             "server_total_mean_ms": 0.8 * p,
             "server_total_p99_ms": 1.5 * p,
@@ -305,6 +307,13 @@ def test_invalid_capacity_steps_never_pass():
     top = next(s for s in cap.steps if s.rate == pytest.approx(18))
     top.run.valid = False
     assert highest_pass_at(cap, SLO, 0.01) == pytest.approx(15)
+    # errors above the cap fail a step whose p99 (failures as +inf, 0.2 % of requests) is still within the SLO
+    cap = capacity(20, 0)
+    top = next(s for s in cap.steps if s.rate == pytest.approx(18))
+    top.run = load_run("capacity", np.full(2000, 0.5 * SLO), n_failed=4, offered=18)
+    assert verdict_at_most(top.run.quantiles["p99"], SLO) == Verdict.PASS
+    assert highest_pass_at(cap, SLO, 0.01) == pytest.approx(18)
+    assert highest_pass_at(cap, SLO, 0.001) == pytest.approx(15)
 
 
 def test_variant_metrics(study, figs):
@@ -391,8 +400,8 @@ def test_targets_decided_on_the_ci(written):
 def test_no_load_test(tmp_path):
     """Load testing disabled: the gate checks accuracy only and the report still renders."""
     results = [
-        VariantResult(variant("base", "train", None)),
-        VariantResult(variant("pruned", "prune", "base"), auc_delta=delta(-0.02, 0.002)),
+        VariantResult(variant("base", "train", None, rank_p50_ms=2.5)),
+        VariantResult(variant("pruned", "prune", "base", rank_p50_ms=1.25), auc_delta=delta(-0.02, 0.002)),
         VariantResult(variant("bad", "prune", "base"), status="failed"),
     ]
     ctx = context(results, None, targets={"e2e_speedup": 2})
@@ -404,6 +413,13 @@ def test_no_load_test(tmp_path):
     assert "- **MISSED** — e2e p99 speed-up" in md and "not measured" in md
     assert "Not drawn (no data): auc_vs_p99, latency_cdf, qps_vs_p99, server_stages." in md
     assert "FAILED: no error message" in md
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| 2.50 |" in md_line(table, "| `base` |") and "| 1.25 |" in md_line(
+        table, "| `pruned` |"
+    )  # in-process
+    m = study_metrics(results, ctx)
+    assert m["pruned"]["auc_delta_rel_lo"] == pytest.approx(-0.022) and "e2e_p99_ms" not in m["pruned"]
+    assert m["pruned"]["gate"] == 0.0 and "gate_latency" not in m["pruned"]
     gates = {f.name: gate(f, ctx) for f in study_figures(results, ctx)}
     assert gates["base"].overall == Verdict.PASS and gates["base"].latency is None
     assert gates["pruned"].overall == Verdict.FAIL

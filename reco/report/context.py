@@ -24,10 +24,6 @@ class VariantResult:
     status: str = "ok"  # "ok" | "failed" (the variant could not be built or measured)
     error: str = ""  # why it failed
 
-    @property
-    def name(self) -> str:
-        return self.variant.name
-
 
 @dataclass
 class Machine:

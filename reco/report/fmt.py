@@ -76,7 +76,7 @@ def one_line(s: str) -> str:
 def table(header: list[str], rows: list[list[str]]) -> list[str]:
     """Markdown table lines; cells are escaped with one_line()."""
     return [
-        "| " + " | ".join(header) + " |",
+        "| " + " | ".join(one_line(h) for h in header) + " |",
         "|" + "---|" * len(header),
         *("| " + " | ".join(one_line(c) for c in row) + " |" for row in rows),
     ]

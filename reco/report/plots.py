@@ -21,6 +21,7 @@ from reco.stats import Estimate, Verdict
 
 MARKER = {Verdict.PASS: "o", Verdict.FAIL: "X", Verdict.INCONCLUSIVE: "^", Verdict.INVALID: "s"}
 OUTSIDE = "outside the handler"
+UNSTAGED = "handler, no stage"
 
 
 def _figure(w: float = 7.5, h: float = 4.5, cols: int = 1):
@@ -189,14 +190,15 @@ def qps_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path
 
 
 def stage_bars(figs: list[VariantFigures], path: Path) -> Path | None:
-    """Server stage means plus the time outside the handler (left), server total and outside at p99 (right)."""
+    """Mean: server stages, the handler's unstaged rest and the time outside the handler, adding up to the
+    client's e2e mean (left). p99: server total and outside the handler (right)."""
     rows = []
     for f in figs:
         lat = f.latency.get("common")
         if not f.ok or lat is None:
             continue
         st = lat.stages()
-        if any(k.endswith("_mean_ms") for k in st):
+        if "server_total_mean_ms" in st:
             rows.append((f.name, st, outside_handler(lat)))
     if not rows:
         return None
@@ -208,33 +210,40 @@ def stage_bars(figs: list[VariantFigures], path: Path) -> Path | None:
             if k.endswith("_mean_ms") and k != "server_total_mean_ms"
         )
     )
+    colour = {
+        name: colormaps["tab10"](i % 10)
+        for i, name in enumerate([*stages, UNSTAGED, "server total", OUTSIDE])
+    }
+
+    def rest(st: dict) -> float:  # handler time no stage accounts for
+        return max(st["server_total_mean_ms"] - sum(st.get(f"server_{s}_mean_ms", 0.0) for s in stages), 0.0)
+
     names = [name for name, _, _ in rows]
-    fig, (left_ax, right_ax) = _figure(11, 1.6 + 0.45 * max(len(names), 4), cols=2)
-    cmap = colormaps["Set2"]
-    parts = [(s, [st.get(f"server_{s}_mean_ms", 0.0) for _, st, _ in rows]) for s in stages]
-    parts.append((OUTSIDE, [max(out.get("outside_handler_mean_ms", 0.0), 0.0) for _, _, out in rows]))
-    _stack(left_ax, names, parts, cmap)
-    left_ax.set_xlabel("mean time per request (ms)")
+    fig, (left_ax, right_ax) = _figure(11, 2.2 + 0.45 * max(len(names), 4), cols=2)
+    mean_parts = [(s, [st.get(f"server_{s}_mean_ms", 0.0) for _, st, _ in rows]) for s in stages]
+    mean_parts.append((UNSTAGED, [rest(st) for _, st, _ in rows]))
+    mean_parts.append((OUTSIDE, [max(out.get("outside_handler_mean_ms", 0.0), 0.0) for _, _, out in rows]))
+    _stack(left_ax, names, mean_parts, colour)
+    left_ax.set_xlabel("mean time per request (ms); bar = client e2e mean")
     left_ax.set_title("Mean: server stages + outside the handler")
     p99_parts = [
         ("server total", [st.get("server_total_p99_ms", 0.0) for _, st, _ in rows]),
         (OUTSIDE, [max(out.get("outside_handler_p99_ms", 0.0), 0.0) for _, _, out in rows]),
     ]
-    _stack(right_ax, names, p99_parts, cmap, colour_of={"server total": 7, OUTSIDE: len(stages)})
-    right_ax.set_xlabel("p99 (ms; e2e p99 − server total p99, indicative)")
+    _stack(right_ax, names, p99_parts, colour)
+    right_ax.set_xlabel("p99 (ms); e2e p99 − server total p99 is indicative")
     right_ax.set_title("p99: server total + outside the handler")
-    left_ax.legend(fontsize=8, loc="lower right")
+    for ax in (left_ax, right_ax):
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, frameon=False)
     return _save(fig, path)
 
 
-def _stack(
-    ax, names: list[str], parts: list[tuple[str, list[float]]], cmap, colour_of: dict | None = None
-) -> None:
+def _stack(ax, names: list[str], parts: list[tuple[str, list[float]]], colour: dict[str, tuple]) -> None:
     """Horizontal stacked bars, one per variant, with the total written at the end."""
     left = np.zeros(len(names))
-    for i, (label, widths) in enumerate(parts):
+    for label, widths in parts:
         w = np.asarray(widths, float)
-        ax.barh(names, w, left=left, color=cmap((colour_of or {}).get(label, i)), label=label)
+        ax.barh(names, w, left=left, color=colour[label], label=label)
         left += w
     for y, total in enumerate(left):
         ax.annotate(f"{total:.2f} ms", (total, y), textcoords="offset points", xytext=(4, -3), fontsize=8)

@@ -105,6 +105,7 @@ COLUMNS: list[tuple[str, Callable[[VariantFigures, Gate], str]]] = [
     ("size MB", lambda f, g: num(f.result.variant.size_mb or None, ".2f")),
     ("AUC", lambda f, g: num(metric(f, "auc"), ".4f")),
     ("ΔAUC % [CI]", _auc_delta),
+    ("rank p50 ms in-process", lambda f, g: num(metric(f, "rank_p50_ms"))),
     ("e2e p50 ms [CI]", _common("p50")),
     ("e2e p99 ms [CI]", _common("p99")),
     ("e2e p999 ms [CI]", _common("p999")),
@@ -135,6 +136,6 @@ def markdown_table(figs: list[VariantFigures], gates: dict[str, Gate]) -> str:
         "distribution-free 95 % CI; failed requests count as +inf; `n/a (n=…)` = too few requests for that "
         "quantile. ΔAUC is relative to the baseline (DeLong 95 % CI, same test rows). Max QPS is the median "
         "highest passing rate over the capacity repeats (range in brackets); speed-up = baseline p99 / "
-        "variant p99 (bootstrap CI).",
+        "variant p99 (bootstrap CI). The in-process rank p50 (one thread, after warm-up) is a point figure.",
     ]
     return "\n".join(table([h for h, _ in COLUMNS], rows) + notes)
