@@ -250,7 +250,7 @@ def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[Varia
     out = []
     for r in results:
         is_base = r is base_res  # the reference: no ratios to itself
-        lat = _latencies(r)
+        lat = base_lat if is_base else _latencies(r)
         caps = r.load.capacity if r.status == "ok" and r.load else []
         at = {f: _capacity_at(caps, f, ctx.max_error_rate) for f in SLO_FACTORS}
         speedup = {
