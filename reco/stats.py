@@ -228,3 +228,14 @@ def auc_delta(
     b = float(aucs[0])
     relative = Estimate(d / b, (d - z * se) / b, (d + z * se) / b, n)
     return absolute, relative
+
+
+def nearest_rank(x: np.ndarray, q: float) -> float:
+    """Nearest-rank q-quantile of `x` (the point quantile_ci reports), by partial sort; for bootstrap stats.
+
+    Args:
+        x: [n] samples, n >= 1; +inf allowed.
+        q: quantile in (0, 1).
+    """
+    k = max(int(math.ceil(q * len(x))), 1) - 1
+    return float(np.partition(np.asarray(x, np.float64), k)[k])
