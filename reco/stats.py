@@ -96,8 +96,7 @@ def quantile_ci(x: np.ndarray, q: float, conf: float = CONF) -> Estimate:
     if lo_k < 1 or hi_k > n:
         return Estimate(None, None, None, n)
     s = np.sort(x)
-    point = s[max(int(math.ceil(q * n)), 1) - 1]
-    return Estimate(float(point), float(s[lo_k - 1]), float(s[hi_k - 1]), n)
+    return Estimate(nearest_rank(s, q), float(s[lo_k - 1]), float(s[hi_k - 1]), n)
 
 
 def verdict_at_most(est: Estimate, limit: float) -> Verdict:
