@@ -13,6 +13,7 @@ import argparse
 import math
 
 from reco.config import compose
+from reco.stats import Estimate, Verdict, verdict_at_least
 from reco.tracking import latest_variant_runs
 
 
@@ -39,6 +40,9 @@ def _pct(v: float) -> str:
     return "–" if math.isnan(v) else f"{v:+.2f}%"
 
 
+TARGET_WORD = {Verdict.PASS: "MET   ", Verdict.FAIL: "MISSED", Verdict.INCONCLUSIVE: "INCONCLUSIVE"}
+
+
 def _x(v: float) -> str:
     return "–" if math.isnan(v) else f"{v:.2f}x"
 
@@ -61,12 +65,15 @@ def targets(rows: dict[str, dict]) -> list[str]:
             check(f"{name}: ≥30% fewer parameters", removed >= 30, f"{removed:.1f}%")
             check(f"{name}: ΔAUC ≤ 0.5%", drop <= 0.5, f"{drop:.2f}% drop")
             check(f"{name}: measurable in-process speedup", speed > 1.05, f"{speed:.2f}x")
-        elif "kd_gain_auc" in r:
+        elif "kd_gain_val_auc" in r:
             ratio = _ratio(p.get("size_mb"), r.get("size_mb"))
             check(f"{name}: ≥6x smaller than its teacher", ratio >= 6, f"{ratio:.1f}x")
             check(f"{name}: ΔAUC ≤ 0.5% vs teacher", drop <= 0.5, f"{drop:.2f}% drop")
-            check(
-                f"{name}: better than its no-KD control", r["kd_gain_auc"] > 0, f"{r['kd_gain_auc']:+.4f} AUC"
+            gain = Estimate(r["kd_gain_val_auc"], r["kd_gain_val_auc_lo"], r["kd_gain_val_auc_hi"], 0)
+            verdict = verdict_at_least(gain, 0.0)  # the CI must exclude 0 for a MET
+            out.append(
+                f"- {TARGET_WORD[verdict]} {name}: better than its no-KD control "
+                f"(validation, paired DeLong 95% CI): {gain.value:+.4f} [{gain.lo:+.4f}, {gain.hi:+.4f}] AUC"
             )
         elif r["mode"] == "onnx_int8":
             check(f"{name}: ≥2x torch eager ({r['parent']})", speed >= 2, f"{speed:.2f}x")

@@ -114,12 +114,16 @@ def run(cfg: DictConfig) -> list[Built]:
         tracker.log_artifacts(parent_run, paths, "report")
         print(f"\nReport: {report_dir / 'report.md'}", flush=True)
         status = "FINISHED"
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (run.py turns it into this)
         status = "KILLED"
+        tracker.log(parent_run, tags={"reco.end_reason": f"interrupted: {e or 'SIGINT'}"})
         raise
     finally:
         for b in built:
-            tracker.end(b.run_id, failed=b.variant is None)
+            st = "FINISHED" if b.variant else "FAILED" if b.error or status != "KILLED" else "KILLED"
+            if st == "KILLED":
+                tracker.log(b.run_id, tags={"reco.end_reason": "interrupted while building"})
+            tracker.end(b.run_id, status=st)
         tracker.end(parent_run, status=status)
     return built
 
@@ -170,7 +174,7 @@ def build_all(
             v.metrics.update(
                 rank_latency(
                     load_scorer(v, threads=cfg.serve.intra_op_threads),
-                    data.test,
+                    data.val,  # timing only; the test split is the accuracy report's
                     n_candidates=cfg.serve.n_candidates,
                     cfg=typed(cfg.rank_latency, RankLatencyConfig, "rank_latency"),
                     seed=cfg.seed,
@@ -248,8 +252,12 @@ def _log_variant(tracker: Tracker, run_id: str, v: Variant, log_models: bool) ->
 def write_study_report(
     built: list[Built], data: Dataset, cfg: DictConfig, study, out_dir: Path, tracker: Tracker
 ) -> list[Path]:
-    """Comparison table, plots and report.md of the study; each variant's report metrics into its run."""
-    from reco.report import StudyContext, VariantResult, variant_metrics, write_report
+    """Comparison table, plots and report.md of the study; each variant's report metrics into its run.
+
+    ΔAUC against the baseline is paired on the same test rows (DeLong CI) from each variant's stored
+    test scores, so a cached variant is compared without scoring the test split again.
+    """
+    from reco.report import Machine, StudyContext, VariantResult, study_metrics, write_report
     from reco.stats import auc_delta
 
     base = next(b for b in built if b.node.spec.root)
@@ -262,27 +270,31 @@ def write_study_report(
         delta = None
         if b is not base and scores is not None and base_scores is not None:
             delta = auc_delta(labels, base_scores, scores)
-        load = study.outcomes.get(b.name) if study else None
         results.append(
             VariantResult(
-                variant=v, status="ok" if b.variant else "failed", error=b.error, load=load, auc_delta=delta
+                variant=v,
+                load=study.outcomes.get(b.name) if study else None,
+                auc_delta=delta,
+                status="ok" if b.variant else "failed",
+                error=b.error,
             )
         )
     tags = environment_tags()
     ctx = StudyContext(
         experiment=cfg.experiment_name,
         baseline=base.name,
-        study=study,
-        max_auc_drop_pct=cfg.gate.max_auc_drop_pct,
+        max_auc_drop=cfg.gate.max_auc_drop_pct / 100,
         max_error_rate=cfg.loadtest.capacity.max_error_rate,
-        machine=machine_line(tags),
+        study=study,
+        machine=Machine.from_tags(tags),
         commit=tags["git.commit"],
         targets=OmegaConf.to_container(cfg.targets, resolve=True),
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = write_report(results, ctx, out_dir)
-    for b, r in zip(built, results, strict=True):
-        tracker.log(b.run_id, metrics=variant_metrics(r, ctx))
+    per_variant = study_metrics(results, ctx)
+    for b in built:
+        tracker.log(b.run_id, metrics=per_variant.get(b.name, {}))
     return paths
 
 
@@ -290,10 +302,3 @@ def _scores(v: Variant | None) -> np.ndarray | None:
     if v is None or "test_scores" not in v.artifacts:
         return None
     return np.load(v.verify("test_scores"), allow_pickle=False)
-
-
-def machine_line(tags: dict[str, str]) -> str:
-    return (
-        f"{time.strftime('%Y-%m-%d')} · {tags['machine.cpu']} · {tags['machine.cores']} cores · "
-        f"Python {tags['machine.python']} · torch {tags['machine.torch']} · onnxruntime {tags['machine.onnxruntime']}"
-    )

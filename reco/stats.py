@@ -96,8 +96,7 @@ def quantile_ci(x: np.ndarray, q: float, conf: float = CONF) -> Estimate:
     if lo_k < 1 or hi_k > n:
         return Estimate(None, None, None, n)
     s = np.sort(x)
-    point = s[max(int(math.ceil(q * n)), 1) - 1]
-    return Estimate(float(point), float(s[lo_k - 1]), float(s[hi_k - 1]), n)
+    return Estimate(nearest_rank(s, q), float(s[lo_k - 1]), float(s[hi_k - 1]), n)
 
 
 def verdict_at_most(est: Estimate, limit: float) -> Verdict:
@@ -228,3 +227,14 @@ def auc_delta(
     b = float(aucs[0])
     relative = Estimate(d / b, (d - z * se) / b, (d + z * se) / b, n)
     return absolute, relative
+
+
+def nearest_rank(x: np.ndarray, q: float) -> float:
+    """Nearest-rank q-quantile of `x` (the point quantile_ci reports), by partial sort; for bootstrap stats.
+
+    Args:
+        x: [n] samples, n >= 1; +inf allowed.
+        q: quantile in (0, 1).
+    """
+    k = max(int(math.ceil(q * len(x))), 1) - 1
+    return float(np.partition(np.asarray(x, np.float64), k)[k])

@@ -1,11 +1,14 @@
+import dataclasses
 from pathlib import Path
 
 import pytest
 import torch
 
+from reco.config import compose, typed
 from reco.data.schema import Dataset
 from reco.data.synthetic import SyntheticConfig, generate
 from reco.models.dlrm import DLRM, DLRMConfig
+from reco.train.loop import TrainConfig
 from reco.variant import Variant
 
 # ~1 s to generate: 20k rows with the same feature layout as the default synthetic e-commerce data.
@@ -19,6 +22,11 @@ TINY = SyntheticConfig(
     max_recent=4,
     seed=0,
 )
+
+
+def trainer_config(**overrides) -> TrainConfig:
+    """conf/trainer/default.yaml as the pipeline types it, with `overrides` (no defaults repeated here)."""
+    return dataclasses.replace(typed(compose().trainer, TrainConfig, "trainer"), **overrides)
 
 
 @pytest.fixture(scope="session")

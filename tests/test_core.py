@@ -5,7 +5,7 @@ import json
 import numpy as np
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, trainer_config
 from sklearn.metrics import roc_auc_score
 from torchrec.models.dlrm import DLRM as TorchRecDLRM
 
@@ -14,7 +14,7 @@ from reco.data.synthetic import generate
 from reco.measure import evaluate
 from reco.models.dlrm import DLRM, DLRMConfig, flops_per_candidate
 from reco.runtime import load_scorer
-from reco.train.loop import TrainConfig, train
+from reco.train.loop import train
 from reco.train.metrics import auc
 from reco.variant import ArtifactError, Variant
 
@@ -120,7 +120,7 @@ def test_variant_roundtrip_and_tamper_detection(tmp_path, tiny_data):
 
 def test_training_learns_and_early_stopping_restores_best(tmp_path, tiny_data):
     m = tiny_model(tiny_data)
-    cfg = TrainConfig(
+    cfg = trainer_config(
         epochs=3, batch_size=512, lr=3e-3, patience=0, progress=False, checkpoint_dir=str(tmp_path)
     )
     seen = []

@@ -84,7 +84,9 @@ def test_program_accepts_every_flag_shown(cmd):
         argv, rest = [sys.executable, "-m", args[2]], args[3:]
     elif prog == "locust":  # --help lists Locust's own options; the locustfile adds reco's
         argv, rest = [str(BIN / "locust"), "-f", "loadtest/locustfile.py"], args[1:]
-        extra = re.findall(r'add_argument\(\s*"(--[a-z-]+)"', (ROOT / "loadtest" / "locustfile.py").read_text())
+        extra = re.findall(
+            r'add_argument\(\s*"(--[a-z-]+)"', (ROOT / "loadtest" / "locustfile.py").read_text()
+        )
     else:  # mlflow <subcommand>
         argv, rest = [str(BIN / "mlflow"), args[1]], args[2:]
     text = _help(argv) + "\n".join(extra if prog == "locust" else [])

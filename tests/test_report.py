@@ -1,162 +1,443 @@
-"""The comparison report on a hand-built study: files, gate logic, targets, failed variants."""
+"""The comparison report on a study built from synthetic latency arrays.
+
+Every LoadRun below is built the way the load test builds one: from an array of per-request latencies
+(failures as +inf) through reco.stats.quantile_ci, so the report reads real figures with real CIs.
+"""
 
 from __future__ import annotations
 
 import csv
+import math
 
 import numpy as np
 import pytest
 
-from reco.report import StudyContext, VariantResult, write_report
+from reco.loadtest.outcome import (
+    QUANTILES,
+    Capacity,
+    CapacityStep,
+    CorrectnessCheck,
+    LoadOutcome,
+    LoadRun,
+    StudyOutcome,
+)
+from reco.report import Machine, StudyContext, VariantResult, study_metrics, write_report
+from reco.report.figures import highest_pass_at, study_figures
+from reco.report.gate import gate, worst
 from reco.report.plots import pareto_front
-from reco.report.table import build_rows
+from reco.stats import Estimate, Verdict, quantile_ci, verdict_at_most, with_failures
 from reco.variant import Variant
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
+SLO = 150.0
+GRID = (0.25, 0.45, 0.75, 0.9, 1.1, 1.5, 1.9)  # capacity rates, x the variant's nominal knee
+KNEE_REPEATS = (1.0, 1.2, 0.85)  # each repeat's true knee, x nominal: drift between repeats
 
 
-def result(name, step, parent, metrics, *, backend="torch", params=100_000, size_mb=4.0, p50=None, **kw):
+# Builders: real latency arrays -> the typed outcomes the load test produces ----------------------------
+def load_run(kind, ok_ms, *, n_failed=0, offered=None, valid=True, reason="", stages=None):
+    lat = with_failures(ok_ms, n_failed)
+    window_s = len(lat) / (0.98 * offered) if offered else 60.0  # open loop: about the offered rate
+    return LoadRun(
+        kind=kind,
+        offered_qps=offered,
+        n=len(lat),
+        n_failed=n_failed,
+        error_rate=n_failed / len(lat),
+        qps=(len(lat) - n_failed) / window_s,
+        quantiles={k: quantile_ci(lat, q) for k, q in QUANTILES.items()},
+        mean_ms=float(np.mean(ok_ms)),
+        valid=valid,
+        invalid_reason=reason,
+        loadgen_cpu_pct=97.0 if not valid else 30.0,
+        server_stages=stages or {},
+        latencies_ms=lat,
+    )
+
+
+def lognormal(p50, n, seed, sigma=0.4):
+    return np.random.default_rng(seed).lognormal(np.log(p50), sigma, n)
+
+
+def capacity(knee: float, seed: int, knee_repeat: float = 1.0, slo: float = SLO) -> Capacity:
+    """A capacity search whose p99 grows linearly with the rate: p99(rate) ~ slo * rate / (knee x repeat)."""
+    rng = np.random.default_rng(seed)
+    steps = []
+    for rate in (g * knee for g in GRID):
+        target = slo * rate / (knee * knee_repeat)
+        run = load_run("capacity", target * rng.uniform(0.5, 1.0, 400), offered=rate)
+        v = verdict_at_most(run.quantiles["p99"], slo)
+        steps.append(CapacityStep(rate, run, v, "" if v == Verdict.PASS else f"p99 vs SLO: {v}"))
+    passed = [s.rate for s in steps if s.verdict == Verdict.PASS]
+    failed = [s.rate for s in steps if s.verdict == Verdict.FAIL]
+    return Capacity(slo, max(passed, default=0.0), min(failed, default=None), steps)
+
+
+def outcome(name, p50, knee, seed, *, common_repeats=3, extra_common=(), correctness=None) -> LoadOutcome:
+    def stages(p):
+        return {
+            "server_parse_mean_ms": 0.05 * p,
+            "server_rank_mean_ms": 0.5 * p,
+            "server_total_mean_ms": 0.8 * p,
+            "server_total_p99_ms": 1.5 * p,
+        }
+
+    return LoadOutcome(
+        variant=name,
+        unloaded=[load_run("unloaded", lognormal(p50, 1200, seed + i)) for i in range(3)],
+        common=[
+            load_run("common", lognormal(2 * p50, 1200, seed + 10 + i), offered=10.0, stages=stages(2 * p50))
+            for i in range(common_repeats)
+        ]
+        + list(extra_common),
+        equal_util=[
+            load_run("equal_util", lognormal(1.5 * p50, 1200, seed + 20 + i), offered=0.5 * knee)
+            for i in range(3)
+        ],
+        capacity=[capacity(knee, seed + 30 + i, k) for i, k in enumerate(KNEE_REPEATS)],
+        correctness=correctness,
+    )
+
+
+def delta(rel: float, half: float, n: int = 100_000, base_auc: float = 0.8) -> tuple[Estimate, Estimate]:
+    """(absolute, relative) ΔAUC as reco.stats.auc_delta returns them."""
+    a = Estimate(rel * base_auc, (rel - half) * base_auc, (rel + half) * base_auc, n)
+    return a, Estimate(rel, rel - half, rel + half, n)
+
+
+def variant(name, step, parent, *, auc=0.8, params=100_000, size_mb=4.0, backend="torch", **metrics):
     v = Variant(name=name, step=step, parent=parent, backend=backend, model_config={})
-    v.params, v.size_mb, v.flops_per_candidate, v.metrics = params, size_mb, 2 * params, metrics
-    lat = None
-    if p50 is not None:  # synthetic lognormal latencies around p50
-        lat = np.random.default_rng(len(name)).lognormal(np.log(p50), 0.5, size=5000)
-    return VariantResult(variant=v, latencies_ms=lat, **kw)
+    v.params, v.size_mb, v.flops_per_candidate = params, size_mb, 2 * params
+    v.metrics = {"auc": auc, **metrics}
+    return v
 
 
-def load(p50, p99, qps, **extra):
-    stages = {f"server_{s}_mean_ms": p50 / 6 for s in ("queue", "features", "retrieval", "rank", "serialize")}
-    return {"e2e_p50_ms": p50, "e2e_p95_ms": (p50 + p99) / 2, "e2e_p99_ms": p99, "max_qps_at_slo": qps,
-            "error_rate": 0.0, **stages, **extra}  # fmt: skip
+def context(results, study, **kw) -> StudyContext:
+    machine = Machine("Test CPU @ 2 GHz", 2, {"python": "3.11", "torch": "2.13"})
+    kw = {"targets": {}, **kw}
+    return StudyContext("unit_study", "base", 0.005, 0.01, study, machine, "abc1234", **kw)
 
 
-def capacity(knee):
-    return [{"rate": q, "qps": q * 0.98, "p99_ms": 10 + 400 * max(0, q / knee - 0.7), "error_rate": 0.0}
-            for q in (20, 50, 100, 150, 200)]  # fmt: skip
-
-
-@pytest.fixture
-def study():
-    results = [
-        result("base", "train", None, {"auc": 0.800, "oracle_auc": 0.82, **load(10, 40, 100)},
-               p50=10, capacity_steps=capacity(100)),
-        # params 30% smaller, AUC within 99.5%: passes
-        result("pruned", "prune", "base", {"auc": 0.799, **load(8, 30, 150)}, params=70_000, size_mb=3.0,
-               p50=8, capacity_steps=capacity(150)),
-        # AUC 0.790 < 0.995 * 0.800 = 0.796: fails on quality
-        result("student", "distill", "pruned", {"auc": 0.790, **load(3, 10, 400)}, params=10_000, size_mb=0.75,
-               p50=3, capacity_steps=capacity(400)),
-        # p99 60 ms > SLO 50 ms: fails on latency
-        result("ort", "accelerate", "pruned", {"auc": 0.7985, **load(12, 60, 90)}, backend="onnxruntime",
-               p50=12),
-        # load testing disabled: only in-process figures
-        result("noload", "accelerate", "pruned", {"auc": 0.7990, "rank_p50_ms": 1.5}),
-        result("broken", "accelerate", "pruned", {}, status="failed", error="ORT session | invalid graph\nline 2"),
-    ]  # fmt: skip
-    ctx = StudyContext(
-        experiment="unit_study",
-        baseline="base",
-        slo_p99_ms=50.0,
-        common_rate_qps=100.0,
-        machine="test CPU, 2 cores",
-        targets={"e2e_speedup": 3.4, "qps_gain": 1.4, "prune_params_pct": 30, "distill_size_ratio": 6,
-                 "max_auc_drop_pct": 0.5, "bogus": 1},
-    )  # fmt: skip
-    return results, ctx
-
-
-def test_gate_logic(study):
-    results, ctx = study
-    rows = {r["variant"]: r for r in build_rows(results, ctx)}
-    assert rows["base"]["gate"] == "pass" and rows["pruned"]["gate"] == "pass"
-    assert rows["student"]["gate"] == "fail" and "AUC 0.7900 < 0.995" in rows["student"]["gate_reason"]
-    assert rows["ort"]["gate"] == "fail" and "e2e p99 60.0 ms > SLO 50 ms" in rows["ort"]["gate_reason"]
-    assert rows["noload"]["gate"] == "fail" and "no e2e p99" in rows["noload"]["gate_reason"]
-    assert rows["broken"]["gate"] == "fail" and rows["broken"]["status"] == "FAILED"
-    # relative figures and the in-process fallback for rank time
-    assert rows["pruned"]["speedup"] == pytest.approx(40 / 30)
-    assert rows["pruned"]["qps_gain"] == pytest.approx(1.5)
-    assert rows["student"]["d_auc_pct"] == pytest.approx(-1.25)
-    assert rows["noload"]["rank_ms"] == 1.5 and rows["noload"]["rank_source"] == "in-process"
-    assert rows["noload"]["speedup"] is None
-
-    # too many errors fail the gate even when p99 looks good (errors return fast)
-    results[1].variant.metrics["error_rate"] = 0.2
-    rows = {r["variant"]: r for r in build_rows(results, ctx)}
-    assert rows["pruned"]["gate"] == "fail" and "error rate 20.0%" in rows["pruned"]["gate_reason"]
-
-
-def test_write_report(study, tmp_path):
-    results, ctx = study
-    paths = write_report(results, ctx, tmp_path)
-    names = {p.name for p in paths}
-    pngs = {"latency_cdf.png", "auc_vs_p99.png", "qps_vs_p99.png", "server_stages.png"}
-    assert {"comparison.csv", "comparison.md", "report.md"} | pngs == names
-    for p in paths:
-        assert p.parent == tmp_path and p.stat().st_size > 0
-    for name in pngs:
-        assert (tmp_path / name).read_bytes()[:8] == PNG_MAGIC
-
-    with open(tmp_path / "comparison.csv") as f:
-        rows = {r["variant"]: r for r in csv.DictReader(f)}
-    assert list(rows) == ["base", "pruned", "student", "ort", "noload", "broken"]
-    assert rows["student"]["gate"] == "fail" and rows["noload"]["e2e_p99_ms"] == ""
-    assert rows["broken"]["status"] == "FAILED" and "invalid graph" in rows["broken"]["error"]
-
-    md = (tmp_path / "report.md").read_text()
-    assert "Machine: test CPU, 2 cores" in md
-    assert "Fastest passing variant: `pruned`" in md
-    lines = md.splitlines()
-
-    def target_line(words: str) -> str:
-        (hit,) = [x for x in lines if words in x]
-        return hit
-
-    assert target_line("speed-up vs baseline ≥ 3.4×").startswith("- **MISSED**")  # 1.33x measured
-    assert "1.33×" in target_line("speed-up vs baseline ≥ 3.4×")
-    assert target_line("gain vs baseline ≥ 1.4×").startswith("- **MET**")  # 1.5x
-    assert target_line("removes ≥ 30%").startswith("- **MET**")  # exactly 30%
-    assert target_line("smaller than its teacher").startswith("- **MISSED**")  # 4x
-    assert target_line("AUC drop").startswith("- **MET**")  # 0.125%
-    assert "NOT EVALUATED** — unknown target `bogus`" in md
-    # failed variant: in the table and its own section, its error kept on one line (pipes escaped)
-    (broken,) = [x for x in lines if x.startswith("| `broken`")]
-    assert "FAILED: ORT session \\| invalid graph line 2" in broken
-    assert "`broken` FAILED" in md
-    # attribution: parent -> child ratios
-    (step,) = [x for x in lines if x.startswith("| prune |")]
-    assert "40.0 → 30.0" in step and "| 1.33 |" in step
-    # images referenced relative to report.md, all present
-    for name in pngs:
-        assert f"]({name})" in md
-    assert (tmp_path / "comparison.md").read_text().count("\n| `") == 6
-
-
-def test_no_load_metrics_no_slo(tmp_path):
-    """Load testing disabled: no e2e metrics, no SLO, no latency arrays; the report still renders."""
-    results = [
-        result("base", "train", None, {"auc": 0.80, "rank_p50_ms": 2.0}),
-        result("pruned", "prune", "base", {"auc": 0.70}, params=60_000),
-        result("bad", "prune", "base", {}, status="failed"),
+def make_study():
+    slow = [
+        load_run(
+            "common", lognormal(240, 1200, 99), offered=10.0, valid=False, reason="loadgen CPU 97% > 90%"
+        )
     ]
-    ctx = StudyContext("smoke", "base", slo_p99_ms=None, common_rate_qps=None, targets={"e2e_speedup": 2})
+    results = [
+        VariantResult(variant("base", "train", None, oracle_auc=0.82), outcome("base", 20, 20, 0)),
+        # 30 % fewer params, ΔAUC CI [-0.2 %, 0 %]: passes; a 4th, invalid and slow run must be excluded
+        VariantResult(
+            variant("pruned", "prune", "base", params=70_000, size_mb=3.0),
+            outcome("pruned", 20 / 3.4, 45, 100, extra_common=slow, correctness=CorrectnessCheck(200, 3e-7, 1e-5, True)),
+            delta(-0.001, 0.001),
+        ),
+        # fast but ΔAUC CI [-1.2 %, -0.8 %] wholly below -0.5 %: accuracy FAIL; 4 repeats: p999 supported
+        VariantResult(
+            variant("student", "distill", "pruned", params=10_000, size_mb=0.75),
+            outcome("student", 3, 150, 200, common_repeats=4),
+            delta(-0.010, 0.002),
+        ),
+        # ΔAUC CI straddles -0.5 %: INCONCLUSIVE; common p99 ~ 200 ms > SLO: latency FAIL
+        VariantResult(
+            variant("ort", "accelerate", "pruned", backend="onnxruntime"),
+            outcome("ort", 40, 18, 300),
+            delta(-0.005, 0.003),
+        ),
+        # not load-tested: the latency gate cannot vouch
+        VariantResult(variant("noload", "accelerate", "pruned"), None, delta(-0.0005, 0.001)),
+        VariantResult(variant("broken", "accelerate", "pruned"), status="failed", error="ORT | bad graph\nline 2"),
+    ]  # fmt: skip
+    study = StudyOutcome(SLO, "fixed in the preset (3 x median unloaded p99)", 10.0, True)
+    study.outcomes = {r.variant.name: r.load for r in results if r.load}
+    targets = {"e2e_speedup": 3.4, "qps_gain": 1.4, "prune_params_pct": 30, "distill_size_ratio": 6,
+               "max_auc_drop_pct": 0.5, "bogus": 1}  # fmt: skip
+    return results, context(results, study, targets=targets)
+
+
+@pytest.fixture(scope="module")
+def study():
+    return make_study()
+
+
+@pytest.fixture(scope="module")
+def figs(study):
+    results, ctx = study
+    return {f.name: f for f in study_figures(results, ctx)}
+
+
+@pytest.fixture(scope="module")
+def written(study, tmp_path_factory):
+    results, ctx = study
+    out = tmp_path_factory.mktemp("report")
+    return out, write_report(results, ctx, out)
+
+
+def md_line(md: str, words: str) -> str:
+    (hit,) = [x for x in md.splitlines() if words in x]
+    return hit
+
+
+# Gate -------------------------------------------------------------------------------------------------
+def test_gate_verdicts(study, figs):
+    results, ctx = study
+    g = {name: gate(f, ctx) for name, f in figs.items()}
+    assert (g["base"].accuracy.verdict, g["base"].latency.verdict, g["base"].overall) == (
+        "PASS",
+        "PASS",
+        "PASS",
+    )
+    assert g["pruned"].overall == Verdict.PASS
+    assert g["student"].accuracy.verdict == Verdict.FAIL and g["student"].latency.verdict == Verdict.PASS
+    assert g["student"].overall == Verdict.FAIL
+    # CI [-0.8 %, -0.2 %] straddles the -0.5 % limit
+    assert (
+        g["ort"].accuracy.verdict == Verdict.INCONCLUSIVE and "straddles the limit -0.50%" in g["ort"].reason
+    )
+    assert g["ort"].latency.verdict == Verdict.FAIL and g["ort"].overall == Verdict.FAIL
+    assert g["noload"].accuracy.verdict == Verdict.PASS and g["noload"].latency.verdict == Verdict.INVALID
+    assert g["noload"].overall == Verdict.INVALID
+    assert g["broken"].overall == Verdict.FAIL
+
+
+@pytest.mark.parametrize(
+    ("rel", "half", "expected"),
+    [(-0.004, 0.0009, "PASS"), (-0.004, 0.0011, "INCONCLUSIVE"), (-0.007, 0.0019, "FAIL"), (-0.007, 0.0021, "INCONCLUSIVE")],
+)  # fmt: skip
+def test_accuracy_gate_decided_on_the_ci(study, rel, half, expected):
+    """Same point estimate, wider CI: the verdict turns INCONCLUSIVE once the CI reaches the limit."""
+    results, ctx = study
+    r = VariantResult(variant("x", "prune", "base"), None, delta(rel, half))
+    f = study_figures([results[0], r], ctx)[1]
+    assert gate(f, ctx).accuracy.verdict == expected
+
+
+def test_worst():
+    assert worst(Verdict.PASS, Verdict.INCONCLUSIVE) == Verdict.INCONCLUSIVE
+    assert worst(Verdict.INVALID, Verdict.INCONCLUSIVE) == Verdict.INVALID
+    assert worst(Verdict.INVALID, Verdict.FAIL) == Verdict.FAIL
+    assert worst(Verdict.PASS, None) == Verdict.PASS
+
+
+def one_variant_study(common: list[LoadRun], max_error_rate: float = 0.01):
+    base = VariantResult(variant("base", "train", None), LoadOutcome("base", common=common))
+    study = StudyOutcome(SLO, "fixed", 10.0, False, {"base": base.load})
+    ctx = StudyContext("s", "base", 0.005, max_error_rate, study)
+    (f,) = study_figures([base], ctx)
+    return f, gate(f, ctx)
+
+
+def test_failures_count_as_inf_and_flip_the_latency_verdict():
+    ok = lognormal(10, 2000, 1)  # p99 ~ 25 ms, far within the SLO
+    _, g = one_variant_study([load_run("common", ok)], max_error_rate=0.05)
+    assert g.latency.verdict == Verdict.PASS
+    # 2.4 % of requests failed: under this error cap, but as +inf they push p99 past any SLO
+    f, g = one_variant_study([load_run("common", ok, n_failed=50)], max_error_rate=0.05)
+    assert f.p99().value == math.inf and g.latency.verdict == Verdict.FAIL
+    assert "e2e p99 inf ms [inf, inf] (n=2,050) above the SLO" in g.latency.reason
+
+
+def test_invalid_runs_are_excluded(figs, written):
+    pruned = figs["pruned"].latency["common"]
+    assert len(pruned.runs) == 4 and pruned.n_invalid == 1 and pruned.n == 3 * 1200
+    valid_only = np.concatenate([r.latencies_ms for r in pruned.runs if r.valid])
+    assert pruned.quantiles["p99"] == quantile_ci(valid_only, 0.99)
+    table = (written[0] / "comparison.md").read_text()
+    assert "3/4 runs (**1 invalid, excluded**)" in md_line(table, "| `pruned` |")
+    md = (written[0] / "report.md").read_text()
+    assert "- `pruned` at the common load run 4: loadgen CPU 97% > 90% (load generator CPU 97 %)" in md
+
+    # every run invalid: the figures are shown, the verdict is INVALID however good they look
+    fast = lognormal(5, 1000, 2)
+    f, g = one_variant_study([load_run("common", fast, valid=False, reason="generator lagged 40 ms")])
+    assert f.p99().value < SLO and g.latency.verdict == Verdict.INVALID and g.overall == Verdict.INVALID
+    assert "generator lagged 40 ms" in g.latency.reason
+
+
+# Figures ----------------------------------------------------------------------------------------------
+def test_p999_is_na_when_n_cannot_support_it(figs, written):
+    base, student = figs["base"].latency["common"], figs["student"].latency["common"]
+    assert base.n == 3600 and not base.quantiles["p999"].supported  # p999 needs n >= 3,688
+    assert student.n == 4800 and student.quantiles["p999"].supported
+    table = (written[0] / "comparison.md").read_text()
+    assert "n/a (n=3,600)" in md_line(table, "| `base` |") and "n/a" not in md_line(table, "| `student` |")
+    with open(written[0] / "comparison.csv") as fh:
+        rows = {r["variant"]: r for r in csv.DictReader(fh)}
+    assert rows["base"]["e2e_p999_ms"] == "" and float(rows["student"]["e2e_p999_ms"]) > 0
+    assert (
+        float(rows["base"]["e2e_p99_ms_lo"])
+        < float(rows["base"]["e2e_p99_ms"])
+        < float(rows["base"]["e2e_p99_ms_hi"])
+    )
+
+
+def test_three_latency_ratios(figs):
+    """pruned's latencies are the baseline's distribution / 3.4; each ratio's CI covers 3.4."""
+    pruned = figs["pruned"]
+    for kind in ("unloaded", "common", "equal_util"):
+        r = pruned.speedup[(kind, "p99")]
+        assert r.pooled.lo < 3.4 < r.pooled.hi, (kind, r)
+        assert r.pooled.hi / r.pooled.lo < 1.5  # 3,600 requests a side: a usefully narrow CI
+        assert r.repeats.n == 3 and r.repeats.lo <= r.repeats.value <= r.repeats.hi
+    assert ("unloaded", "p99") not in figs["noload"].speedup
+
+
+def test_capacity_gain_and_slo_sensitivity(figs):
+    base, pruned = figs["base"], figs["pruned"]
+    # highest passes per repeat: 0.9, 1.1, 0.75 x the nominal knee (20 req/s)
+    assert [c.highest_pass for c in base.capacity] == pytest.approx([18, 22, 15])
+    assert (base.max_qps.value, base.max_qps.lo, base.max_qps.hi) == pytest.approx((18, 15, 22))
+    assert pruned.qps_gain.value == pytest.approx(45 / 20)
+    assert (pruned.qps_gain.lo, pruned.qps_gain.hi) == pytest.approx((0.75 * 45 / 22, 1.1 * 45 / 15))
+    # re-judged at 1x the SLO, the recorded steps give back the search's own result
+    assert base.max_qps_at[1.0] == base.max_qps
+    # at 0.5x: 0.45, 0.45, 0.25 x knee; at 2x: 1.9, 1.9, 1.5 x knee
+    assert base.max_qps_at[0.5].value == pytest.approx(0.45 * 20) and base.max_qps_at[
+        0.5
+    ].lo == pytest.approx(5)
+    assert base.max_qps_at[2.0].value == pytest.approx(1.9 * 20) and base.max_qps_at[2.0].lo == pytest.approx(
+        30
+    )
+    assert pruned.qps_gain_at[2.0].value == pytest.approx(45 / 20)
+
+
+def test_invalid_capacity_steps_never_pass():
+    cap = capacity(20, 0)
+    assert highest_pass_at(cap, SLO, 0.01) == pytest.approx(18)
+    top = next(s for s in cap.steps if s.rate == pytest.approx(18))
+    top.run.valid = False
+    assert highest_pass_at(cap, SLO, 0.01) == pytest.approx(15)
+    # errors above the cap fail a step whose p99 (failures as +inf, 0.2 % of requests) is still within the SLO
+    cap = capacity(20, 0)
+    top = next(s for s in cap.steps if s.rate == pytest.approx(18))
+    top.run = load_run("capacity", np.full(2000, 0.5 * SLO), n_failed=4, offered=18)
+    assert verdict_at_most(top.run.quantiles["p99"], SLO) == Verdict.PASS
+    assert highest_pass_at(cap, SLO, 0.01) == pytest.approx(18)
+    assert highest_pass_at(cap, SLO, 0.001) == pytest.approx(15)
+
+
+def test_variant_metrics(study, figs):
+    results, ctx = study
+    m = study_metrics(results, ctx)
+    base, pruned = m["base"], m["pruned"]
+    p99 = figs["pruned"].p99()
+    assert (pruned["e2e_p99_ms"], pruned["e2e_p99_ms_lo"], pruned["e2e_p99_ms_hi"]) == (
+        p99.value,
+        p99.lo,
+        p99.hi,
+    )
+    assert "e2e_p999_ms" not in base and "e2e_p999_ms" in m["student"]  # never the maximum in its place
+    assert (pruned["auc_delta_rel"], pruned["auc_delta_rel_lo"], pruned["auc_delta_rel_hi"]) == pytest.approx(
+        (-0.001, -0.002, 0.0)
+    )
+    assert (base["max_qps_at_slo"], base["max_qps_at_slo_lo"], base["max_qps_at_slo_hi"]) == pytest.approx(
+        (18, 15, 22)
+    )
+    un = figs["base"].latency["unloaded"].quantiles["p99"]
+    assert (base["unloaded_e2e_p99_ms"], base["unloaded_e2e_p99_ms_lo"]) == (un.value, un.lo)
+    assert pruned["n_requests"] == 3600 and pruned["n_invalid_runs"] == 1 and pruned["valid"] == 1.0
+    assert (base["gate"], m["ort"]["gate"], m["noload"]["gate"]) == (1.0, 0.0, -1.0)
+    assert m["ort"]["gate_accuracy"] == 0.5
+    common = figs["base"].latency["common"]
+    assert base["outside_handler_mean_ms"] == pytest.approx(
+        common.mean_ms - common.stages()["server_total_mean_ms"]
+    )
+    assert base["outside_handler_mean_ms"] > 0 and pruned["correctness_passed"] == 1.0
+    assert base["slo_p99_ms"] == SLO and all(isinstance(v, float | int) for v in base.values())
+
+
+# The written report -----------------------------------------------------------------------------------
+def test_write_report_files(written):
+    out, paths = written
+    pngs = {"latency_cdf.png", "auc_vs_p99.png", "qps_vs_p99.png", "server_stages.png"}
+    assert {p.name for p in paths} == {"comparison.csv", "comparison.md", "report.md"} | pngs
+    for name in pngs:
+        assert (out / name).read_bytes()[:8] == PNG_MAGIC
+    with open(out / "comparison.csv") as fh:
+        rows = {r["variant"]: r for r in csv.DictReader(fh)}
+    assert list(rows) == ["base", "pruned", "student", "ort", "noload", "broken"]
+    assert rows["pruned"]["n_requests"] == "3600" and rows["pruned"]["loadgen_cpu_pct"] == "97.0"
+    assert rows["pruned"]["valid"] == "1.0" and rows["noload"]["valid"] == ""
+    assert rows["ort"]["gate"] == "FAIL" and rows["ort"]["gate_accuracy"] == "INCONCLUSIVE"
+    assert rows["broken"]["status"] == "FAILED" and "bad graph" in rows["broken"]["error"]
+    assert (out / "comparison.md").read_text().count("\n| `") == 6
+
+
+def test_report_setup_and_sections(written):
+    md = (written[0] / "report.md").read_text()
+    assert "- keep_warm: on" in md
+    assert "e2e p99 ≤ 150 ms (fixed in the preset (3 x median unloaded p99))" in md
+    assert (
+        "- Commit: abc1234" in md and "- Machine: Test CPU @ 2 GHz · 2 cores · python 3.11 · torch 2.13" in md
+    )
+    assert "unloaded ×3, common ×4, equal_util ×3, capacity ×3" in md
+    assert "- Common load: 10 req/s offered = 56% of the baseline's capacity" in md  # 10 / 18
+    assert "Fastest passing variant: `pruned`" in md
+    assert "| `ort` | INCONCLUSIVE | FAIL | **FAIL** |" in md
+    assert "**Like for like: unloaded**" in md and "**Not like for like: at the common load.**" in md
+    assert "lower bound limited to the search's grid" in md
+    assert "| 0.5× SLO (75 ms) | 1× SLO (150 ms) | 2× SLO (300 ms) |" in md
+    assert "outside the handler" in md and "| `pruned` | 200 | 3.00e-07 | 1e-05 | PASS |" in md
+    assert "`broken` FAILED: ORT \\| bad graph line 2" in md
+    # the appendix lists every capacity step: 7 rates x 3 repeats per load-tested variant
+    appendix = md.split("## Appendix: every capacity step")[1]
+    assert appendix.count("\n| 1 | ") == 4 * 7 and appendix.count("\n| 3 | ") == 4 * 7
+    for name in ("latency_cdf", "auc_vs_p99", "qps_vs_p99", "server_stages"):
+        assert f"]({name}.png)" in md
+
+
+def test_targets_decided_on_the_ci(written):
+    md = (written[0] / "report.md").read_text()
+    # pruned is 3.4x faster by construction: its CI straddles a 3.4x goal
+    assert md_line(md, "speed-up vs baseline ≥ 3.4×").startswith("- **INCONCLUSIVE**")
+    assert md_line(md, "gain vs baseline ≥ 1.4×").startswith("- **MET**")  # range [1.53, 3.3]
+    assert md_line(md, "removes ≥ 30%").startswith("- **MET**")  # exactly 30 %
+    assert md_line(md, "smaller than its teacher").startswith("- **MISSED**")  # 4x
+    assert md_line(md, "AUC drop").startswith("- **MET**")  # drop CI [0, 0.2] %
+    assert "NOT EVALUATED** — unknown target `bogus`" in md
+
+
+def test_no_load_test(tmp_path):
+    """Load testing disabled: the gate checks accuracy only and the report still renders."""
+    results = [
+        VariantResult(variant("base", "train", None, rank_p50_ms=2.5)),
+        VariantResult(variant("pruned", "prune", "base", rank_p50_ms=1.25), auc_delta=delta(-0.02, 0.002)),
+        VariantResult(variant("bad", "prune", "base"), status="failed"),
+    ]
+    ctx = context(results, None, targets={"e2e_speedup": 2})
     paths = write_report(results, ctx, tmp_path)
     assert {p.name for p in paths} == {"comparison.csv", "comparison.md", "report.md"}
     md = (tmp_path / "report.md").read_text()
-    assert "none (the gate checks AUC only)" in md
-    assert "Fastest passing variant" not in md  # base passes the AUC gate but has no p99 to rank by
+    assert "- Load test: none (the gate checks accuracy only)" in md
+    assert "**No variant passes the gate**" in md
     assert "- **MISSED** — e2e p99 speed-up" in md and "not measured" in md
     assert "Not drawn (no data): auc_vs_p99, latency_cdf, qps_vs_p99, server_stages." in md
     assert "FAILED: no error message" in md
-    rows = {r["variant"]: r for r in build_rows(results, ctx)}
-    assert rows["base"]["gate"] == "pass" and rows["pruned"]["gate"] == "fail"
+    table = (tmp_path / "comparison.md").read_text()
+    assert "| 2.50 |" in md_line(table, "| `base` |") and "| 1.25 |" in md_line(
+        table, "| `pruned` |"
+    )  # in-process
+    m = study_metrics(results, ctx)
+    assert m["pruned"]["auc_delta_rel_lo"] == pytest.approx(-0.022) and "e2e_p99_ms" not in m["pruned"]
+    assert m["pruned"]["gate"] == 0.0 and "gate_latency" not in m["pruned"]
+    gates = {f.name: gate(f, ctx) for f in study_figures(results, ctx)}
+    assert gates["base"].overall == Verdict.PASS and gates["base"].latency is None
+    assert gates["pruned"].overall == Verdict.FAIL
 
 
-def test_unknown_baseline_is_a_clear_error(study, tmp_path):
-    results, ctx = study
+def test_unknown_baseline_is_a_clear_error(tmp_path):
+    results, ctx = make_study()
     ctx.baseline = "nope"
     with pytest.raises(ValueError, match="baseline='nope' is not among"):
         write_report(results, ctx, tmp_path)
+
+
+def test_failed_baseline_is_no_reference():
+    results, ctx = make_study()
+    results[0].status, results[0].error = "failed", "server crashed"
+    figs = {f.name: f for f in study_figures(results, ctx)}
+    assert figs["pruned"].speedup == {} and figs["pruned"].qps_gain is None
+    assert gate(figs["base"], ctx).overall == Verdict.FAIL
 
 
 def test_pareto_front():
@@ -164,9 +445,13 @@ def test_pareto_front():
     assert pareto_front(pts) == [(5, 0.70), (10, 0.78), (20, 0.80)]
 
 
-def test_failed_baseline_is_no_reference(study):
-    results, ctx = study
-    results[0].status, results[0].error = "failed", "server crashed"
-    rows = {r["variant"]: r for r in build_rows(results, ctx)}
-    assert rows["base"]["status"] == "FAILED" and rows["pruned"]["d_auc_pct"] is None
-    assert rows["pruned"]["gate"] == "fail" and "baseline 'base' has no AUC" in rows["pruned"]["gate_reason"]
+def test_machine_from_environment_tags():
+    tags = {
+        "machine.cpu": "AMD EPYC 7B13",
+        "machine.cores": "2",
+        "machine.python": "3.11.7",
+        "git.commit": "x",
+    }
+    m = Machine.from_tags(tags)
+    assert (m.cpu, m.cores, m.versions) == ("AMD EPYC 7B13", 2, {"python": "3.11.7"})
+    assert m.line() == "AMD EPYC 7B13 · 2 cores · python 3.11.7"

@@ -12,6 +12,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from conftest import make_variant, trainer_config
 from onnx import TensorProto, helper, numpy_helper
 
 from reco.config import ConfigError, compose
@@ -20,9 +21,10 @@ from reco.measure import evaluate
 from reco.models.dlrm import DLRM, DLRMConfig, count_params
 from reco.runtime import load_scorer, ort_scorer
 from reco.steps import StepError, StepRun, accelerate, distill, get_step, prune  # noqa: F401 (registers them)
+from reco.steps.accelerate import auc_guard
 from reco.steps.accelerate.export import check_parity, export_onnx, random_batch, real_batch, torch_probs
 from reco.steps.accelerate.quantize import gemm_to_matmul
-from reco.train.loop import TrainConfig, train
+from reco.train.loop import train
 from reco.variant import ArtifactError, Variant
 
 
@@ -33,7 +35,7 @@ def data(tiny_data):
 
 @pytest.fixture(scope="module")
 def trainer():
-    return TrainConfig(
+    return trainer_config(
         epochs=1,
         batch_size=512,
         lr=5e-3,
@@ -149,8 +151,13 @@ def test_prune_taylor_iterative_leaves_parent_untouched(parent, data, trainer, t
     ],
 )
 def test_prune_bad_config_is_a_clear_error(parent, data, trainer, tmp_path, override, field):
+    # Planning stops on it before anything runs ...
+    with pytest.raises(ConfigError, match=r"variants\.prune: .*" + field):
+        load_step_config("prune", override)
+    # ... and the step itself refuses it when called directly.
+    bad = dataclasses.replace(load_step_config("prune"), **override)
     with pytest.raises(StepError, match=field):
-        prune.run(parent, data, load_step_config("prune", override), StepRun("x", tmp_path, trainer))
+        prune.run(parent, data, bad, StepRun("x", tmp_path, trainer))
 
 
 def test_unknown_or_mistyped_config_key_is_named():
@@ -174,17 +181,22 @@ def test_distill_student_smaller_with_control(parent, data, trainer, tmp_path):
     v = distill.run(parent, data, distill_cfg(), StepRun("student", tmp_path / "student", trainer))
     assert v.params < parent.params and v.metrics["size_ratio"] == pytest.approx(parent.params / v.params)
     m = v.metrics
-    assert m["kd_gain_auc"] == pytest.approx(m["student_auc"] - m["control_auc"])
-    assert m["teacher_auc"] == parent.metrics["auc"]
+    assert m["kd_gain_val_auc"] == pytest.approx(m["student_val_auc"] - m["control_val_auc"])
+    assert m["kd_gain_val_auc_lo"] < m["kd_gain_val_auc"] < m["kd_gain_val_auc_hi"]
+    teacher_val = evaluate(load_scorer(parent), data.val)["auc"]
+    assert m["teacher_val_auc"] == pytest.approx(teacher_val, abs=1e-6)
     assert 0 < m["teacher_rows_scored"] <= len(data.train)
     # The student variant scores through the runtime exactly as the step measured it.
     loaded = Variant.load(v.dir)
-    assert evaluate(load_scorer(loaded), data.test)["auc"] == pytest.approx(m["student_auc"], abs=1e-6)
-    # The control is a real, loadable artifact with the student's architecture.
-    state = torch.load(loaded.verify("control_torch"), weights_only=True)
-    control = DLRM(DLRMConfig(**loaded.model_config))
-    control.load_state_dict(state)
-    assert evaluate(load_scorer(loaded), data.test)["auc"] != pytest.approx(m["control_auc"], abs=1e-9)
+    assert evaluate(load_scorer(loaded), data.val)["auc"] == pytest.approx(m["student_val_auc"], abs=1e-6)
+    # The control is a real, loadable artifact with the student's architecture, and it is what the
+    # step scored as the control (not the student again).
+    control_v = dataclasses.replace(
+        loaded, artifacts={"torch": "control.pt"}, sha256={"torch": loaded.sha256["control_torch"]}
+    )
+    control_auc = evaluate(load_scorer(control_v), data.val)["auc"]
+    assert control_auc == pytest.approx(m["control_val_auc"], abs=1e-6)
+    assert control_auc != pytest.approx(m["student_val_auc"], abs=1e-9)
     assert v.size_mb < parent.size_mb
 
 
@@ -195,7 +207,7 @@ def test_distill_from_pruned_teacher_reuses_its_tables(pruned, data, trainer, tm
     assert [t.num_rows for t in student.cfg.tables] == [t.num_rows for t in teacher.cfg.tables]
     for f in teacher.cfg.remapped:
         assert torch.equal(student.id_map(f), teacher.id_map(f))
-    assert "control_auc" not in v.metrics and "control_torch" not in v.artifacts
+    assert "control_val_auc" not in v.metrics and "control_torch" not in v.artifacts
 
 
 def test_distill_student_larger_than_teacher_is_an_error(parent, data, trainer, tmp_path):
@@ -300,10 +312,12 @@ def test_parity_check_catches_a_wrong_export(parent, data, tmp_path):
     assert check_parity(ort_scorer(tmp_path / "m.onnx", {}), other, batches, 1e-4, "test")["real"] <= 1e-4
 
 
-def test_auc_guard_rejects_a_worse_variant(parent, data, trainer, tmp_path):
-    fake = dataclasses.replace(parent, metrics={**parent.metrics, "auc": 0.99})
-    with pytest.raises(StepError, match=r"auc 0\.99000 -> .* auc 0\.\d+ .*auc_guard"):
-        accelerate.run(fake, data, accel_cfg("onnx_fp32", tune=None), StepRun("guarded", tmp_path, trainer))
+def test_auc_guard_rejects_a_worse_variant(parent, data, tmp_path):
+    """An untrained model of the same shape scored against the trained parent: far below the guard."""
+    untrained = Variant.load(make_variant(data, tmp_path)[0])
+    with pytest.raises(StepError, match=r"lost too much validation AUC: parent 'base' auc 0\.\d+ -> 'tiny'"):
+        auc_guard(parent, untrained, data, guard=0.005, threads=1)
+    auc_guard(parent, parent, data, guard=0.0, threads=1)  # the parent against itself: no drop
 
 
 def test_bf16_backend_keeps_weights(parent, data, trainer, tmp_path):
@@ -311,7 +325,7 @@ def test_bf16_backend_keeps_weights(parent, data, trainer, tmp_path):
         parent, data, accel_cfg("torch_bf16", auc_guard=0.02), StepRun("bf16", tmp_path / "bf16", trainer)
     )
     assert v.backend == "torch_bf16" and v.sha256["torch"] == parent.sha256["torch"]
-    assert v.metrics["guard_auc"] == pytest.approx(parent.metrics["auc"], abs=0.01)
+    assert v.metrics["guard_val_auc"] == pytest.approx(v.metrics["guard_parent_val_auc"], abs=0.01)
 
 
 def test_accelerate_needs_a_torch_parent(int8, data, trainer, tmp_path):

@@ -1,54 +1,55 @@
 """The comparison report of a study: one table (CSV + Markdown), plots, and report.md.
 
-The pipeline fills one VariantResult per variant and a StudyContext, calls write_report(), and logs
-the returned paths as MLflow artifacts. Nothing here measures anything: it only reads what was measured,
-and a missing figure renders as "–" and fails the gate with a stated reason.
+The pipeline fills one VariantResult per variant and a StudyContext (reco.report.context), calls
+write_report(), logs the returned paths as MLflow artifacts, and logs study_metrics() to each child run.
+Nothing here measures anything: it reads the typed outcomes (reco.loadtest.outcome) and decides every
+verdict on a confidence interval (reco.stats).
+
+    context   the inputs: VariantResult, StudyContext, Machine
+    figures   pooled latencies, ratios and gains derived from the outcomes
+    gate      accuracy / latency / overall verdicts
+    metrics   flat per-variant metrics with CI bounds (MLflow, CSV)
+    table     comparison.csv and the Markdown table
+    targets   the preset's targets, MET / MISSED / INCONCLUSIVE
+    sections  the comparison sections of report.md
+    markdown  report.md
+    plots     the PNGs
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
 from pathlib import Path
 
-import numpy as np
+from reco.report.context import Machine, StudyContext, VariantResult
+from reco.report.figures import study_figures
+from reco.report.gate import gate
+from reco.report.markdown import report
+from reco.report.metrics import study_metrics, variant_metrics
+from reco.report.plots import write_plots
+from reco.report.table import markdown_table, write_csv
 
-from reco.variant import Variant
-
-
-@dataclass
-class VariantResult:
-    variant: Variant  # lineage (name/parent/step), params, size_mb, flops_per_candidate, metrics
-    status: str = "ok"  # "ok" | "failed"
-    error: str = ""
-    latencies_ms: np.ndarray | None = None  # [N] exact per-request e2e latencies at the common offered load
-    capacity_steps: list[dict] = field(default_factory=list)  # {"rate", "qps", "p99_ms", "error_rate"}
-
-
-@dataclass
-class StudyContext:
-    experiment: str
-    baseline: str  # name of the baseline variant
-    slo_p99_ms: float | None
-    common_rate_qps: float | None
-    auc_keep: float = 0.995  # quality gate: AUC >= auc_keep * baseline AUC
-    machine: str = ""  # one line: CPU model, cores, library versions, date
-    targets: dict = field(default_factory=dict)  # e.g. {"e2e_speedup": 3.4, "max_auc_drop_pct": 0.5}
-    # Failed requests come back fast, so a p99 with many errors flatters the variant: cap them.
-    max_error_rate: float = 0.01
+__all__ = ["Machine", "StudyContext", "VariantResult", "study_metrics", "variant_metrics", "write_report"]
 
 
 def write_report(results: list[VariantResult], ctx: StudyContext, out_dir: Path) -> list[Path]:
-    """Write comparison.csv, comparison.md, the PNG plots and report.md into out_dir; return their paths."""
-    from reco.report import markdown, plots, table  # submodules type-hint against this module
+    """Write comparison.csv, comparison.md, the PNG plots and report.md.
 
+    Args:
+        results: one per variant, the baseline (ctx.baseline) among them.
+        ctx: the study's yardsticks and setup.
+        out_dir: created if missing.
+    Returns:
+        the paths written. Raises ValueError when ctx.baseline is not among the results.
+    """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    rows = table.build_rows(results, ctx)
-    written = [table.write_csv(rows, out_dir / "comparison.csv")]
+    figs = study_figures(results, ctx)
+    gates = {f.name: gate(f, ctx) for f in figs}
+    written = [write_csv(figs, gates, ctx, out_dir / "comparison.csv")]
     comparison_md = out_dir / "comparison.md"
-    comparison_md.write_text(table.markdown_table(rows) + "\n")
+    comparison_md.write_text(markdown_table(figs, gates) + "\n")
     written.append(comparison_md)
-    images = plots.write_plots(results, rows, ctx, out_dir)
+    images = write_plots(figs, ctx, out_dir)
     report_md = out_dir / "report.md"
-    report_md.write_text(markdown.report(rows, results, ctx, images, out_dir))
+    report_md.write_text(report(figs, gates, ctx, images, out_dir))
     return written + list(images.values()) + [report_md]

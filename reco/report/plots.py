@@ -5,26 +5,29 @@ Failed variants are skipped; a plot with nothing to draw is not written (report.
 
 from __future__ import annotations
 
+import math
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import numpy as np
 from matplotlib import colormaps
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.lines import Line2D
 
-from reco.report.table import metric
+from reco.report.context import StudyContext
+from reco.report.figures import VariantFigures
+from reco.report.metrics import outside_handler
+from reco.stats import Estimate, Verdict
 
-if TYPE_CHECKING:
-    from reco.report import StudyContext, VariantResult
+MARKER = {Verdict.PASS: "o", Verdict.FAIL: "X", Verdict.INCONCLUSIVE: "^", Verdict.INVALID: "s"}
+OUTSIDE = "outside the handler"
+UNSTAGED = "handler, no stage"
 
-STAGES = ("queue", "features", "retrieval", "rank", "serialize")
 
-
-def _figure(w: float = 7.5, h: float = 4.5):
+def _figure(w: float = 7.5, h: float = 4.5, cols: int = 1):
     fig = Figure(figsize=(w, h), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
-    return fig, fig.subplots()
+    return fig, fig.subplots(1, cols)
 
 
 def _save(fig: Figure, path: Path) -> Path:
@@ -32,10 +35,10 @@ def _save(fig: Figure, path: Path) -> Path:
     return path
 
 
-def _colors(results: list[VariantResult]) -> dict[str, tuple]:
+def _colors(figs: list[VariantFigures]) -> dict[str, tuple]:
     """One colour per variant, the same in every plot."""
-    cmap = colormaps["tab10" if len(results) <= 10 else "tab20"]
-    return {r.variant.name: cmap(i % cmap.N) for i, r in enumerate(results)}
+    cmap = colormaps["tab10" if len(figs) <= 10 else "tab20"]
+    return {f.name: cmap(i % cmap.N) for i, f in enumerate(figs)}
 
 
 def _slo_line(ax, ctx: StudyContext, vertical: bool) -> None:
@@ -45,20 +48,37 @@ def _slo_line(ax, ctx: StudyContext, vertical: bool) -> None:
         )
 
 
-def latency_cdf(results: list[VariantResult], ctx: StudyContext, colors: dict, path: Path) -> Path | None:
+def _err(e: Estimate) -> list[list[float]]:
+    """[[below], [above]] error-bar lengths; an infinite bound (failures) draws no whisker."""
+    lo = e.value - e.lo if math.isfinite(e.lo) else 0.0
+    hi = e.hi - e.value if math.isfinite(e.hi) else 0.0
+    return [[lo], [hi]]
+
+
+def _plottable(e: Estimate | None) -> bool:
+    return e is not None and e.supported and math.isfinite(e.value) and e.value > 0
+
+
+def latency_cdf(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path: Path) -> Path | None:
+    """CDF of the pooled e2e latencies at the common load; failures are not drawn but counted (the
+    curve then tops out below 1)."""
     fig, ax = _figure()
     drawn = False
-    for r in results:
-        lat = None if r.latencies_ms is None else np.asarray(r.latencies_ms, dtype=np.float64).ravel()
-        if r.status != "ok" or lat is None:
+    for f in figs:
+        lat = f.latency.get("common")
+        if not f.ok or lat is None or lat.n == 0:
             continue
-        x = np.sort(lat[np.isfinite(lat) & (lat > 0)])  # log-x cannot show 0
+        n = lat.n
+        x = np.sort(lat.latencies_ms[np.isfinite(lat.latencies_ms) & (lat.latencies_ms > 0)])  # log-x: no 0
         if x.size == 0:
             continue
-        n = x.size
         # ~4000 points: evenly spaced in rank, plus geometrically dense near the tail (p99, p99.9).
-        idx = np.unique(np.r_[np.linspace(0, n - 1, 2000), n - np.geomspace(1, n, 2000)].astype(int))
-        ax.plot(x[idx], (idx + 1) / n, color=colors[r.variant.name], lw=1.5, label=r.variant.name)
+        m = x.size
+        idx = np.unique(np.r_[np.linspace(0, m - 1, 2000), m - np.geomspace(1, m, 2000)].astype(int))
+        label = f"{f.name} (n={n:,}, {lat.n_failed:,} failed)" + ("" if lat.valid else " INVALID")
+        ax.plot(
+            x[idx], (idx + 1) / n, color=colors[f.name], lw=1.5, ls="-" if lat.valid else ":", label=label
+        )
         drawn = True
     if not drawn:
         return None
@@ -67,117 +87,187 @@ def latency_cdf(results: list[VariantResult], ctx: StudyContext, colors: dict, p
     ax.set_xscale("log")
     ax.set_ylim(0, 1.005)
     ax.set_xlabel("end-to-end latency (ms, log scale)")
-    ax.set_ylabel("fraction of requests")
-    load = f" at {ctx.common_rate_qps:g} qps offered" if ctx.common_rate_qps else ""
-    ax.set_title(f"Latency CDF{load} (dotted: p99)")
+    ax.set_ylabel("fraction of all requests (failures not drawn)")
+    load = f" at {ctx.common_rate_qps:g} req/s offered" if ctx.common_rate_qps else ""
+    ax.set_title(f"Latency CDF{load}, pooled repeats (dotted: p99)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=7, loc="lower right")
     return _save(fig, path)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """(p99, auc) points not beaten by another with lower-or-equal p99 and higher AUC; sorted by p99."""
+    """(latency, quality) points not beaten by another with lower-or-equal latency and higher quality;
+    sorted by latency."""
     front: list[tuple[float, float]] = []
-    for p99, auc in sorted(points, key=lambda p: (p[0], -p[1])):
-        if not front or auc > front[-1][1]:
-            front.append((p99, auc))
+    for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
+        if not front or y > front[-1][1]:
+            front.append((x, y))
     return front
 
 
-def auc_vs_p99(rows: list[dict], ctx: StudyContext, colors: dict, path: Path) -> Path | None:
-    pts = [(r["e2e_p99_ms"], r["auc"], r["variant"]) for r in rows if r["status"] == "ok"]
-    pts = [p for p in pts if p[0] is not None and p[1] is not None]
+def auc_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path: Path) -> Path | None:
+    """Relative ΔAUC vs e2e p99 at the common load, both with their 95 % CIs, and the Pareto front."""
+    pts = []
+    for f in figs:
+        p99 = f.p99()
+        if not f.ok or not _plottable(p99):
+            continue
+        if f.is_baseline:
+            pts.append((f, p99, Estimate(0.0, 0.0, 0.0, 0)))
+        elif f.result.auc_delta is not None:
+            rel = f.result.auc_delta[1]
+            pts.append((f, p99, Estimate(rel.value * 100, rel.lo * 100, rel.hi * 100, rel.n)))
     if not pts:
         return None
     fig, ax = _figure()
-    for p99, auc, name in pts:
-        ax.scatter(p99, auc, color=colors[name], s=40, zorder=3)
-        ax.annotate(name, (p99, auc), textcoords="offset points", xytext=(5, 4), fontsize=8)
-    front = pareto_front([(p, a) for p, a, _ in pts])
+    for f, p99, d in pts:
+        ax.errorbar(
+            p99.value, d.value, xerr=_err(p99), yerr=_err(d), fmt="o", color=colors[f.name], ms=5, capsize=3
+        )
+        ax.annotate(f.name, (p99.value, d.value), textcoords="offset points", xytext=(5, 4), fontsize=8)
+    front = pareto_front([(p.value, d.value) for _, p, d in pts])
     ax.plot(*zip(*front, strict=True), color="black", ls="--", lw=1, label="Pareto front", zorder=2)
     _slo_line(ax, ctx, vertical=True)
-    base = next((r for r in rows if r["variant"] == ctx.baseline and r["status"] == "ok"), None)
-    if base and base["auc"] is not None:
-        ax.axhline(
-            ctx.auc_keep * base["auc"], color="orange", ls=":", lw=1, label=f"AUC gate ({ctx.auc_keep:g}×)"
-        )
-    xs = [p[0] for p in pts]
+    ax.axhline(
+        -ctx.max_auc_drop * 100, color="orange", ls=":", lw=1, label=f"AUC limit −{ctx.max_auc_drop:.2%}"
+    )
+    xs = [p.value for _, p, _ in pts]
     if max(xs) / min(xs) > 10:
         ax.set_xscale("log")
-    ax.set_xlabel("e2e p99 latency at the common load (ms)")
-    ax.set_ylabel("AUC")
+    ax.set_xlabel("e2e p99 at the common load (ms, 95 % CI)")
+    ax.set_ylabel("ΔAUC vs baseline (%, 95 % DeLong CI)")
     ax.set_title("Quality vs tail latency (up-left is better)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
     return _save(fig, path)
 
 
-def qps_vs_p99(results: list[VariantResult], ctx: StudyContext, colors: dict, path: Path) -> Path | None:
+def qps_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path: Path) -> Path | None:
+    """Every capacity step: achieved QPS vs p99 with its CI, marker = the step's verdict."""
     fig, ax = _figure()
-    drawn = False
-    for r in results:
-        if r.status != "ok":
+    handles = []
+    for f in figs:
+        if not f.ok or not f.capacity:
             continue
-        steps = [s for s in r.capacity_steps if s.get("qps") is not None and s.get("p99_ms") is not None]
-        if not steps:
-            continue
-        steps.sort(key=lambda s: s.get("rate") or s["qps"])
-        c = colors[r.variant.name]
-        ax.plot(
-            [s["qps"] for s in steps], [s["p99_ms"] for s in steps], "o-", color=c, ms=4, label=r.variant.name
-        )
-        bad = [s for s in steps if (s.get("error_rate") or 0) > ctx.max_error_rate]
-        ax.scatter(
-            [s["qps"] for s in bad], [s["p99_ms"] for s in bad], marker="x", color="black", s=40, zorder=3
-        )
-        drawn = True
-    if not drawn:
+        c = colors[f.name]
+        handles.append(Line2D([], [], color=c, label=f.name))
+        for cap in f.capacity:
+            steps = sorted(
+                (s for s in cap.steps if _plottable(s.run.quantiles.get("p99"))), key=lambda s: s.rate
+            )
+            if not steps:
+                continue
+            ax.plot(
+                [s.run.qps for s in steps],
+                [s.run.quantiles["p99"].value for s in steps],
+                "-",
+                color=c,
+                alpha=0.5,
+            )
+            for s in steps:
+                p99 = s.run.quantiles["p99"]
+                ax.errorbar(
+                    s.run.qps,
+                    p99.value,
+                    yerr=_err(p99),
+                    fmt=MARKER[s.verdict],
+                    color=c,
+                    ms=5,
+                    capsize=2,
+                    lw=0.8,
+                )
+    if not handles:
         return None
+    handles += [Line2D([], [], ls="", marker=m, color="gray", label=str(v)) for v, m in MARKER.items()]
     _slo_line(ax, ctx, vertical=False)
     ax.set_yscale("log")
     ax.set_xlabel("achieved throughput (QPS)")
-    ax.set_ylabel("e2e p99 latency (ms, log scale)")
-    ax.set_title(f"Capacity: p99 vs throughput (x: error rate > {ctx.max_error_rate:.0%})")
+    ax.set_ylabel("e2e p99 latency (ms, log scale, 95 % CI)")
+    ax.set_title("Capacity search: every step (p99 n/a or infinite: not drawn)")
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=8)
+    ax.legend(handles=handles + ax.get_legend_handles_labels()[0], fontsize=7)
     return _save(fig, path)
 
 
-def stage_bars(results: list[VariantResult], path: Path) -> Path | None:
-    names, means = [], []
-    for r in results:
-        m = [metric(r, f"server_{s}_mean_ms") for s in STAGES]
-        if r.status == "ok" and any(x is not None for x in m):
-            names.append(r.variant.name)
-            means.append([x or 0.0 for x in m])  # a stage the server did not report draws as 0
-    if not names:
+def stage_bars(figs: list[VariantFigures], path: Path) -> Path | None:
+    """Mean: server stages, the handler's unstaged rest and the time outside the handler, adding up to the
+    client's e2e mean (left). p99: server total and outside the handler (right)."""
+    rows = []
+    for f in figs:
+        lat = f.latency.get("common")
+        if not f.ok or lat is None:
+            continue
+        st = lat.stages()
+        if "server_total_mean_ms" in st:
+            rows.append((f.name, st, outside_handler(lat)))
+    if not rows:
         return None
-    fig, ax = _figure(8, 1.4 + 0.45 * max(len(names), 4))
+    stages = list(
+        dict.fromkeys(
+            k.removeprefix("server_").removesuffix("_mean_ms")
+            for _, st, _ in rows
+            for k in st
+            if k.endswith("_mean_ms") and k != "server_total_mean_ms"
+        )
+    )
+    colour = {
+        name: colormaps["tab10"](i % 10)
+        for i, name in enumerate([*stages, UNSTAGED, "server total", OUTSIDE])
+    }
+
+    def rest(st: dict) -> float:  # handler time no stage accounts for
+        return max(st["server_total_mean_ms"] - sum(st.get(f"server_{s}_mean_ms", 0.0) for s in stages), 0.0)
+
+    names = [name for name, _, _ in rows]
+    fig, (left_ax, right_ax) = _figure(11, 2.2 + 0.45 * max(len(names), 4), cols=2)
+    mean_parts = [(s, [st.get(f"server_{s}_mean_ms", 0.0) for _, st, _ in rows]) for s in stages]
+    mean_parts.append((UNSTAGED, [rest(st) for _, st, _ in rows]))
+    mean_parts.append((OUTSIDE, [max(out.get("outside_handler_mean_ms", 0.0), 0.0) for _, _, out in rows]))
+    _stack(left_ax, names, mean_parts, colour)
+    left_ax.set_xlabel("mean time per request (ms); bar = client e2e mean")
+    left_ax.set_title("Mean: server stages + outside the handler")
+    p99_parts = [
+        ("server total", [st.get("server_total_p99_ms", 0.0) for _, st, _ in rows]),
+        (OUTSIDE, [max(out.get("outside_handler_p99_ms", 0.0), 0.0) for _, _, out in rows]),
+    ]
+    _stack(right_ax, names, p99_parts, colour)
+    right_ax.set_xlabel("p99 (ms); e2e p99 − server total p99 is indicative")
+    right_ax.set_title("p99: server total + outside the handler")
+    for ax in (left_ax, right_ax):
+        ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, frameon=False)
+    return _save(fig, path)
+
+
+def _stack(ax, names: list[str], parts: list[tuple[str, list[float]]], colour: dict[str, tuple]) -> None:
+    """Horizontal stacked bars, one per variant, with the total written at the end."""
     left = np.zeros(len(names))
-    cmap = colormaps["Set2"]
-    for i, stage in enumerate(STAGES):
-        w = np.array([m[i] for m in means])
-        ax.barh(names, w, left=left, color=cmap(i), label=stage)
+    for label, widths in parts:
+        w = np.asarray(widths, float)
+        ax.barh(names, w, left=left, color=colour[label], label=label)
         left += w
     for y, total in enumerate(left):
         ax.annotate(f"{total:.2f} ms", (total, y), textcoords="offset points", xytext=(4, -3), fontsize=8)
     ax.invert_yaxis()  # same order as the table
-    ax.set_xlim(0, left.max() * 1.18)
-    ax.set_xlabel("mean server time per request (ms)")
-    ax.set_title("Where server time goes (stage means)")
-    ax.legend(fontsize=8, loc="upper left", bbox_to_anchor=(1.01, 1))
-    return _save(fig, path)
+    ax.set_xlim(0, max(left.max(), 1e-9) * 1.25)
 
 
-def write_plots(
-    results: list[VariantResult], rows: list[dict], ctx: StudyContext, out_dir: Path
-) -> dict[str, Path]:
-    """caption -> PNG path for every plot that had data."""
-    colors = _colors(results)
+def write_plots(figs: list[VariantFigures], ctx: StudyContext, out_dir: Path) -> dict[str, Path]:
+    """Draw every plot that has data.
+
+    Returns:
+        caption -> PNG path.
+    """
+    colors = _colors(figs)
     plots = {
-        "End-to-end latency CDF per variant": latency_cdf(results, ctx, colors, out_dir / "latency_cdf.png"),
-        "AUC vs e2e p99 with the Pareto front": auc_vs_p99(rows, ctx, colors, out_dir / "auc_vs_p99.png"),
-        "p99 vs throughput (capacity search)": qps_vs_p99(results, ctx, colors, out_dir / "qps_vs_p99.png"),
-        "Server time per stage": stage_bars(results, out_dir / "server_stages.png"),
+        "End-to-end latency CDF per variant at the common load": latency_cdf(
+            figs, ctx, colors, out_dir / "latency_cdf.png"
+        ),
+        "ΔAUC vs e2e p99 with 95 % CIs and the Pareto front": auc_vs_p99(
+            figs, ctx, colors, out_dir / "auc_vs_p99.png"
+        ),
+        "p99 vs throughput, every capacity step": qps_vs_p99(figs, ctx, colors, out_dir / "qps_vs_p99.png"),
+        "Where the time goes: server stages and outside the handler": stage_bars(
+            figs, out_dir / "server_stages.png"
+        ),
     }
     return {caption: p for caption, p in plots.items() if p is not None}

@@ -4,8 +4,8 @@ Loss per row, with student logit s, teacher logit t, label y, temperature T:
     alpha * BCE(sigmoid(s), y) + (1 - alpha) * T^2 * BCE(sigmoid(s / T), sigmoid(t / T))
 The T^2 factor keeps the soft term's gradient scale independent of T (Hinton et al. 2015).
 The control is the same student architecture, initialisation, data, budget and seed trained on the
-labels alone (alpha = 1); `kd_gain_auc` = student AUC - control AUC, both scored on the test split by
-the same torch scorer.
+labels alone (alpha = 1); `kd_gain_val_auc` = student AUC - control AUC on the validation split, with a
+paired DeLong 95 % CI (`_lo`, `_hi`): both score the same rows, so their noise largely cancels.
 """
 
 from __future__ import annotations
@@ -19,12 +19,14 @@ from omegaconf import MISSING
 from torch import nn
 
 from reco.data.schema import Dataset, Split
-from reco.measure import evaluate
+from reco.measure import predict
 from reco.models.dlrm import DLRM, DLRMConfig, PlainScorer, TableSpec, count_params
 from reco.runtime import Scorer
+from reco.stats import auc_delta
 from reco.steps.prune import row_counts
 from reco.steps.registry import StepError, StepRun, child_variant, register, require_artifact
 from reco.train.loop import train
+from reco.train.metrics import auc
 from reco.variant import Variant
 
 
@@ -107,27 +109,32 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
         checkpoint_dir=None,
     )
     loss = KDLoss(teacher, data.train, dc.alpha, dc.temperature, dc.cache_teacher_logits)
-    res = train(student, data, budget, loss_fn=loss, desc=f"distill[{name}] student")
-    student_m = evaluate(torch_scorer(student), data.test)
+    train(student, data, budget, loss_fn=loss, desc=f"distill[{name}] student")
+    # Validation split only: the test split is read once per variant, by the pipeline, for the report.
+    labels = data.val.labels.numpy()
+    student_val = predict(torch_scorer(student), data.val)
 
     v = child_variant(parent, data, dc, ctx, "distill", "torch")
     v.save_torch(student)
     v.metrics.update(
-        teacher_auc=float(parent.metrics["auc"]) if "auc" in parent.metrics else float("nan"),
-        student_auc=student_m["auc"],
-        student_val_auc=res.best_val_auc,
+        teacher_val_auc=auc(labels, predict(torch_scorer(teacher), data.val)),
+        student_val_auc=auc(labels, student_val),
         teacher_params=float(n_t),
         size_ratio=n_t / n_s,
         teacher_rows_scored=float(loss.rows_scored),
     )
-    if "auc" not in parent.metrics:
-        v.metrics["teacher_auc"] = evaluate(torch_scorer(teacher), data.test)["auc"]
     if control is not None:
         train(control, data, budget, desc=f"distill[{name}] control")
         torch.save(control.state_dict(), v.path / "control.pt")
         v.add_artifact("control_torch", "control.pt")  # same model_config as the student
-        control_auc = evaluate(torch_scorer(control), data.test)["auc"]
-        v.metrics.update(control_auc=control_auc, kd_gain_auc=student_m["auc"] - control_auc)
+        control_val = predict(torch_scorer(control), data.val)
+        gain, _ = auc_delta(labels, control_val, student_val)  # paired: same rows, DeLong CI
+        v.metrics.update(
+            control_val_auc=auc(labels, control_val),
+            kd_gain_val_auc=gain.value,
+            kd_gain_val_auc_lo=gain.lo,
+            kd_gain_val_auc_hi=gain.hi,
+        )
     v.metrics["size_mb_ratio"] = parent.size_mb / v.size_mb if parent.size_mb else float("nan")
     v.save()
     return v

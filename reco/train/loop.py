@@ -10,10 +10,12 @@ import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from enum import Enum
 from pathlib import Path
 
 import numpy as np
 import torch
+from omegaconf import MISSING
 from torch import nn
 from tqdm import tqdm
 
@@ -21,26 +23,34 @@ from reco.data.schema import Dataset, Split
 from reco.models.dlrm import DLRM, PlainScorer
 from reco.train.metrics import classification_metrics
 
+
+class Optimizer(Enum):
+    adamw = "adamw"
+    adagrad = "adagrad"
+
+
 # loss(logits [B], rows of the batch, their row indices into the train split) -> scalar
 LossFn = Callable[[torch.Tensor, Split, torch.Tensor], torch.Tensor]
 
 
 @dataclass
 class TrainConfig:
-    epochs: int = 3
-    batch_size: int = 2048
-    lr: float = 1e-3
-    optimizer: str = "adamw"  # adamw | adagrad
-    weight_decay: float = 0.0
-    patience: int = 1  # epochs without val AUC gain before stopping
-    bf16: bool = False  # autocast the forward in bfloat16
-    grad_accum: int = 1
-    seed: int = 0
-    threads: int = 2
-    max_rows_per_epoch: int | None = None  # None: the whole train split
-    eval_rows: int | None = 100_000  # validation rows scored after each epoch
-    checkpoint_dir: str | None = None  # best and last state_dicts are written here
-    progress: bool = True
+    """The `trainer` config group (conf/trainer/default.yaml); steps that train derive their budget from it."""
+
+    epochs: int = MISSING
+    batch_size: int = MISSING
+    lr: float = MISSING
+    optimizer: Optimizer = MISSING
+    weight_decay: float = MISSING
+    patience: int = MISSING  # epochs without val AUC gain before stopping
+    bf16: bool = MISSING  # autocast the forward in bfloat16
+    grad_accum: int = MISSING
+    seed: int = MISSING
+    threads: int = MISSING
+    max_rows_per_epoch: int | None = MISSING  # None: the whole train split
+    eval_rows: int | None = MISSING  # validation rows scored after each epoch (None: all)
+    checkpoint_dir: str | None = MISSING  # best and last state_dicts are written here
+    progress: bool = MISSING
 
 
 @dataclass
@@ -70,11 +80,8 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     emb = [p for n, p in model.named_parameters() if n.startswith("ebc.")]
     dense = [p for n, p in model.named_parameters() if not n.startswith("ebc.")]
     groups = [{"params": emb, "weight_decay": 0.0}, {"params": dense, "weight_decay": cfg.weight_decay}]
-    if cfg.optimizer == "adamw":
-        return torch.optim.AdamW(groups, lr=cfg.lr)
-    if cfg.optimizer == "adagrad":
-        return torch.optim.Adagrad(groups, lr=cfg.lr)
-    raise ValueError(f"trainer.optimizer: expected 'adamw' or 'adagrad', got {cfg.optimizer!r}")
+    cls = {Optimizer.adamw: torch.optim.AdamW, Optimizer.adagrad: torch.optim.Adagrad}[cfg.optimizer]
+    return cls(groups, lr=cfg.lr)
 
 
 def train(

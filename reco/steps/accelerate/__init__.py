@@ -1,7 +1,7 @@
 """Accelerate a torch variant for CPU serving: ONNX Runtime fp32 / INT8, torch.compile or bf16.
 
 onnx_fp32 / onnx_int8: export (.export) -> parity check against torch on a random and a
-real test batch (fail if max |p_onnx - p_torch| > parity_tol) -> [INT8: Gemm->MatMul rewrite + ORT
+real validation batch (fail if max |p_onnx - p_torch| > parity_tol) -> [INT8: Gemm->MatMul rewrite + ORT
 quantization, .quantize] -> session-parameter tuning (.tuning).
 torch_compile / torch_bf16: the parent's weights with another torch backend (reco.runtime handles them).
 Every mode ends with the AUC guard: the child is scored on the test split through its own runtime
@@ -105,11 +105,11 @@ def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
     try:
         fp32 = work / "fp32.onnx"
         t0 = time.perf_counter()
-        proto = export_onnx(model, fp32, data.test.take(slice(0, 8)), ac.opset, ac.exporter.value)
+        proto = export_onnx(model, fp32, data.val.take(slice(0, 8)), ac.opset, ac.exporter.value)
         export_s = time.perf_counter() - t0
         batches = {
-            "random": random_batch(model, ac.parity_rows, data.test.ids.shape[2], seed=0),
-            "real": real_batch(data.test, ac.parity_rows),
+            "random": random_batch(model, ac.parity_rows, data.val.ids.shape[2], seed=0),
+            "real": real_batch(data.val, ac.parity_rows),
         }
         what = f"{ac.exporter.value} exporter, opset {ac.opset}"
         parity = check_parity(ort_scorer(fp32, {}), model, batches, ac.parity_tol, what)
@@ -148,7 +148,7 @@ def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
     v.add_artifact("onnx", "model.onnx")
     v.runtime["ort"] = {}
     if ac.tune is not None:
-        best, table = tune(final, data.test, ac.tune)
+        best, table = tune(final, data.val, ac.tune)
         v.runtime["ort"] = best
         report["tuning"] = {"n_candidates": ac.tune.n_candidates, "chosen": best, "table": table}
         p50 = {json.dumps({k: r[k] for k in best}, sort_keys=True): r["rank_p50_ms"] for r in table}
@@ -162,16 +162,15 @@ def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
 
 
 def auc_guard(parent: Variant, child: Variant, data: Dataset, guard: float, threads: int) -> None:
-    """Score the child through its own runtime; raise if its test AUC fell more than `guard` (relative)."""
-    ref = parent.metrics.get("auc")
-    if ref is None:
-        ref = evaluate(load_scorer(parent, threads), data.test)["auc"]
-    got = evaluate(load_scorer(child, threads), data.test)["auc"]
+    """Score parent and child through their own runtimes on the validation split (the test split is the
+    report's); raise if the child's AUC fell more than `guard` (relative)."""
+    ref = evaluate(load_scorer(parent, threads), data.val)["auc"]
+    got = evaluate(load_scorer(child, threads), data.val)["auc"]
     drop = (ref - got) / ref
-    child.metrics.update(guard_parent_auc=float(ref), guard_auc=float(got), auc_rel_drop=float(drop))
+    child.metrics.update(guard_parent_val_auc=float(ref), guard_val_auc=float(got), auc_rel_drop=float(drop))
     if drop > guard:
         raise StepError(
-            f"accelerate: mode {child.backend}/{child.step_config.get('mode')} lost too much AUC: parent "
-            f"{parent.name!r} auc {ref:.5f} -> {child.name!r} auc {got:.5f} (relative drop {drop:.4%} > "
+            f"accelerate: mode {child.backend}/{child.step_config.get('mode')} lost too much validation AUC: "
+            f"parent {parent.name!r} auc {ref:.5f} -> {child.name!r} auc {got:.5f} (relative drop {drop:.4%} > "
             f"accelerate.auc_guard={guard:.4%})"
         )

@@ -1,0 +1,82 @@
+"""What the report reads: one VariantResult per variant and the StudyContext they were measured in.
+
+The pipeline fills these; the report only reads them (nothing here measures anything).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from reco.loadtest.outcome import LoadOutcome, StudyOutcome
+from reco.stats import Estimate
+from reco.variant import Variant
+
+
+@dataclass
+class VariantResult:
+    """One variant as the report sees it."""
+
+    variant: Variant  # lineage (name/parent/step), params, size_mb, flops_per_candidate, metrics (auc, ...)
+    load: LoadOutcome | None = None  # None: not load-tested (load test disabled, or the variant failed)
+    # (absolute, relative) ΔAUC vs the baseline on the same test rows with DeLong CIs (reco.stats.auc_delta);
+    # None for the baseline itself and when accuracy was not compared.
+    auc_delta: tuple[Estimate, Estimate] | None = None
+    status: str = "ok"  # "ok" | "failed" (the variant could not be built or measured)
+    error: str = ""  # why it failed
+
+
+@dataclass
+class Machine:
+    """The machine the study ran on, for the report's setup section."""
+
+    cpu: str  # CPU model name from /proc/cpuinfo
+    cores: int
+    versions: dict[str, str] = field(default_factory=dict)  # e.g. {"Python": "3.11.7", "torch": "2.13.0"}
+
+    @classmethod
+    def from_tags(cls, tags: dict[str, str]) -> Machine:
+        """Build from reco.tracking.environment_tags() (keys `machine.cpu`, `machine.cores`, `machine.<lib>`).
+
+        Args:
+            tags: the environment tags logged to the MLflow parent run.
+        Returns:
+            Machine with every other `machine.*` tag as a version.
+        """
+        cores = tags.get("machine.cores", "")
+        versions = {
+            k.removeprefix("machine."): v
+            for k, v in tags.items()
+            if k.startswith("machine.") and k not in ("machine.cpu", "machine.cores")
+        }
+        return cls(tags.get("machine.cpu", "unknown"), int(cores) if cores.isdigit() else 0, versions)
+
+    def line(self) -> str:
+        """'Intel Xeon · 2 cores · python 3.11.7 · torch 2.13.0'."""
+        return " · ".join([self.cpu, f"{self.cores} cores", *(f"{k} {v}" for k, v in self.versions.items())])
+
+
+@dataclass
+class StudyContext:
+    """The yardsticks and setup every variant is judged against."""
+
+    experiment: str
+    baseline: str  # name of the baseline variant (the reference of every ratio and ΔAUC)
+    max_auc_drop: float  # accuracy gate: relative ΔAUC limit as a fraction (0.005 = 0.5 %)
+    max_error_rate: float  # latency gate: error rate above this at the common load fails
+    study: StudyOutcome | None = None  # None: no load test (the gate checks accuracy only)
+    machine: Machine | None = None
+    commit: str = ""  # git commit the study ran from
+    targets: dict[str, float] = field(default_factory=dict)  # e.g. {"e2e_speedup": 3.4, "qps_gain": 2.9}
+
+    @property
+    def slo_p99_ms(self) -> float | None:
+        return self.study.slo_p99_ms if self.study else None
+
+    @property
+    def common_rate_qps(self) -> float | None:
+        return self.study.common_rate_qps if self.study else None
+
+    @property
+    def keep_warm(self) -> bool | None:
+        """Whether the servers kept themselves warm between requests; None without a load test."""
+        return self.study.keep_warm if self.study else None

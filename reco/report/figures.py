@@ -1,0 +1,280 @@
+"""The report's figures, derived once from the typed load outcomes: pooled latencies, ratios, gains.
+
+- **Pooling**: a variant's repeats of one kind of run (unloaded, common load, equal utilisation) are
+  pooled over its *valid* repeats; a run whose generator could not vouch for it (`valid=False`) is shown
+  but never feeds a figure a verdict reads. When no repeat is valid the figures come from the invalid
+  ones, marked, and every verdict on them is INVALID.
+- **Latency ratios** (baseline / variant, > 1: the variant is faster) get a percentile-bootstrap CI
+  over the two pooled request samples, plus the median and range of the per-repeat ratios.
+- **Capacity** is the median of the repeats' highest passing rate with their range; the QPS gain's
+  interval is reco.stats.median_ratio_ci over the repeats.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from statistics import median
+
+import numpy as np
+
+from reco.loadtest.outcome import QUANTILES, Capacity, LoadRun
+from reco.report.context import StudyContext, VariantResult
+from reco.stats import (
+    Estimate,
+    Verdict,
+    bootstrap_ci,
+    median_ratio_ci,
+    nearest_rank,
+    quantile_ci,
+    verdict_at_most,
+)
+
+KINDS = ("unloaded", "common", "equal_util")  # LoadOutcome fields holding repeats of LoadRun
+RATIO_QUANTILES = ("p50", "p99")
+SLO_FACTORS = (0.5, 1.0, 2.0)  # SLO sensitivity of the QPS gain
+
+
+@dataclass
+class Latency:
+    """The repeats of one kind of run on one variant, pooled."""
+
+    kind: str  # "unloaded" | "common" | "equal_util"
+    runs: list[LoadRun]  # every repeat, valid or not
+    used: list[LoadRun]  # the repeats the figures come from: the valid ones (all of them when none is)
+    quantiles: dict[str, Estimate]  # QUANTILES key -> pooled e2e latency ms with CI
+    latencies_ms: np.ndarray = field(repr=False)  # [n] pooled over `used`, +inf = failed
+
+    @property
+    def valid(self) -> bool:
+        return any(r.valid for r in self.runs)
+
+    @property
+    def n(self) -> int:
+        return len(self.latencies_ms)
+
+    @property
+    def n_failed(self) -> int:
+        return sum(r.n_failed for r in self.used)
+
+    @property
+    def n_invalid(self) -> int:
+        return sum(not r.valid for r in self.runs)
+
+    @property
+    def error_rate(self) -> float:
+        return self.n_failed / self.n if self.n else 0.0
+
+    @property
+    def qps(self) -> float:
+        return median(r.qps for r in self.used)
+
+    @property
+    def offered_qps(self) -> float | None:
+        rates = [r.offered_qps for r in self.used if r.offered_qps is not None]
+        return median(rates) if rates else None
+
+    @property
+    def mean_ms(self) -> float | None:
+        """Mean of the successful requests over the pooled repeats."""
+        ok = [(r.mean_ms, r.n - r.n_failed) for r in self.used if r.n > r.n_failed]
+        total = sum(w for _, w in ok)
+        return sum(m * w for m, w in ok) / total if total else None
+
+    @property
+    def loadgen_cpu_pct(self) -> float:
+        """The busiest repeat's load-generator CPU (the one closest to saturating it)."""
+        return max(r.loadgen_cpu_pct for r in self.runs)
+
+    def repeats(self, key: str) -> list[float]:
+        """Per-repeat values of quantile `key` that their run's n supports."""
+        return [
+            r.quantiles[key].value for r in self.used if key in r.quantiles and r.quantiles[key].supported
+        ]
+
+    def spread(self, key: str) -> Estimate | None:
+        """Median of the per-repeat `key` with lo/hi = the range over repeats (n = repeats); None when none."""
+        return range_estimate(self.repeats(key))
+
+    def stages(self) -> dict[str, float]:
+        """server_<stage>_mean_ms / _p99_ms, median over the used repeats that reported them."""
+        keys = dict.fromkeys(k for r in self.used for k in r.server_stages)
+        return {k: median(r.server_stages[k] for r in self.used if k in r.server_stages) for k in keys}
+
+    def invalid_reasons(self) -> list[str]:
+        return [r.invalid_reason or "no reason recorded" for r in self.runs if not r.valid]
+
+
+def pool(kind: str, runs: list[LoadRun]) -> Latency | None:
+    """Pool the repeats of one kind of run.
+
+    Args:
+        kind: which LoadOutcome list the runs come from.
+        runs: its repeats.
+    Returns:
+        Latency over the valid repeats (all repeats when none is valid); None when there is no run.
+    """
+    if not runs:
+        return None
+    used = [r for r in runs if r.valid] or list(runs)
+    lat = np.concatenate([np.asarray(r.latencies_ms, np.float64).ravel() for r in used])
+    return Latency(kind, list(runs), used, {k: quantile_ci(lat, q) for k, q in QUANTILES.items()}, lat)
+
+
+@dataclass(frozen=True)
+class Ratio:
+    """A ratio of two variants' figures: bootstrap CI over requests and the range over repeats."""
+
+    pooled: Estimate  # point from the pooled samples, 95 % percentile-bootstrap CI
+    repeats: Estimate | None  # median ratio of the repeats with [min, max] pairwise ratio; None: no repeats
+
+
+def latency_ratio(num: Latency, den: Latency, key: str) -> Ratio:
+    """num's quantile `key` / den's (baseline / variant gives a speed-up).
+
+    Args:
+        num, den: pooled latencies of the two variants (same kind of run).
+        key: a QUANTILES key, e.g. "p99".
+    Returns:
+        Ratio; pooled.value None when either quantile is not supported by its n.
+    """
+    a, b = num.quantiles[key], den.quantiles[key]
+    n = min(a.n, b.n)
+    reps = median_ratio_ci(num.repeats(key), den.repeats(key))
+    reps = reps if reps.supported else None
+    if not (a.supported and b.supported):
+        return Ratio(Estimate(None, None, None, n), reps)
+    point = a.value / b.value if b.value > 0 else math.inf
+    if not math.isfinite(a.value) or not math.isfinite(b.value):  # a failure quantile: no resampling helps
+        return Ratio(Estimate(point, point, point, n), reps)
+    q = QUANTILES[key]
+    boot = bootstrap_ci(
+        lambda x, y: nearest_rank(x, q) / nearest_rank(y, q), [num.latencies_ms, den.latencies_ms]
+    )
+    return Ratio(boot, reps)
+
+
+def highest_pass_at(cap: Capacity, slo_ms: float, max_error_rate: float) -> float:
+    """Highest measured rate of one capacity search whose p99 CI is within `slo_ms` (0.0 when none).
+
+    Re-judges the recorded steps against another SLO: a lower bound on the capacity at that SLO,
+    limited to the rates the search happened to measure.
+    """
+    ok = [
+        s.rate
+        for s in cap.steps
+        if s.run.valid
+        and s.run.error_rate <= max_error_rate
+        and verdict_at_most(s.run.quantiles["p99"], slo_ms) == Verdict.PASS
+    ]
+    return max(ok, default=0.0)
+
+
+def range_estimate(xs: list[float]) -> Estimate | None:
+    """Median of repeats with lo/hi = their range (n = repeats); None when empty."""
+    return Estimate(median(xs), min(xs), max(xs), len(xs)) if xs else None
+
+
+@dataclass
+class VariantFigures:
+    """Every figure the report shows for one variant (gains and ratios vs the baseline)."""
+
+    result: VariantResult
+    is_baseline: bool
+    latency: dict[str, Latency]  # kind -> pooled repeats (only kinds that were measured)
+    capacity: list[Capacity]  # repeats of the capacity search
+    max_qps: Estimate | None  # median highest pass, lo/hi = range over repeats
+    speedup: dict[tuple[str, str], Ratio]  # (kind, quantile) -> baseline / variant latency
+    qps_gain: Estimate | None  # median_ratio_ci of highest passes vs the baseline's
+    max_qps_at: dict[float, Estimate | None]  # SLO factor -> highest measured passing rate, over repeats
+    qps_gain_at: dict[float, Estimate | None]  # SLO factor -> gain vs the baseline at that SLO
+    # speedup, qps_gain and qps_gain_at are empty / None for the baseline itself
+
+    @property
+    def name(self) -> str:
+        return self.result.variant.name
+
+    @property
+    def ok(self) -> bool:
+        return self.result.status == "ok"
+
+    def p99(self, kind: str = "common") -> Estimate | None:
+        lat = self.latency.get(kind)
+        return lat.quantiles["p99"] if lat else None
+
+    def utilisation(self, kind: str) -> float | None:
+        """Offered rate of `kind` / this variant's median capacity at the SLO."""
+        lat = self.latency.get(kind)
+        if lat is None or lat.offered_qps is None or self.max_qps is None or not self.max_qps.value:
+            return None
+        return lat.offered_qps / self.max_qps.value
+
+
+def find_baseline(results: list[VariantResult], ctx: StudyContext) -> VariantResult:
+    for r in results:
+        if r.variant.name == ctx.baseline:
+            return r
+    names = [r.variant.name for r in results]
+    raise ValueError(f"StudyContext.baseline={ctx.baseline!r} is not among the variant results {names}")
+
+
+def _latencies(r: VariantResult) -> dict[str, Latency]:
+    if r.status != "ok" or r.load is None:
+        return {}
+    pooled = {kind: pool(kind, getattr(r.load, kind)) for kind in KINDS}
+    return {k: v for k, v in pooled.items() if v is not None}
+
+
+def _capacity_at(caps: list[Capacity], factor: float, max_error_rate: float) -> list[float]:
+    return [highest_pass_at(c, factor * c.slo_p99_ms, max_error_rate) for c in caps]
+
+
+def _gain(num: list[float], den: list[float]) -> Estimate | None:
+    est = median_ratio_ci(num, den)
+    return est if est.supported else None
+
+
+def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[VariantFigures]:
+    """Derive every variant's figures, in the order of `results`.
+
+    Args:
+        results: one per variant, the baseline among them.
+        ctx: the study's yardsticks.
+    Returns:
+        one VariantFigures per result. Raises ValueError when ctx.baseline is not among the results.
+    """
+    base_res = find_baseline(results, ctx)
+    base_lat = _latencies(base_res)
+    base_caps = base_res.load.capacity if base_res.status == "ok" and base_res.load else []
+    base_at = {f: _capacity_at(base_caps, f, ctx.max_error_rate) for f in SLO_FACTORS}
+    out = []
+    for r in results:
+        is_base = r is base_res  # the reference: no ratios to itself
+        lat = base_lat if is_base else _latencies(r)
+        caps = r.load.capacity if r.status == "ok" and r.load else []
+        at = {f: _capacity_at(caps, f, ctx.max_error_rate) for f in SLO_FACTORS}
+        speedup = {
+            (kind, key): latency_ratio(base_lat[kind], lat[kind], key)
+            for kind in KINDS
+            if kind in lat and kind in base_lat and not is_base
+            for key in RATIO_QUANTILES
+        }
+        highest = [c.highest_pass for c in caps]
+        out.append(
+            VariantFigures(
+                result=r,
+                is_baseline=is_base,
+                latency=lat,
+                capacity=caps,
+                max_qps=range_estimate(highest),
+                speedup=speedup,
+                qps_gain=_gain(highest, [c.highest_pass for c in base_caps])
+                if caps and not is_base
+                else None,
+                max_qps_at={f: range_estimate(at[f]) for f in SLO_FACTORS},
+                qps_gain_at={
+                    f: _gain(at[f], base_at[f]) if at[f] and not is_base else None for f in SLO_FACTORS
+                },
+            )
+        )
+    return out

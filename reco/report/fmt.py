@@ -1,0 +1,82 @@
+"""Text for the report's Markdown: numbers, figures with CIs, table rows. Raw numbers stay raw elsewhere."""
+
+from __future__ import annotations
+
+import math
+
+from reco.stats import Estimate
+
+DASH = "–"
+
+
+def scaled(e: Estimate | None, k: float) -> Estimate | None:
+    """The same figure times k (e.g. a fraction as %)."""
+    if e is None or not e.supported:
+        return e
+    return Estimate(e.value * k, e.lo * k, e.hi * k, e.n)
+
+
+def _spec(x: float | None) -> str:
+    return ".2f" if x is not None and math.isfinite(x) and abs(x) < 10 else ".1f"
+
+
+def num(x: float | None, spec: str | None = None) -> str:
+    """A number, '–' when not measured, 'inf' for a failure; ms-style precision when spec is None."""
+    if x is None:
+        return DASH
+    if math.isinf(x):
+        return "inf"
+    return format(x, spec or _spec(x))
+
+
+def est(e: Estimate | None, spec: str | None = None, unit: str = "") -> str:
+    """'12.3 [11.9, 13.0] (n=4,000)', 'n/a (n=120)', or '–' when not measured."""
+    if e is None:
+        return DASH
+    return e.fmt(spec or _spec(e.value), unit)
+
+
+def short(e: Estimate | None, spec: str | None = None, unit: str = "") -> str:
+    """'12.3 [11.9, 13.0]': est() without n, for tables whose n is stated once."""
+    if e is None:
+        return DASH
+    if not e.supported:
+        return f"n/a (n={e.n:,})"
+    s = spec or _spec(e.value)
+    return f"{num(e.value, s)}{unit} [{num(e.lo, s)}, {num(e.hi, s)}]"
+
+
+def spread(e: Estimate | None, spec: str | None = None, unit: str = "") -> str:
+    """Median and range over repeats: '12.3 (11.9–13.0, 3 runs)'."""
+    if e is None or not e.supported:
+        return DASH
+    s = spec or _spec(e.value)
+    return f"{num(e.value, s)}{unit} ({num(e.lo, s)}–{num(e.hi, s)}, {e.n} run{'s' * (e.n != 1)})"
+
+
+def vs_base(is_baseline: bool, e: Estimate | None, spec: str = ".2f", unit: str = "×") -> str:
+    """A ratio to the baseline; the baseline's own reads '1 (reference)'."""
+    return "1 (reference)" if is_baseline else short(e, spec, unit)
+
+
+def count(x: float | None) -> str:
+    if x is None:
+        return DASH
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(x) >= div:
+            return f"{x / div:.3g}{unit}"
+    return f"{x:.0f}"
+
+
+def one_line(s: str) -> str:
+    """Text safe inside a Markdown table cell (a newline or a pipe would break the row)."""
+    return " ".join(s.split()).replace("|", "\\|")
+
+
+def table(header: list[str], rows: list[list[str]]) -> list[str]:
+    """Markdown table lines; cells are escaped with one_line()."""
+    return [
+        "| " + " | ".join(one_line(h) for h in header) + " |",
+        "|" + "---|" * len(header),
+        *("| " + " | ".join(one_line(c) for c in row) + " |" for row in rows),
+    ]

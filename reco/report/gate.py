@@ -1,0 +1,105 @@
+"""The gate, decided on confidence intervals so that noise cannot flip it.
+
+- **Accuracy**: the relative ΔAUC vs the baseline (DeLong CI on the same test rows) against the limit
+  `-max_auc_drop`: PASS when the CI's lower bound is >= -limit, FAIL when its upper bound is below,
+  INCONCLUSIVE when it straddles the limit.
+- **Latency**: the pooled e2e p99 CI at the common load against the SLO (reco.stats.verdict_at_most);
+  INVALID when no valid run exists, FAIL when the error rate exceeds the cap.
+- **Overall**: the worst of the two, FAIL > INVALID > INCONCLUSIVE > PASS. A figure that was not
+  measured never passes.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from reco.report.context import StudyContext
+from reco.report.figures import VariantFigures
+from reco.report.fmt import est, one_line, scaled
+from reco.stats import Verdict, verdict_at_least, verdict_at_most
+
+SEVERITY = {Verdict.PASS: 0, Verdict.INCONCLUSIVE: 1, Verdict.INVALID: 2, Verdict.FAIL: 3}
+
+
+def worst(*verdicts: Verdict | None) -> Verdict:
+    """The most severe of the verdicts given (None = not applicable); PASS when none applies."""
+    return max((v for v in verdicts if v is not None), key=SEVERITY.__getitem__, default=Verdict.PASS)
+
+
+@dataclass(frozen=True)
+class Decision:
+    verdict: Verdict
+    reason: str  # the figure with its CI against the limit
+
+
+@dataclass(frozen=True)
+class Gate:
+    accuracy: Decision
+    latency: Decision | None  # None: no SLO (no load test), the gate checks accuracy only
+
+    @property
+    def overall(self) -> Verdict:
+        return worst(self.accuracy.verdict, self.latency.verdict if self.latency else None)
+
+    @property
+    def reason(self) -> str:
+        """Why not PASS: the reasons of the parts that did not pass ('' when it passed)."""
+        parts = [d for d in (self.accuracy, self.latency) if d is not None and d.verdict != Verdict.PASS]
+        return "; ".join(
+            dict.fromkeys(f"{d.verdict}: {d.reason}" for d in parts)
+        )  # a failed variant fails both
+
+
+def accuracy_gate(f: VariantFigures, ctx: StudyContext) -> Decision:
+    """Relative ΔAUC CI vs -ctx.max_auc_drop.
+
+    Args:
+        f: the variant's figures (its result carries auc_delta).
+        ctx: the limit and the baseline's name.
+    Returns:
+        Decision with the figure and CI in the reason.
+    """
+    if not f.ok:
+        return Decision(Verdict.FAIL, "variant failed (see its status)")
+    if f.is_baseline:
+        return Decision(Verdict.PASS, "the reference")
+    if f.result.auc_delta is None:
+        return Decision(Verdict.INCONCLUSIVE, "no ΔAUC vs the baseline measured")
+    rel = f.result.auc_delta[1]
+    limit = -ctx.max_auc_drop
+    v = verdict_at_least(rel, limit)
+    relation = {Verdict.PASS: "above", Verdict.FAIL: "below"}.get(v, "straddles")
+    return Decision(v, f"ΔAUC {est(scaled(rel, 100), '+.2f', '%')} {relation} the limit {limit:+.2%}")
+
+
+def latency_gate(f: VariantFigures, ctx: StudyContext) -> Decision | None:
+    """Pooled e2e p99 CI at the common load vs the SLO; None when the study has no SLO."""
+    slo = ctx.slo_p99_ms
+    if slo is None:
+        return None
+    if not f.ok:
+        return Decision(Verdict.FAIL, "variant failed (see its status)")
+    load = f.result.load
+    if load is None:
+        return Decision(Verdict.INVALID, "not load-tested")
+    if load.error:
+        return Decision(Verdict.INVALID, f"load test failed: {one_line(load.error)[:200]}")
+    common = f.latency.get("common")
+    if common is None:
+        return Decision(Verdict.INVALID, "no run at the common load")
+    if not common.valid:
+        reasons = "; ".join(sorted(set(common.invalid_reasons())))
+        return Decision(Verdict.INVALID, f"every run at the common load is invalid ({reasons})")
+    if common.error_rate > ctx.max_error_rate:
+        return Decision(Verdict.FAIL, f"error rate {common.error_rate:.2%} > cap {ctx.max_error_rate:.2%}")
+    p99 = common.quantiles["p99"]
+    v = verdict_at_most(p99, slo)
+    if not p99.supported:
+        return Decision(v, f"e2e p99 {est(p99)}: too few requests for a p99 CI")
+    relation = {Verdict.PASS: "within", Verdict.FAIL: "above"}.get(v, "straddles")
+    return Decision(v, f"e2e p99 {est(p99, unit=' ms')} {relation} the SLO {slo:g} ms")
+
+
+def gate(f: VariantFigures, ctx: StudyContext) -> Gate:
+    """Both parts of the gate for one variant."""
+    return Gate(accuracy_gate(f, ctx), latency_gate(f, ctx))

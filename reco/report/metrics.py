@@ -1,0 +1,107 @@
+"""Flat per-variant metrics with CI bounds: what the pipeline logs to each MLflow child run and the CSV holds.
+
+Names extend the README's metric contract (`e2e_p99_ms`, `max_qps_at_slo`, ...) with `_lo` / `_hi`
+bounds. Figures at the common load are pooled over the valid repeats. A quantile the sample cannot
+support is left out (never logged as its maximum). Verdicts are coded PASS 1, INCONCLUSIVE 0.5,
+FAIL 0, INVALID -1 (VERDICT_CODE).
+"""
+
+from __future__ import annotations
+
+from statistics import median
+
+from reco.loadtest.outcome import QUANTILES
+from reco.report.context import StudyContext, VariantResult
+from reco.report.figures import SLO_FACTORS, Latency, VariantFigures, study_figures
+from reco.report.gate import Gate, gate
+from reco.stats import Estimate, Verdict
+
+VERDICT_CODE = {Verdict.PASS: 1.0, Verdict.INCONCLUSIVE: 0.5, Verdict.FAIL: 0.0, Verdict.INVALID: -1.0}
+PREFIX = {"common": "", "unloaded": "unloaded_", "equal_util": "equal_util_"}  # README: unloaded_e2e_p99_ms
+
+
+def with_ci(name: str, e: Estimate | None) -> dict[str, float]:
+    """{name, name_lo, name_hi} when the figure is supported, else {}."""
+    if e is None or not e.supported:
+        return {}
+    return {name: e.value, f"{name}_lo": e.lo, f"{name}_hi": e.hi}
+
+
+def outside_handler(lat: Latency) -> dict[str, float]:
+    """Client e2e minus the server's handler total, for the mean and p99 (time in accept/parse/backlog)."""
+    stages, out = lat.stages(), {}
+    if lat.mean_ms is not None and "server_total_mean_ms" in stages:
+        out["outside_handler_mean_ms"] = lat.mean_ms - stages["server_total_mean_ms"]
+    p99 = lat.quantiles["p99"]
+    if p99.supported and "server_total_p99_ms" in stages:
+        out["outside_handler_p99_ms"] = p99.value - stages["server_total_p99_ms"]
+    return out
+
+
+def _latency(kind: str, lat: Latency) -> dict[str, float]:
+    pre = PREFIX[kind]
+    m: dict[str, float] = {}
+    for key in QUANTILES:
+        m |= with_ci(f"{pre}e2e_{key}_ms", lat.quantiles[key])
+    m |= {f"{pre}n_requests": lat.n, f"{pre}n_failures": lat.n_failed, f"{pre}error_rate": lat.error_rate}
+    m |= {f"{pre}qps": lat.qps, f"{pre}loadgen_cpu_pct": lat.loadgen_cpu_pct, f"{pre}valid": float(lat.valid)}
+    m |= {f"{pre}n_repeats": len(lat.runs), f"{pre}n_invalid_runs": lat.n_invalid}
+    spread = lat.spread("p99")
+    if spread is not None:
+        m |= {f"{pre}e2e_p99_ms_rep_median": spread.value, f"{pre}e2e_p99_ms_rep_min": spread.lo}
+        m[f"{pre}e2e_p99_ms_rep_max"] = spread.hi
+    if kind == "common":
+        m |= lat.stages() | outside_handler(lat)
+    return m
+
+
+def variant_metrics(f: VariantFigures, g: Gate, ctx: StudyContext) -> dict[str, float]:
+    """Every figure of one variant as MLflow metrics (name -> float).
+
+    Args:
+        f: the variant's figures (reco.report.figures.study_figures).
+        g: its gate (reco.report.gate.gate).
+        ctx: the study (SLO and common load are repeated on every child run for MLflow's compare view).
+    Returns:
+        flat dict; figures that were not measured or not supported are absent.
+    """
+    m: dict[str, float] = {"gate": VERDICT_CODE[g.overall], "gate_accuracy": VERDICT_CODE[g.accuracy.verdict]}
+    if g.latency is not None:
+        m["gate_latency"] = VERDICT_CODE[g.latency.verdict]
+    if ctx.slo_p99_ms is not None:
+        m["slo_p99_ms"] = ctx.slo_p99_ms
+    if ctx.common_rate_qps is not None:
+        m["common_rate_qps"] = ctx.common_rate_qps
+    if f.result.auc_delta is not None:
+        m |= with_ci("auc_delta", f.result.auc_delta[0]) | with_ci("auc_delta_rel", f.result.auc_delta[1])
+    for kind, lat in f.latency.items():
+        m |= _latency(kind, lat)
+        util = f.utilisation(kind)
+        if util is not None:
+            m[f"{PREFIX[kind] or 'common_'}utilisation"] = util
+    for (kind, key), ratio in f.speedup.items():
+        m |= with_ci(f"speedup_{key}_{kind}", ratio.pooled)
+    m |= with_ci("max_qps_at_slo", f.max_qps) | with_ci("qps_gain", f.qps_gain)
+    fails = [c.lowest_fail for c in f.capacity if c.lowest_fail is not None]
+    if fails:
+        m["lowest_fail_qps"] = median(fails)
+    for factor in SLO_FACTORS:
+        if factor != 1.0:
+            m |= with_ci(f"max_qps_at_slo_x{factor:g}", f.max_qps_at[factor])
+            m |= with_ci(f"qps_gain_at_slo_x{factor:g}", f.qps_gain_at[factor])
+    check = f.result.load.correctness if f.result.load else None
+    if check is not None:
+        m |= {"correctness_max_abs_diff": check.max_abs_diff, "correctness_passed": float(check.passed)}
+    return m
+
+
+def study_metrics(results: list[VariantResult], ctx: StudyContext) -> dict[str, dict[str, float]]:
+    """variant_metrics() of every variant, keyed by variant name, for the pipeline to log to its child runs.
+
+    Args:
+        results: one per variant, the baseline among them.
+        ctx: the study's yardsticks.
+    Returns:
+        {variant name: {metric name: value}}.
+    """
+    return {f.name: variant_metrics(f, gate(f, ctx), ctx) for f in study_figures(results, ctx)}

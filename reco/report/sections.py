@@ -1,0 +1,303 @@
+"""The report's comparison sections: like-for-like latency, throughput and its SLO sensitivity, what each
+step bought, repeats, where the time goes, correctness under load, and every capacity step.
+
+Each returns Markdown lines; every figure carries its CI or range and says which.
+"""
+
+from __future__ import annotations
+
+from reco.report.context import StudyContext
+from reco.report.figures import KINDS, SLO_FACTORS, VariantFigures
+from reco.report.fmt import DASH, est, num, one_line, short, spread, table, vs_base
+from reco.report.metrics import outside_handler
+
+KIND_LABEL = {"unloaded": "unloaded", "common": "at the common load", "equal_util": "at equal utilisation"}
+
+
+def _pct(x: float | None) -> str:
+    return DASH if x is None else f"{x:.0%}"
+
+
+def _ratio(f: VariantFigures, kind: str, key: str = "p99") -> str:
+    r = f.speedup.get((kind, key))
+    if f.is_baseline:
+        return vs_base(True, None)
+    if r is None:
+        return DASH
+    reps = (
+        f" (runs {num(r.repeats.lo, '.2f')}–{num(r.repeats.hi, '.2f')})"
+        if r.repeats and r.repeats.n > 1
+        else ""
+    )
+    return short(r.pooled, ".2f", "×") + reps
+
+
+def like_for_like(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
+    """The three latency ratios (baseline / variant) with CIs, and each variant's unloaded latency."""
+    rows = []
+    for f in figs:
+        un = f.latency.get("unloaded")
+        if not f.latency:
+            continue
+        rows.append(
+            [
+                f"`{f.name}`",
+                short(un.quantiles["p50"]) if un else DASH,
+                short(un.quantiles["p99"]) if un else DASH,
+                f"{un.n:,}" if un else DASH,
+                _ratio(f, "unloaded", "p50"),
+                _ratio(f, "unloaded"),
+                _pct(f.utilisation("equal_util")),
+                _ratio(f, "equal_util"),
+                _pct(f.utilisation("common")),
+                _ratio(f, "common"),
+            ]
+        )
+    if not rows:
+        return ["No variant was load-tested."]
+    header = [
+        "variant",
+        "unloaded p50 ms [CI]",
+        "unloaded p99 ms [CI]",
+        "unloaded n",
+        "speed-up p50 unloaded",
+        "speed-up p99 unloaded",
+        "util. (equal)",
+        "speed-up p99 equal util.",
+        "util. (common)",
+        "speed-up p99 common load",
+    ]
+    return [
+        "Speed-up = baseline latency / variant latency (> 1: faster), with a 95 % bootstrap CI over the "
+        "pooled requests and, in parentheses, the range of the per-repeat ratios. Utilisation = offered "
+        "rate / the variant's own median capacity at the SLO.",
+        "",
+        "- **Like for like: unloaded** (one request at a time: what the model and the server cost) and "
+        "**at equal utilisation** (each variant at the same fraction of its own capacity).",
+        "- **Not like for like: at the common load.** Every variant gets the same offered rate, so a slow "
+        "baseline runs near its capacity and queues while a fast variant idles; that ratio measures the "
+        "baseline's queue as much as the model.",
+        "",
+        *table(header, rows),
+    ]
+
+
+def throughput(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
+    """QPS gain with its interval, each repeat's bracket, and the gain at 0.5x / 1x / 2x the SLO."""
+    caps = [f for f in figs if f.capacity]
+    if not caps or ctx.slo_p99_ms is None:
+        return ["No capacity search was run."]
+    rows = []
+    for f in caps:
+        brackets = ", ".join(
+            f"[{c.highest_pass:.0f}, {num(c.lowest_fail, '.0f') if c.lowest_fail is not None else 'open'}]"
+            for c in f.capacity
+        )
+        rows.append([f"`{f.name}`", spread(f.max_qps, ".0f"), brackets, vs_base(f.is_baseline, f.qps_gain)])
+    slo = ctx.slo_p99_ms
+    sens = [
+        [f"`{f.name}`"]
+        + [
+            f"{spread(f.max_qps_at[k], '.0f')}; gain {vs_base(f.is_baseline, f.qps_gain_at[k])}"
+            for k in SLO_FACTORS
+        ]
+        for f in caps
+    ]
+    return [
+        "Max QPS at the SLO = the highest rate whose p99 CI lies within the SLO (median over repeats, range "
+        "in parentheses); each repeat's bracket is [highest pass, lowest fail] in req/s. The gain's interval "
+        "is the range of the per-repeat ratios (reco.stats.median_ratio_ci).",
+        "",
+        *table(["variant", "max QPS @SLO", "brackets per repeat", "QPS gain vs baseline"], rows),
+        "",
+        "### SLO sensitivity",
+        "",
+        "Each measured capacity step re-judged against 0.5×, 1× and 2× the SLO (its recorded p99 CI and error "
+        "rate); the highest passing rate **among the rates the search measured** is a lower bound limited to "
+        "the search's grid, which was laid out around the 1× SLO. 0 = no measured rate passed.",
+        "",
+        *table(["variant", *(f"{k:g}× SLO ({k * slo:.3g} ms)" for k in SLO_FACTORS)], sens),
+    ]
+
+
+def _rel_auc(f: VariantFigures) -> float | None:
+    """Relative ΔAUC vs the baseline (0 for the baseline itself)."""
+    if f.is_baseline:
+        return 0.0
+    return f.result.auc_delta[1].value if f.result.auc_delta else None
+
+
+def attribution(figs: list[VariantFigures]) -> list[str]:
+    """Parent -> child: what each step bought in latency and throughput and cost in AUC."""
+    by_name = {f.name: f for f in figs}
+    rows = []
+    for f in figs:
+        parent = by_name.get(f.result.variant.parent or "")
+        if parent is None or not (f.ok and parent.ok):
+            continue
+        a, b = _rel_auc(f), _rel_auc(parent)
+        d_auc = a - b if a is not None and b is not None else None
+        size = parent.result.variant.size_mb / f.result.variant.size_mb if f.result.variant.size_mb else None
+        gain = None
+        if parent.max_qps and f.max_qps and parent.max_qps.value:
+            gain = f.max_qps.value / parent.max_qps.value
+        rows.append(
+            [
+                f.result.variant.step,
+                f"`{parent.name}` → `{f.name}`",
+                f"{short(parent.p99())} → {short(f.p99())}",
+                num(None if d_auc is None else d_auc * 100, "+.2f"),
+                num(size, ".2f"),
+                num(gain, ".2f"),
+            ]
+        )
+    if not rows:
+        return ["No variant with a successful parent to compare against."]
+    header = [
+        "step",
+        "parent → variant",
+        "e2e p99 ms @common",
+        "ΔAUC vs parent % (point)",
+        "× smaller",
+        "QPS ×",
+    ]
+    return [
+        "Size: parent / child (> 1: smaller); QPS: child / parent median capacity. ΔAUC vs parent is the "
+        "difference of the two ΔAUCs vs the baseline (point estimates; the CIs are vs the baseline).",
+        "",
+        *table(header, rows),
+    ]
+
+
+def repeats(figs: list[VariantFigures]) -> list[str]:
+    """Median and range across repeats of every kind of run (drift shows here, not in the pooled CI)."""
+    rows = []
+    for f in figs:
+        for kind in KINDS:
+            lat = f.latency.get(kind)
+            if lat is None:
+                continue
+            invalid = f" ({lat.n_invalid} invalid)" if lat.n_invalid else ""
+            rows.append(
+                [
+                    f"`{f.name}`",
+                    KIND_LABEL[kind],
+                    f"{len(lat.runs)}{invalid}",
+                    spread(lat.spread("p50")),
+                    spread(lat.spread("p99")),
+                    est(lat.quantiles["p99"]),
+                    num(lat.offered_qps, ".1f"),
+                ]
+            )
+    if not rows:
+        return ["No load runs."]
+    header = [
+        "variant",
+        "run",
+        "repeats",
+        "p50 ms median (range)",
+        "p99 ms median (range)",
+        "p99 pooled",
+        "offered",
+    ]
+    return table(header, rows)
+
+
+def stages(figs: list[VariantFigures]) -> list[str]:
+    """Client e2e vs the server's handler total at the common load, and the gap between them."""
+    rows = []
+    for f in figs:
+        lat = f.latency.get("common")
+        if lat is None:
+            continue
+        st, out = lat.stages(), outside_handler(lat)
+        rows.append(
+            [
+                f"`{f.name}`",
+                num(lat.mean_ms),
+                num(st.get("server_total_mean_ms")),
+                num(out.get("outside_handler_mean_ms")),
+                short(lat.quantiles["p99"]),
+                num(st.get("server_total_p99_ms")),
+                num(out.get("outside_handler_p99_ms")),
+            ]
+        )
+    if not rows:
+        return ["No load runs."]
+    header = [
+        "variant",
+        "e2e mean",
+        "server total mean",
+        "outside mean",
+        "e2e p99",
+        "server total p99",
+        "outside p99",
+    ]
+    return [
+        "The server's `total` (Server-Timing and Prometheus) runs from handler entry to just before the "
+        "response body is written; accept, HTTP parsing, event-loop backlog, writing the body and the "
+        "network are **outside the handler** = client e2e − server total (ms). Server quantiles come from "
+        "Prometheus buckets (interpolated), and a difference of p99s is only indicative.",
+        "",
+        *table(header, rows),
+    ]
+
+
+def correctness(figs: list[VariantFigures]) -> list[str]:
+    """Scores under load vs offline scores, per variant."""
+    rows = []
+    for f in figs:
+        c = f.result.load.correctness if f.result.load else None
+        if c is not None:
+            verdict = "PASS" if c.passed else "**FAIL**"
+            rows.append(
+                [f"`{f.name}`", f"{c.n_requests:,}", f"{c.max_abs_diff:.2e}", f"{c.tolerance:.0e}", verdict]
+            )
+    if not rows:
+        return ["Not checked in this study."]
+    return table(["variant", "requests checked", "max |Δ score|", "tolerance", "verdict"], rows)
+
+
+def invalid_runs(figs: list[VariantFigures]) -> list[str]:
+    """Every run whose generator could not vouch for it; excluded from figures and verdicts."""
+    lines = []
+    for f in figs:
+        for kind, lat in f.latency.items():
+            for i, r in enumerate(lat.runs, 1):
+                if not r.valid:
+                    lines.append(
+                        f"- `{f.name}` {KIND_LABEL[kind]} run {i}: {one_line(r.invalid_reason) or 'no reason'} "
+                        f"(load generator CPU {r.loadgen_cpu_pct:.0f} %)"
+                    )
+        for i, c in enumerate(f.capacity, 1):
+            bad = [s for s in c.steps if not s.run.valid]
+            if bad:
+                rates = ", ".join(f"{s.rate:g}" for s in bad)
+                lines.append(f"- `{f.name}` capacity search {i}: steps at {rates} req/s invalid")
+    return lines
+
+
+def capacity_steps(figs: list[VariantFigures]) -> list[str]:
+    """Every step of every capacity search, per variant."""
+    out = []
+    for f in figs:
+        if not f.capacity:
+            continue
+        rows = [
+            [
+                str(i),
+                f"{s.rate:g}",
+                f"{s.run.qps:.1f}",
+                f"{s.run.n:,}",
+                short(s.run.quantiles.get("p99")),
+                f"{s.run.error_rate:.2%}",
+                "yes" if s.run.valid else f"**no**: {s.run.invalid_reason}",
+                str(s.verdict),
+                s.reason,
+            ]
+            for i, c in enumerate(f.capacity, 1)
+            for s in sorted(c.steps, key=lambda s: s.rate)
+        ]
+        header = ["repeat", "rate", "achieved QPS", "n", "p99 ms [CI]", "errors", "valid", "verdict", "why"]
+        out += [f"### `{f.name}`", "", *table(header, rows), ""]
+    return out or ["No capacity search was run."]

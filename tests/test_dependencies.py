@@ -1,0 +1,84 @@
+"""Declared dependencies match what the code imports, and `make` installs the locked versions."""
+
+from __future__ import annotations
+
+import ast
+import re
+import sys
+import tomllib
+from importlib.metadata import packages_distributions
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+# Installed by the Makefile before pyproject (torchrec --no-deps would otherwise pull CUDA FBGEMM).
+MAKEFILE_INSTALLED = {"torchrec", "fbgemm-gpu-cpu"}
+# Declared without a direct import, each for a reason.
+NOT_IMPORTED = {
+    "tensordict": "torchrec's run-time dependency (torchrec is installed --no-deps)",
+    "torchmetrics": "torchrec's run-time dependency",
+    "pyre-extensions": "torchrec's run-time dependency",
+    "iopath": "torchrec's run-time dependency",
+    "onnxscript": "the dynamo ONNX exporter (accelerate.exporter=dynamo) imports it inside torch",
+    "uvicorn": "imported by reco.serve; [standard] brings uvloop/httptools it picks up itself",
+}
+
+
+def _norm(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def declared() -> set[str]:
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    reqs = meta["dependencies"] + [r for extra in meta["optional-dependencies"].values() for r in extra]
+    return {_norm(re.split(r"[<>=!~\[; ]", r, maxsplit=1)[0]) for r in reqs}
+
+
+def imported_distributions(paths: list[Path]) -> dict[str, str]:
+    """{distribution: first file importing it} for every third-party top-level import under `paths`."""
+    dists = packages_distributions()
+    found: dict[str, str] = {}
+    for root in paths:
+        for f in sorted(root.rglob("*.py")):
+            for node in ast.walk(ast.parse(f.read_text())):
+                if isinstance(node, ast.Import):
+                    mods = [a.name for a in node.names]
+                elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                    mods = [node.module]
+                else:
+                    continue
+                for m in mods:
+                    top = m.split(".")[0]
+                    if top in sys.stdlib_module_names or top in ("reco", "conftest", "__future__"):
+                        continue
+                    for d in dists.get(top, [top]):
+                        found.setdefault(_norm(d), str(f.relative_to(ROOT)))
+    return found
+
+
+def test_every_import_is_declared():
+    runtime = imported_distributions([ROOT / "reco", ROOT / "loadtest"])
+    tests = imported_distributions([ROOT / "tests"])
+    known = declared() | MAKEFILE_INSTALLED
+    missing = {d: f for d, f in {**tests, **runtime}.items() if d not in known}
+    assert not missing, f"imported but not declared in pyproject.toml: {missing}"
+
+
+def test_every_declaration_is_used():
+    used = set(imported_distributions([ROOT / "reco", ROOT / "loadtest", ROOT / "tests"]))
+    unused = declared() - used - set(NOT_IMPORTED) - {"pytest-timeout", "ruff", "setuptools"}
+    assert not unused, f"declared in pyproject.toml but never imported (nor explained): {sorted(unused)}"
+
+
+def test_orjson_is_pinned_past_its_cve():
+    meta = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    pin = next(r for r in meta["dependencies"] if r.startswith("orjson"))
+    assert ">=3.9.15" in pin, pin  # CVE-2024-27454: unbounded recursion on deeply nested input
+
+
+def test_make_installs_from_the_lock():
+    make = (ROOT / "Makefile").read_text()
+    lock = (ROOT / "requirements.lock").read_text()
+    assert "-c requirements.lock" in make
+    pins = dict(re.findall(r"^([A-Za-z0-9_.-]+)==(\S+)$", lock, flags=re.M))
+    for d in declared() | MAKEFILE_INSTALLED:
+        assert any(_norm(k) == d for k in pins), f"{d} is not pinned in requirements.lock"
