@@ -307,3 +307,26 @@ def test_model_layout_is_unchanged_for_other_backends(tmp_path, data):
     vdir, _ = make_variant(data, tmp_path)
     v = Variant.load(vdir)
     assert v.serving_role == "torch" and load_scorer(v)(*real_batch(data.test, 4)).shape == (4,)
+
+
+def test_pruned_parent_keeps_its_id_maps_in_both_runtimes(data, trainer, tmp_path):
+    """A parent whose tables hold fewer rows than ids (prune's id maps): both runtimes map ids the same way."""
+    base = DLRMConfig.from_schema(data.schema, embedding_dim=8, bottom=[16, 8], top=[16])
+    for t in base.tables:
+        if t.feature in ("user_id", "item_id"):
+            t.num_rows = t.cardinality // 3
+            base.remapped.append(t.feature)
+    torch.manual_seed(1)
+    model = DLRM(base)
+    for f in base.remapped:
+        m = model.id_map(f)
+        m.copy_(torch.randint(0, m.numel() // 3, m.shape, dtype=torch.int32))
+    p = Variant("pruned", "prune", None, "torch", {}, dir=str(tmp_path / "pruned"))
+    p.save_torch(model)
+    p.save()
+    over = {"precisions": ["int4"], "budget": 1.0, "sweep_rows": 500}
+    t = build(p, data, trainer, tmp_path / "t", runtime="torch", **over)
+    o = build(p, data, trainer, tmp_path / "o", runtime="onnxruntime", **over)
+    assert qmodel.load(t).id_map("user_id").equal(model.id_map("user_id"))
+    batch = random_batch(model, 500, data.test.ids.shape[2], seed=2)  # ids over the full cardinality
+    assert np.abs(load_scorer(t)(*batch) - load_scorer(o)(*batch)).max() < 1e-5

@@ -142,8 +142,8 @@ def run(parent: Variant | None, data: Dataset, cfg: EmbedQuantConfig, ctx: StepR
     v.params, v.flops_per_candidate = count_params(model), flops_per_candidate(model.cfg)
     v.runtime["embed_quant"] = {"precision": {f: p.value for f, p in choice.precision.items()}}
     batches = {
-        "random": random_batch(model, cfg.parity_rows, data.test.ids.shape[2], seed=0),
-        "real": real_batch(data.test, cfg.parity_rows),
+        "random": random_batch(model, cfg.parity_rows, data.val.ids.shape[2], seed=0),
+        "real": real_batch(data.val, cfg.parity_rows),
     }
     report: dict = {"runtime": cfg.runtime.value, "sweep_seconds": sweep_s}
     if cfg.runtime is Runtime.torch:
@@ -228,7 +228,7 @@ def build_onnx(
     final = v.path / "model.onnx"
     try:
         fp32 = work / "fp32.onnx"
-        export_onnx(model, fp32, data.test.take(slice(0, 8)), cfg.opset, cfg.exporter.value)
+        export_onnx(model, fp32, data.val.take(slice(0, 8)), cfg.opset, cfg.exporter.value)
         emb = onnx.load(str(fp32))
         gathers = replace_tables(emb, floats, tables)
         onnx.checker.check_model(emb)
@@ -254,7 +254,7 @@ def build_onnx(
     v.add_artifact("onnx", "model.onnx")
     v.runtime["ort"] = {}
     if cfg.tune is not None:
-        best, table = tune(final, data.test, cfg.tune)
+        best, table = tune(final, data.val, cfg.tune)
         v.runtime["ort"] = best
         report["tuning"] = {"n_candidates": cfg.tune.n_candidates, "chosen": best, "table": table}
     return report
