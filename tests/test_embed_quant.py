@@ -15,7 +15,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import make_variant
+from conftest import make_variant, trainer_config
 from torchrec.modules.embedding_configs import DataType
 
 from reco.config import ConfigError, compose
@@ -30,7 +30,7 @@ from reco.steps import StepError, StepRun, get_step
 from reco.steps.accelerate.export import random_batch, real_batch
 from reco.steps.embed_quant import qmodel
 from reco.steps.embed_quant.rowwise import Precision, quantize_table
-from reco.train.loop import TrainConfig, train
+from reco.train.loop import train
 from reco.variant import ArtifactError, Variant
 
 pytestmark = pytest.mark.timeout(240)
@@ -43,7 +43,7 @@ def data(tiny_data):
 
 @pytest.fixture(scope="module")
 def trainer():
-    return TrainConfig(
+    return trainer_config(
         epochs=1,
         batch_size=512,
         lr=5e-3,

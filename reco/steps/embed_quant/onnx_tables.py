@@ -5,9 +5,10 @@ For a table at INTn (rowwise.py's format) the float initializer [N, d] and its G
     scale   fp16 [N, 1]       --Gather(ids)--> Cast(float) ----------------------------> Mul
     bias    fp16 [N, 1]       --Gather(ids)--> Cast(float) ----------------------------> Add -> (old output)
 and at fp16: Gather from an fp16 initializer, then Cast(float). Only rows that are looked up are
-dequantized (a [B, L, d] block per table), the stored table stays at its precision. Unpacking an n-bit
-digit is exact float arithmetic on byte values < 256: digit_j = floor(x / 2^(n*j)) - 2^n * floor(x /
-2^(n*(j+1))), digits interleaved lowest first, as FBGEMM packs them.
+dequantized (a [B, L, d] block per table), the stored table stays at its precision. INT4/INT2 codes are
+unpacked by a second Gather from a 256-row table of each byte's digits (lowest first, as FBGEMM packs
+them): measured on the 28.9M-parameter DLRM with dense INT8, that costs ~X ms per 500 candidates where
+unpacking with Floor/Mul/Sub/Concat arithmetic cost ~1.6 ms.
 
 Tables are found by content, not name: the initializer whose values equal the model's table (the
 torchscript and dynamo exporters name initializers differently, ORT's pre-processing may rename them).
@@ -80,6 +81,13 @@ def replace_tables(proto: onnx.ModelProto, floats: dict[str, np.ndarray], tables
     return n
 
 
+def digit_table(bits: int) -> np.ndarray:
+    """float32 [256, 8 / bits]: row v holds the `bits`-bit digits of byte v, lowest first (FBGEMM's packing)."""
+    v = np.arange(256)[:, None]
+    shifts = bits * np.arange(8 // bits)[None, :]
+    return ((v >> shifts) & (2**bits - 1)).astype(np.float32)
+
+
 class _Builder:
     """Appends nodes with unique output names under one prefix."""
 
@@ -109,26 +117,18 @@ def _lookup(g: _Builder, feature: str, q: QTable, ids: str, out: str) -> list[on
     codes = numpy_helper.from_array(q.data.numpy(), f"emb_{feature}.{q.precision.value}")
     scale = numpy_helper.from_array(np.ascontiguousarray(sb[:, :1]), f"emb_{feature}.scale")
     bias = numpy_helper.from_array(np.ascontiguousarray(sb[:, 1:]), f"emb_{feature}.bias")
-    x = g("Cast", [g("Gather", [codes.name, ids], axis=0)], to=f32)  # [.., bytes] byte values
+    rows = g("Gather", [codes.name, ids], axis=0)  # [.., bytes] uint8
     bits = q.precision.bits
-    if bits < 8:
-        k = 8 // bits  # digits per byte
-        floors = [x] + [
-            g("Floor", [g("Mul", [x, g.const(np.float32(2.0 ** (-bits * j)))])]) for j in range(1, k)
-        ]
-        radix = g.const(np.float32(2.0**bits))
-        last = g.const(np.array([-1], np.int64))
-        digits = [
-            g(
-                "Unsqueeze",
-                [floors[j] if j == k - 1 else g("Sub", [floors[j], g("Mul", [floors[j + 1], radix])]), last],
-            )
-            for j in range(k)
-        ]
-        stacked = g("Concat", digits, axis=-1)  # [.., bytes, k], lowest digit first
-        lead = g("Shape", [stacked], end=-2)
-        shape = g("Concat", [lead, g.const(np.array([q.dim], np.int64))], axis=0)
-        x = g("Reshape", [stacked, shape])  # [.., d]
+    if bits == 8:
+        x = g("Cast", [rows], to=f32)
+    else:
+        # One more Gather instead of arithmetic: byte value -> its 8/bits digits, lowest first.
+        lut = g.const(digit_table(bits))  # [256, 8 / bits] float32
+        digits = g("Gather", [lut, g("Cast", [rows], to=TensorProto.INT32)], axis=0)  # [.., bytes, 8/bits]
+        lead = g("Shape", [digits], end=-2)
+        x = g(
+            "Reshape", [digits, g("Concat", [lead, g.const(np.array([q.dim], np.int64))], axis=0)]
+        )  # [.., d]
     s = g("Cast", [g("Gather", [scale.name, ids], axis=0)], to=f32)  # [.., 1]
     b = g("Cast", [g("Gather", [bias.name, ids], axis=0)], to=f32)
     g("Add", [g("Mul", [x, s]), b], out)
