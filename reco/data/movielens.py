@@ -11,11 +11,13 @@ Features: user_id, age (the ml-1m buckets 1/18/25/35/45/50/56; ml-100k ages are 
 way), gender, occupation, zip_prefix (user side, when a user file exists); item_id, genres
 (multi-valued, at most `max_genres`) (item side); hour, weekday of the rating in UTC (context).
 Dense: release_year (from the item file), item_pop and user_activity = log(1 + ratings in the TRAIN
-split), standardised with train statistics (see reco.data.table for the shared encoding rules).
+split), standardised with train statistics (see reco.data.encode for the shared encoding rules).
 
 Rows are ordered by timestamp (ties: file order) and split 80/10/10. A rating line missing its user,
 item, rating or timestamp is skipped and counted in `Dataset.skipped` as "<field>_missing"; a line
-with the wrong number of fields raises naming the file and line.
+with the wrong number of fields, or a rating off its layout's scale (1..5 stars for 100k and 1m,
+0.5..5 in half stars for 20m and 25m), raises naming the file and line. Ratings are converted to
+numbers one chunk of lines at a time, so the text of the file is never held whole.
 """
 
 from __future__ import annotations
@@ -27,8 +29,10 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from reco.data.encode import DenseColumn, SparseColumn, frame_to_dataset
 from reco.data.schema import Dataset, time_split
-from reco.data.table import DenseColumn, SparseColumn, frame_to_dataset, numeric, read_delimited, show
+from reco.data.text import TextFormat, read_chunks, read_frames
+from reco.data.values import arrow_numeric, numeric, show
 
 PARQUET = {
     "data": "MovieLens100k_data.parquet.brotli",
@@ -44,6 +48,22 @@ AGE_EDGES = (18, 25, 35, 45, 50, 56)  # ml-1m's age groups
 AGE_CODES = np.array([1, 18, 25, 35, 45, 50, 56])
 CHUNK_ROWS = 1_000_000  # lines parsed at a time; bounds the parser's temporary memory
 RATING_FIELDS = ["user_id", "item_id", "rating", "timestamp"]
+STARS = tuple(float(r) for r in range(1, 6))
+HALF_STARS = tuple(r / 2 for r in range(1, 11))
+RATING_SCALES = {"100k": STARS, "1m": STARS, "20m": HALF_STARS, "25m": HALF_STARS}
+
+
+@dataclass
+class MovieLensConfig:
+    """`data.params` of the movielens loader; values in conf/data/movielens*.yaml (documented there)."""
+
+    path: str  # the extracted GroupLens directory (or the ml-100k Parquet copy)
+    layout: str  # auto | 100k | 1m | 20m | 25m
+    positive_rating: float  # label = rating >= positive_rating
+    min_count: int  # ids seen fewer times in train -> 0
+    max_genres: int  # genres kept per movie
+    zip_prefix_len: int  # user zip code -> its first digits
+    max_rows: int | None  # keep only the latest N ratings; None: all
 
 
 @dataclass
@@ -51,6 +71,7 @@ class Raw:
     """One layout's files, normalised.
 
     ratings: columns user_id, item_id, rating, timestamp (float64, NaN = missing), index = line/row
+    ratings_file: where the ratings came from; where: "line" (text) or "row" (Parquet), for errors
     items:   index item_id (int64); columns genres ('|'-joined str), release_year (float64)
     users:   index user_id (int64); columns age, gender, occupation, zip (str) -- or None
     """
@@ -58,6 +79,8 @@ class Raw:
     ratings: pd.DataFrame
     items: pd.DataFrame
     users: pd.DataFrame | None
+    ratings_file: Path
+    where: str
 
 
 def load_movielens(
@@ -67,9 +90,16 @@ def load_movielens(
     min_count: int,
     max_genres: int,
     zip_prefix_len: int,
-    max_rows: int | None = None,
+    max_rows: int | None,
 ) -> Dataset:
-    """max_rows: keep only the latest `max_rows` ratings (the rest counted as skipped "before_max_rows")."""
+    """Read a GroupLens directory (rules in the module docstring).
+
+    Args:
+        The fields of `MovieLensConfig`; max_rows: keep only the latest `max_rows` ratings (the rest
+        counted as skipped "before_max_rows").
+    Returns:
+        A fingerprinted `Dataset` keyed by user_id / item_id.
+    """
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(
@@ -87,6 +117,7 @@ def load_movielens(
     if layout not in readers:
         raise ValueError(f"data.params.layout: expected auto, 100k, 1m, 20m or 25m, got {layout!r}")
     raw = readers[layout](root)
+    _check_scale(raw, RATING_SCALES[layout], layout)
 
     ratings, skipped = _usable(raw.ratings, max_rows)
     n_train = time_split(len(ratings))[0].stop
@@ -143,6 +174,19 @@ def detect_layout(root: Path) -> str:
     )
 
 
+def _check_scale(raw: Raw, scale: tuple[float, ...], layout: str) -> None:
+    """A rating off the layout's scale (e.g. 6 stars, or 3.5 in ml-1m) is an error, not a label."""
+    rating = raw.ratings["rating"]
+    bad = rating.notna() & ~rating.isin(scale)
+    if bad.any():
+        row = bad.idxmax()
+        allowed = ", ".join(f"{v:g}" for v in scale)
+        raise ValueError(
+            f"{raw.ratings_file}: {raw.where} {row}: rating {rating[row]:g} is off the MovieLens {layout} "
+            f"scale; expected one of {allowed}"
+        )
+
+
 def _usable(ratings: pd.DataFrame, max_rows: int | None) -> tuple[pd.DataFrame, dict[str, int]]:
     """Skip rows missing a required field (counted per field), order by time, keep the latest max_rows."""
     skipped: dict[str, int] = {}
@@ -171,14 +215,20 @@ def _require(root: Path, names: list[str], layout: str) -> list[Path]:
 
 
 def _read_ratings(path: Path, sep: str, names: list[str], header: bool = False) -> pd.DataFrame:
-    """A ratings text file -> float columns RATING_FIELDS, index = line number."""
-    frames = list(read_delimited(path, sep, names, CHUNK_ROWS, encoding="latin-1", header=header))
-    raw = pd.concat(frames) if frames else pd.DataFrame(columns=names, dtype=str)
-    raw.columns = RATING_FIELDS
-    out = pd.DataFrame(index=raw.index)
-    for col in RATING_FIELDS:
-        out[col] = numeric(raw[col], f"{path} field {col}", "line", integer=col != "rating")
-    return out
+    """A ratings text file -> float columns RATING_FIELDS, index = line number. Each chunk of lines is
+    converted to numbers before the next is read (25M ratings as Python strings would take ~10 GB)."""
+    fmt = TextFormat(sep, tuple(names), "latin-1", header=header)
+    parts, lines = [], []
+    for chunk in read_chunks(path, fmt, CHUNK_ROWS):
+        cols = [
+            arrow_numeric(chunk.table[name], chunk.lines, f"{path} field {col}", integer=col != "rating")
+            for name, col in zip(names, RATING_FIELDS, strict=True)
+        ]
+        parts.append(np.stack(cols, axis=1))
+        lines.append(chunk.lines)
+    values = np.concatenate(parts) if parts else np.zeros((0, len(RATING_FIELDS)))
+    index = pd.Index(np.concatenate(lines) if lines else np.zeros(0, np.int64))
+    return pd.DataFrame(values, columns=RATING_FIELDS, index=index, dtype=np.float64)
 
 
 def _read_100k(root: Path) -> Raw:
@@ -199,7 +249,7 @@ def _read_100k(root: Path) -> Raw:
     year = raw_items["release_date"].str.extract(r"(\d{4})\s*$")[0]
     items = _items(raw_items["item_id"], flags, year, item_file, "line")
     raw_users = _read_all(user_file, "|", ["user_id", "age", "gender", "occupation", "zip"])
-    return Raw(ratings, items, _users(raw_users, user_file, "line", bucket_ages=True))
+    return Raw(ratings, items, _users(raw_users, user_file, "line", bucket_ages=True), data, "line")
 
 
 def _read_100k_parquet(root: Path) -> Raw:
@@ -215,7 +265,7 @@ def _read_100k_parquet(root: Path) -> Raw:
     items = _items(it["movie_id"].astype(str), flags, year, item_file, "row")
     us = _parquet(user_file, ["user_id", "age", "gender", "occupation", "zip_code"])
     us = us.rename(columns={"zip_code": "zip"}).astype({"user_id": str, "age": str})
-    return Raw(ratings, items, _users(us, user_file, "row", bucket_ages=True))
+    return Raw(ratings, items, _users(us, user_file, "row", bucket_ages=True), data, "row")
 
 
 def _read_1m(root: Path) -> Raw:
@@ -224,7 +274,7 @@ def _read_1m(root: Path) -> Raw:
     mv = _read_all(item_file, "::", ["item_id", "title", "genres"])
     items = _genre_strings(mv, item_file)
     us = _read_all(user_file, "::", ["user_id", "gender", "age", "occupation", "zip"])
-    return Raw(ratings, items, _users(us, user_file, "line", bucket_ages=False))
+    return Raw(ratings, items, _users(us, user_file, "line", bucket_ages=False), data, "line")
 
 
 def _read_csv_layout(root: Path) -> Raw:
@@ -236,11 +286,11 @@ def _read_csv_layout(root: Path) -> Raw:
         raise ValueError(f"{item_file}: missing column(s) {missing}; found {list(mv.columns)}")
     mv.index = pd.RangeIndex(2, len(mv) + 2)  # line numbers
     items = _genre_strings(mv.rename(columns={"movieId": "item_id"}), item_file)
-    return Raw(ratings, items, None)
+    return Raw(ratings, items, None, data, "line")
 
 
 def _read_all(path: Path, sep: str, names: list[str]) -> pd.DataFrame:
-    frames = list(read_delimited(path, sep, names, CHUNK_ROWS, encoding="latin-1"))
+    frames = list(read_frames(path, TextFormat(sep, tuple(names), "latin-1"), CHUNK_ROWS))
     return pd.concat(frames) if frames else pd.DataFrame(columns=names, dtype=str)
 
 
