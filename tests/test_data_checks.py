@@ -4,7 +4,10 @@ no ratings held as strings), and the typed `data` config."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
+import importlib
+import inspect
 import os
 import subprocess
 import sys
@@ -302,7 +305,7 @@ def test_movielens_ratings_read_chunk_by_chunk(tmp_path: Path) -> None:
     path = tmp_path / "u.data"
     path.write_text("".join(f"{u}\t{i}\t{r}\t{t}\n" for u, i, r, t in zip(*cols, strict=True)))
     script = (
-        "import sys, pyarrow as pa; from pathlib import Path; import reco.data.movielens as ml\n"
+        "import sys, pyarrow as pa; from pathlib import Path; import reco.data.movielens_files as ml\n"
         "ml.CHUNK_ROWS = 4000\n"
         "r = ml._read_ratings(Path(sys.argv[1]), '\\t', ml.RATING_FIELDS)\n"
         "print(len(r), int(r['rating'].sum()), pa.default_memory_pool().max_memory())\n"
@@ -375,6 +378,29 @@ def test_load_dataset_takes_a_dict_or_a_data_config(tmp_path: Path) -> None:
         build_dataset({**plain, "loadr": "table"})
     with pytest.raises(ValueError, match=r"data.loader: expected one of .*got 'tabel'"):
         build_dataset({**plain, "loader": "tabel"})
+
+
+def test_load_dataset_takes_the_composed_node(tmp_path: Path) -> None:
+    cfg = compose(["experiment=smoke", "data.params.n_rows=2000", "seed=3"])
+    from_node, path = load_dataset(cfg.data, tmp_path)  # ${seed} resolved against the whole config
+    plain = OmegaConf.to_container(cfg.data, resolve=True)
+    assert plain["params"]["seed"] == 3
+    from_dict, path2 = load_dataset(plain, tmp_path)
+    assert path2 == path and from_dict.fingerprint == from_node.fingerprint
+
+
+@pytest.mark.parametrize(
+    "module, config, fn",
+    [
+        ("reco.data.criteo", "CriteoConfig", "load_criteo"),
+        ("reco.data.movielens", "MovieLensConfig", "load_movielens"),
+        ("reco.data.table", "TableConfig", "load_table"),
+    ],
+)
+def test_loader_configs_match_their_functions(module: str, config: str, fn: str) -> None:
+    mod = importlib.import_module(module)
+    fields = [f.name for f in dataclasses.fields(getattr(mod, config))]
+    assert sorted(fields) == sorted(inspect.signature(getattr(mod, fn)).parameters)
 
 
 def test_data_yamls_list_the_schema_and_compose_checks_keys() -> None:

@@ -21,7 +21,8 @@ from reco.config import compose
 from reco.data import build_dataset
 from reco.data.criteo import load_criteo
 from reco.data.fetch_movielens import fetch
-from reco.data.movielens import GENRES_100K, load_movielens
+from reco.data.movielens import load_movielens
+from reco.data.movielens_files import GENRES_100K
 from reco.data.schema import Dataset
 from reco.data.table import load_table
 from reco.models.dlrm import DLRM, DLRMConfig

@@ -10,6 +10,8 @@ import json
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from omegaconf import DictConfig, OmegaConf
+
 from reco.data.config import DataConfig
 
 if TYPE_CHECKING:
@@ -18,17 +20,17 @@ if TYPE_CHECKING:
 LOADERS = ("synthetic_ecommerce", "movielens", "criteo", "table")
 
 
-def build_dataset(cfg: DataConfig | dict[str, Any]) -> Dataset:
+def build_dataset(cfg: DataConfig | dict[str, Any] | DictConfig) -> Dataset:
     """Build the dataset a `data` config describes.
 
     Args:
-        cfg: the `data` group, as a DataConfig or a plain dict (OmegaConf.to_container of it).
+        cfg: the `data` group: a DataConfig, a plain dict (OmegaConf.to_container of it) or the node.
     Returns:
         The loader's `Dataset`. Unknown loader names or params raise naming the `data.*` key.
     """
     from reco.config import typed
 
-    cfg = typed(cfg, DataConfig, "data")
+    cfg = _data_config(cfg)
     where = "data.params"
     if cfg.loader == "synthetic_ecommerce":
         from reco.data.synthetic import SyntheticConfig, generate
@@ -49,20 +51,21 @@ def build_dataset(cfg: DataConfig | dict[str, Any]) -> Dataset:
     raise ValueError(f"data.loader: expected one of {LOADERS}, got {cfg.loader!r}")
 
 
-def load_dataset(cfg: DataConfig | dict[str, Any], cache_dir: str | Path) -> tuple[Dataset, Path]:
+def load_dataset(
+    cfg: DataConfig | dict[str, Any] | DictConfig, cache_dir: str | Path
+) -> tuple[Dataset, Path]:
     """Build the dataset once per distinct data config; later runs (and the server) load the cache.
 
     Args:
-        cfg: the `data` group, as a DataConfig or a plain dict (what the pipeline passes).
+        cfg: the `data` group: a DataConfig, a plain dict (what the pipeline passes) or the node.
         cache_dir: where `<loader>-<hash>.pt` files live; the hash covers the config and the size and
             mtime of the source files.
     Returns:
         (the dataset, its cache file).
     """
-    from reco.config import typed
     from reco.data.schema import Dataset
 
-    cfg = typed(cfg, DataConfig, "data")
+    cfg = _data_config(cfg)
     plain = {"loader": cfg.loader, "params": cfg.params}  # the same key for a dict and a DataConfig
     key_src = {"cfg": plain, "sources": _source_stats(cfg.params.get("path"))}
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True, default=str).encode()).hexdigest()[:16]
@@ -77,6 +80,18 @@ def load_dataset(cfg: DataConfig | dict[str, Any], cache_dir: str | Path) -> tup
     ds.save(str(tmp))
     tmp.replace(path)
     return ds, path
+
+
+def _data_config(cfg: DataConfig | dict[str, Any] | DictConfig) -> DataConfig:
+    """Any form of the `data` group -> a DataConfig whose params are a plain, resolved dict."""
+    from reco.config import typed
+
+    if isinstance(cfg, DictConfig):  # resolve ${seed} etc. against the whole config first
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    cfg = typed(cfg, DataConfig, "data")
+    if isinstance(cfg.params, DictConfig):
+        cfg = DataConfig(cfg.loader, OmegaConf.to_container(cfg.params, resolve=True))
+    return cfg
 
 
 def _source_stats(path: str | None) -> list:
