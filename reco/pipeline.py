@@ -89,13 +89,14 @@ def run(cfg: DictConfig) -> list[Built]:
         )
         print(
             f"[data] {data.name}: train {len(data.train):,} val {len(data.val):,} test {len(data.test):,} rows, "
-            f"fingerprint {data.fingerprint}, skipped {data.skipped or 'none'}",
+            f"fingerprint {data.fingerprint}, skipped {data.skipped or 'none'}, padded {data.padded or 'none'}",
             flush=True,
         )
         tracker.log(
             parent_run,
             params={"data.fingerprint": data.fingerprint, "data.path": str(data_path)},
-            metrics={f"data_skipped_{k}": v for k, v in data.skipped.items()},
+            metrics={f"data_skipped_{k}": v for k, v in data.skipped.items()}
+            | {f"data_padded_{k}": v for k, v in data.padded.items()},
         )
         build_all(nodes, data, cfg, trainer, tracker, parent_run, built)
         study = None
