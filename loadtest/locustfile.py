@@ -136,6 +136,12 @@ class Recorder:
             self.close_window()
         return True
 
+    def register(self, in_window: bool) -> int:
+        """A new outstanding request's token."""
+        token = next(self.tokens)
+        self.outstanding[token] = in_window
+        return token
+
     def close_window(self) -> None:
         if not self.window_closed:
             self.window_closed = True
@@ -294,16 +300,15 @@ class RecoUser(FastHttpUser):
         seed = self.environment.parsed_options.seed if self.environment.parsed_options else 0
         self.rng = random.Random(seed * 1_000_003 + USER_SEQ[0])
 
-    def post(self, start: float, in_window: bool, seq: int) -> None:
+    def post(self, start: float, in_window: bool, seq: int, token: int) -> None:
         """One /recommend request; `start` is its send time (open loop: its scheduled send time), `seq`
-        its number in the window."""
+        its number in the window, `token` its key in REC.outstanding (registered by the caller, before a
+        spawned request runs, so the drain cannot miss it)."""
         o = self.environment.parsed_options
         idx = self.rng.randrange(len(PAYLOADS))
-        token = next(REC.tokens)
         ctx = {"token": token, "start": start, "payload": idx, "seq": seq}
         if in_window and o is not None and o.score_every:
             ctx["score_every"] = o.score_every
-        REC.outstanding[token] = in_window
         self.client.post("/recommend", data=PAYLOADS[idx], headers=JSON_HEADERS, context=ctx)
 
     @task
@@ -316,7 +321,7 @@ class RecoUser(FastHttpUser):
         else:
             now = time.perf_counter()
             in_window = REC.assign(now, o) if o is not None else False
-            self.post(now, in_window, REC.n_window)
+            self.post(now, in_window, REC.n_window, REC.register(in_window))
 
     def open_loop(self, o) -> None:
         """Schedule Poisson arrivals; each request in its own greenlet, timed from its scheduled send."""
@@ -340,7 +345,7 @@ class RecoUser(FastHttpUser):
                 if in_window:
                     REC.rows.append((t - REC.t0_perf, math.nan, 0, -1))
                 continue
-            mine.add(gevent.spawn(self.post, t, in_window, REC.n_window))
+            mine.add(gevent.spawn(self.post, t, in_window, REC.n_window, REC.register(in_window)))
         gevent.joinall(list(mine))
         while True:  # window over: idle until the test stops
             gevent.sleep(1.0)

@@ -82,7 +82,9 @@ class StudyConfig:
     repeats: int = MISSING  # each kind of run per variant, interleaved across variants (A B C A B C ...)
     common_load_fraction: float = MISSING  # common offered load = this x the reference's median capacity
     common_rate: float | None = MISSING  # or a fixed common load in req/s
-    equal_util_fraction: float = MISSING  # each variant also at this fraction of its own median capacity
+    equal_util_fraction: float = (
+        MISSING  # each variant also at this fraction of its own median capacity (0: skip)
+    )
     unloaded_requests: int = MISSING  # requests of an unloaded run (one closed-loop user)
     load_requests: int = MISSING  # requests of a common-load / equal-utilisation window
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)

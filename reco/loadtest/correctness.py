@@ -12,10 +12,12 @@ among the request's candidates, or an unreadable answer, is an infinite differen
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -36,7 +38,7 @@ def read_scores(paths: Sequence[Path]) -> list[dict]:
 def check_scores(
     variant: Variant,
     data: Dataset,
-    serve: Mapping,
+    serve: Mapping | Any,
     requests_path: Path,
     score_files: Sequence[Path],
     tolerance: float,
@@ -46,7 +48,7 @@ def check_scores(
     Args:
         variant: the served variant (scored here through its own runtime, one thread).
         data: the dataset the server was started with.
-        serve: the serve settings as a plain mapping (n_candidates, max_k, max_candidates, retrieval).
+        serve: the serve settings, a mapping or a typed config (n_candidates, max_k, max_candidates, retrieval).
         requests_path: the request file the generator replayed (bodies by line index).
         score_files: the generator's .scores.jsonl files.
         tolerance: max |served - offline| score.
@@ -56,6 +58,8 @@ def check_scores(
     from reco.runtime import load_scorer
     from reco.serve.features import FeatureStore
 
+    if dataclasses.is_dataclass(serve):
+        serve = dataclasses.asdict(serve)
     samples = read_scores(score_files)
     if not samples:
         return CorrectnessCheck(0, math.inf, tolerance, False)

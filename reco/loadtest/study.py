@@ -18,7 +18,7 @@ so drift of the machine hits all variants alike):
 5. **Common load**: `study.common_rate`, else `common_load_fraction` x the reference's median capacity;
    the scores of every `correctness.every`-th request are recorded for step 7.
 6. **Equal utilisation**: each variant at `equal_util_fraction` x its OWN median capacity (so the report
-   can give the unloaded, common-load and equal-utilisation ratios side by side).
+   can give the unloaded, common-load and equal-utilisation ratios side by side); 0 skips it.
 7. **Correctness** (servers stopped, so nothing competes): the recorded scores against the variant's
    offline scores of the same requests (reco.loadtest.correctness).
 
@@ -237,19 +237,24 @@ def run_study(
     _say(f"[load] measured in {time.time() - t_start:.0f} s")
     if st.correctness.enabled:
         for n in order:
-            files = sorted((out / n / "common").glob("r*/latencies.csv.scores.jsonl"))
-            if files:
-                o = s.outcomes[n]
-                o.correctness = check_scores(
-                    variant_of[n], data, serve, s.requests, files, st.correctness.tolerance
-                )
-                c = o.correctness
-                _say(
-                    f"  {n} correctness: {c.n_requests} requests, max |diff| {c.max_abs_diff:.2e}, passed {c.passed}"
-                )
+            _correctness(s, n, variant_of[n], data)
     for n in order:
         s.emit(n, study_metrics(s.outcomes[n], result), [], "loadtest")
     return result
+
+
+def _correctness(s: _Study, name: str, variant: Variant, data: Dataset) -> None:
+    """Check the scores recorded under load (common-load windows) against offline scores."""
+    files = sorted((s.out / name / "common").glob("r*/latencies.csv.scores.jsonl"))
+    if not files:
+        return
+    try:
+        c = check_scores(variant, data, s.serve, s.requests, files, s.lt.study.correctness.tolerance)
+    except Exception as e:  # a broken check must not lose the latency figures
+        s.fail(name, f"correctness check failed: {type(e).__name__}: {e}")
+        return
+    s.outcomes[name].correctness = c
+    _say(f"  {name} correctness: {c.n_requests} requests, max |diff| {c.max_abs_diff:.2e}, passed {c.passed}")
 
 
 @contextmanager
@@ -321,7 +326,7 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
                 s.loaded(n, r, "common", result.common_rate_qps)
 
     own = {n: median_capacity(s.outcomes[n]) for n in s.alive()}
-    if any(own.values()):
+    if st.equal_util_fraction > 0 and any(own.values()):
         _say(f"\n[load] equal utilisation: {st.equal_util_fraction:g} x each variant's own median capacity")
         for r in range(st.repeats):
             for n in s.alive():
