@@ -121,7 +121,16 @@ def test_stalled_server_latency_counts_from_the_schedule(stub, lt, tmp_path):
     assert during.sum() >= 20
     # Each waited at least until the stall ended, counted from when it was due (5 ms clock slack).
     assert np.all(lat.latency_ms[during] >= (end - sched[during]) * 1000.0 - 5.0)
-    assert run.quantiles["p90"].value >= 0.1 * 1000.0  # the stall is in the tail, not hidden
+    slow_open = int((lat.latency_ms >= 500.0).sum())
+    assert slow_open >= 10 and run.quantiles["p90"].value >= 100.0  # the stall is in the tail, not hidden
+
+    # The same stall under a closed loop (one user): it waits with the server, so one request is slow
+    # and the ~50 that were due meanwhile are never sent -- the omission the open loop avoids.
+    stub.stall_at, stub.stall = stub.count + 100, None
+    closed = with_settings(lt, mode=LoadMode.closed, users=1, window_requests=400, warmup_s=0.0)
+    run = run_load(stub.url, closed, tmp_path / "closed", kind="stall", reports=False)
+    assert stub.stall is not None and run.n == 400
+    assert int((read_latencies(tmp_path / "closed" / "latencies.csv").latency_ms >= 500.0).sum()) == 1
 
 
 @pytest.mark.parametrize(("fail_every", "p99_inf"), [(20, True), (400, False)])
