@@ -23,7 +23,8 @@ from reco.loadtest.capacity import capacity_table, find_capacity, open_loop_meas
 from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
 from reco.loadtest.histogram import read_latencies
 from reco.loadtest.requests import request_bodies, write_requests
-from reco.loadtest.runner import LOCUSTFILE, LoadTestError, plan_cpus, run_load, run_metrics, with_settings
+from reco.loadtest.runner import LOCUSTFILE, LoadTestError, plan_cpus, run_load, with_settings
+from reco.loadtest.runs import run_metrics
 from reco.serve.app import load_settings
 from reco.serve.process import free_port, start_server
 from reco.stats import Verdict

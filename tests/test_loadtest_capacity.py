@@ -17,7 +17,7 @@ from scipy import stats as sps
 from reco.config import ConfigError, compose
 from reco.loadtest.capacity import P99_MIN_N, find_capacity, resolve_slo, step_verdict
 from reco.loadtest.config import CapacityConfig, loadtest_config
-from reco.loadtest.runner import make_run, pool_runs, run_metrics
+from reco.loadtest.runs import make_run, pool_runs, run_metrics
 from reco.stats import Verdict, quantile_ci
 
 

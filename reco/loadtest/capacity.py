@@ -37,7 +37,8 @@ from pathlib import Path
 
 from reco.loadtest.config import CapacityConfig, LoadMode, LoadtestConfig, loadtest_config
 from reco.loadtest.outcome import Capacity, CapacityStep, LoadRun
-from reco.loadtest.runner import pool_runs, run_load, with_settings
+from reco.loadtest.runner import run_load, with_settings
+from reco.loadtest.runs import pool_runs
 from reco.stats import Verdict, min_n_for_quantile, verdict_at_most
 
 P99_MIN_N = min_n_for_quantile(0.99)  # 368

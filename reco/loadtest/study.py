@@ -45,14 +45,8 @@ from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
 from reco.loadtest.correctness import check_scores
 from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome
 from reco.loadtest.requests import write_requests
-from reco.loadtest.runner import (
-    LoadTestError,
-    plan_cpus,
-    run_load,
-    run_metrics,
-    stop_on_signals,
-    with_settings,
-)
+from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
+from reco.loadtest.runs import run_metrics
 from reco.serve.process import ServerHandle, start_server
 from reco.variant import Variant
 
