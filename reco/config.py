@@ -104,6 +104,7 @@ def _schemas() -> dict[tuple[str, str], type]:
     # Each module owns its config dataclass (as TorchRec's embedding_configs sits beside its modules);
     # this is only the index. Imported here, not at module top, to keep `import reco.config` light.
     from reco.data.config import DataConfig
+    from reco.loadtest.config import LoadtestConfig
     from reco.models.dlrm import ModelConfig
     from reco.steps import steps
     from reco.tracking import TrackingConfig
@@ -111,6 +112,7 @@ def _schemas() -> dict[tuple[str, str], type]:
 
     schemas: dict[tuple[str, str], type] = {
         ("data", "schema"): DataConfig,
+        ("loadtest", "schema"): LoadtestConfig,
         ("model", "schema"): ModelConfig,
         ("trainer", "schema"): TrainConfig,
         ("tracking", "schema"): TrackingConfig,

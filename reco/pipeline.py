@@ -109,7 +109,7 @@ def run(cfg: DictConfig) -> list[Built]:
                 tracker.log_artifacts(b.run_id, artifacts, subdir)
 
             ready = [(b.name, b.variant) for b in built if b.variant is not None]
-            study = run_study(ready, data, data_path, cfg, out_dir, log)
+            study = run_study(ready, data, data_path, cfg, out_dir / "load", log)
         report_dir = out_dir / "report" if multirun else Path(cfg.report_dir)
         paths = write_study_report(built, data, cfg, study, report_dir, tracker)
         tracker.log_artifacts(parent_run, paths, "report")
