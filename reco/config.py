@@ -88,4 +88,6 @@ def _schemas() -> dict[tuple[str, str], type]:
     `defaults: [schema, _self_]` (conf/step/*.yaml: `[prune_schema, _self_]` etc.)."""
     # Each module owns its config dataclass (as TorchRec's embedding_configs sits beside its modules);
     # this is only the index. Imported here, not at module top, to keep `import reco.config` light.
-    return {}
+    from reco.serve.config import ServeConfig
+
+    return {("serve", "schema"): ServeConfig}

@@ -18,7 +18,7 @@ from reco.loadtest.capacity import _next_rate, find_capacity, resolve_slo, slo_f
 from reco.loadtest.histogram import percentiles, read_latencies
 from reco.loadtest.requests import request_bodies, write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load
-from reco.serve.app import load_settings
+from reco.config import compose
 from reco.serve.process import start_server
 from reco.tracking import log_to_run
 
@@ -50,7 +50,7 @@ def server(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("lt")
     vdir, dpath = make_variant(tiny_data, root)
     requests = write_requests(dpath, root / "requests.jsonl", n=2000, k=10, seed=0)
-    h = start_server(vdir, dpath, load_settings(None, ["n_candidates=200"]), work_dir=root / "server")
+    h = start_server(vdir, dpath, compose(["serve.n_candidates=200"]).serve, work_dir=root / "server")
     try:
         yield {"url": h.url, "requests": requests, "data": tiny_data}
     finally:

@@ -12,15 +12,23 @@ import numpy as np
 import pytest
 from conftest import make_variant
 
+from reco.config import ConfigError, compose
 from reco.data.schema import Dataset
 from reco.serve.__main__ import main as serve_main
-from reco.serve.app import load_settings
+from reco.serve.__main__ import settings as cli_settings
+from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES, parse_stage_histograms
 from reco.serve.process import start_server
+from reco.serve.request import parse_request
 from reco.variant import Variant
 
 pytestmark = pytest.mark.timeout(240)
+
+
+def serve_settings(*overrides: str) -> ServeConfig:
+    """The project's serve settings with `key=value` overrides, as `python -m reco.serve` composes them."""
+    return serve_config(compose([f"serve.{o}" for o in overrides]).serve)
 
 
 @pytest.fixture(scope="module")
@@ -28,21 +36,20 @@ def served(tiny_data, tmp_path_factory):
     """Servers started side by side: plain, dynamic batching, a tiny admission limit, two workers."""
     root = tmp_path_factory.mktemp("serve")
     vdir, dpath = make_variant(tiny_data, root)
-    base = load_settings()
     specs = {
-        "plain": {},
-        "batched": {"batching": {**base["batching"], "enabled": True, "max_queue_delay_ms": 50.0}},
-        "limited": {"queue_limit": 2, "retry_after_s": 1},
-        "workers": {"workers": 2},
+        "plain": [],
+        "batched": ["batching.enabled=true", "batching.max_queue_delay_ms=50.0"],
+        "limited": ["queue_limit=2", "retry_after_s=1", "body_timeout_s=3"],
+        "workers": ["workers=2"],
     }
     handles = {
-        name: start_server(vdir, dpath, {**base, **over}, wait=False, work_dir=root / name)
+        name: start_server(vdir, dpath, serve_settings(*over), wait=False, work_dir=root / name)
         for name, over in specs.items()
     }
     try:
         for h in handles.values():
             h.wait_ready(timeout_s=180)
-        yield {"handles": handles, "data": tiny_data, "vdir": vdir, "dpath": dpath, "settings": base}
+        yield {"handles": handles, "data": tiny_data, "vdir": vdir, "dpath": dpath, "settings": serve_settings()}
     finally:
         for h in handles.values():
             h.stop()
@@ -110,7 +117,7 @@ def test_recommend_returns_ranked_items_with_server_timing(plain, served):
 
 def test_candidates_come_from_the_users_recent_categories_and_popularity(plain, served):
     data, body = served["data"], a_test_row(served["data"])
-    store = FeatureStore(data, served["settings"]["retrieval"])
+    store = FeatureStore(data, served["settings"].retrieval)
     row = store.user_row(body["user_id"])
     cands = store.candidates(row, 500)
     assert len(cands) == len(set(cands.tolist())) == 500
@@ -133,13 +140,11 @@ def test_feature_store_rebuilds_the_latest_training_row(served):
     """The last train row is the latest for its user and its item: serving must reproduce it exactly."""
     data = served["data"]
     s, tr = data.schema, data.train
-    store = FeatureStore(data, served["settings"]["retrieval"])
+    store = FeatureStore(data, served["settings"].retrieval)
     r = len(tr) - 1
     ids, mask = tr.ids[r].numpy(), tr.mask()[r].numpy()
     body = {"user_id": int(ids[s.index("user_id"), 0]), "k": 1}
     body["context"] = {"hour": int(ids[s.index("hour"), 0]), "device": int(ids[s.index("device"), 0])}
-    from reco.serve.app import parse_request
-
     req = parse_request(json.dumps(body).encode(), store, 100, 10)
     item = np.array([ids[s.index("item_id"), 0]])
     dense_a, ids_a, mask_a = store.assemble(store.user_row(body["user_id"]), req, item)
@@ -363,7 +368,7 @@ def test_schema_without_user_key_refuses_to_start(served, tmp_path, capsys):
     path = tmp_path / "nokey.pt"
     nokey.save(str(path))
     with pytest.raises(ServeConfigError, match="user_key"):
-        FeatureStore(nokey, {})
+        FeatureStore(nokey, None)
     code = serve_main(["--variant", str(served["vdir"]), "--dataset", str(path), "--port", "1"])
     assert code == 2
     assert "user_key" in capsys.readouterr().err
@@ -382,15 +387,28 @@ def test_variant_built_on_other_data_refuses_to_start(served, tmp_path, capsys):
     assert "data fingerprint" in capsys.readouterr().err
 
 
-def test_settings_overrides_and_their_errors(tmp_path):
-    s = load_settings(None, ["batching.enabled=true", "cpu_affinity=[1]", "n_candidates=50"])
-    assert s["batching"]["enabled"] is True and s["cpu_affinity"] == [1] and s["n_candidates"] == 50
-    with pytest.raises(ServeConfigError, match="no key 'batching.nope'"):
-        load_settings(None, ["batching.nope=1"])
-    with pytest.raises(ServeConfigError, match="expected key=value"):
-        load_settings(None, ["workers"])
-    with pytest.raises(ServeConfigError, match="not found"):
-        load_settings(tmp_path / "missing.yaml")
+def test_settings_overrides_and_their_errors():
+    s = cli_settings(["batching.enabled=true", "cpu_affinity=[1]", "n_candidates=50"], port=9)
+    assert s.batching.enabled is True and s.cpu_affinity == [1] and s.n_candidates == 50 and s.port == 9
+    assert s.batching.max_batch == compose().serve.batching.max_batch  # the rest from conf/serve
+    with pytest.raises(Exception, match="serve.batching.nope"):
+        cli_settings(["batching.nope=1"])
+    with pytest.raises(Exception, match="serve.workers"):
+        cli_settings(["workers=many"])
+    with pytest.raises(ConfigError, match="serve.workers: expected >= 1"):
+        cli_settings(["workers=0"])
+    with pytest.raises(ConfigError, match="serve.model_timeout_s: expected > 0"):
+        cli_settings(["model_timeout_s=0"])
+    # Worker processes and start_server take the same settings as JSON / a plain dict.
+    as_json = json.dumps(dataclasses.asdict(s))
+    assert serve_config(as_json) == s and serve_config(json.loads(as_json)) == s
+    with pytest.raises(ConfigError, match="retrieval.nope"):
+        serve_config({**json.loads(as_json), "retrieval": {"nope": 1}})
+
+
+def test_bad_settings_refuse_to_start_naming_the_key(served, capsys):
+    code = serve_main(["--variant", str(served["vdir"]), "--dataset", str(served["dpath"]), "batching.nope=1"])
+    assert code == 2 and "serve.batching.nope" in capsys.readouterr().err
 
 
 def test_two_workers_share_the_port_and_their_metrics(served):

@@ -19,10 +19,15 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from reco.data.schema import Dataset
+
+if TYPE_CHECKING:
+    from reco.serve.config import RetrievalConfig
+    from reco.serve.request import Request
 
 log = logging.getLogger("reco.serve")
 
@@ -85,22 +90,16 @@ def _side_table(ds: Dataset, side: str, key: str) -> SideTable:
     return SideTable(cols, dense_cols, ids, mask, dense, row)
 
 
-@dataclass
-class Request:
-    """A validated /recommend request (see reco.serve.app.parse_request)."""
-
-    user_id: int
-    k: int
-    context_ids: np.ndarray  # [Fc, L] int64
-    context_mask: np.ndarray  # [Fc, L] float32
-    context_dense: np.ndarray  # [Dc] float32
-    candidates: np.ndarray | None  # [M] int64 item ids, or None -> generate
-
-
 class FeatureStore:
     """User/item feature tables and popularity lists of one dataset (see the module docstring)."""
 
-    def __init__(self, ds: Dataset, retrieval: dict) -> None:
+    def __init__(self, ds: Dataset, retrieval: RetrievalConfig | None) -> None:
+        """Build the tables from `ds`'s train split.
+
+        Args:
+            ds: the dataset; its schema must name user_key and item_key.
+            retrieval: candidate generation settings; None = global popularity only.
+        """
         s = ds.schema
         if s.user_key is None or s.item_key is None:
             raise ServeConfigError(
@@ -125,7 +124,7 @@ class FeatureStore:
         known = np.flatnonzero(self.items.row != self.items.cold)
         # Global popularity: known items, most impressions first (ties: lower id first, deterministic).
         self.popular = known[np.lexsort((known, -counts[known]))]
-        self.share = float(retrieval.get("share", 0.0))
+        self.share = float(retrieval.share) if retrieval else 0.0
         self.groups = self._group_index(retrieval, counts, known)
         self._seen = np.zeros(self.item_card, dtype=bool)  # scratch for de-duplication (event loop only)
 
@@ -140,9 +139,11 @@ class FeatureStore:
         self.item_mask_full[:, it.cols] = it.mask
         self.item_dense_full[:, it.dense_cols] = it.dense
 
-    def _group_index(self, retrieval: dict, counts: np.ndarray, known: np.ndarray) -> dict | None:
+    def _group_index(
+        self, retrieval: RetrievalConfig | None, counts: np.ndarray, known: np.ndarray
+    ) -> dict | None:
         """Items grouped by the retrieval item feature, each group most popular first (CSR layout)."""
-        uf, itf = retrieval.get("user_feature"), retrieval.get("item_feature")
+        uf, itf = (retrieval.user_feature, retrieval.item_feature) if retrieval else (None, None)
         names = {f.name: f for f in self.schema.sparse}
         if not uf or not itf:
             return None
