@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import socket
 import threading
 from urllib.parse import urlparse
 
@@ -49,7 +50,13 @@ def served(tiny_data, tmp_path_factory):
     try:
         for h in handles.values():
             h.wait_ready(timeout_s=180)
-        yield {"handles": handles, "data": tiny_data, "vdir": vdir, "dpath": dpath, "settings": serve_settings()}
+        yield {
+            "handles": handles,
+            "data": tiny_data,
+            "vdir": vdir,
+            "dpath": dpath,
+            "settings": serve_settings(),
+        }
     finally:
         for h in handles.values():
             h.stop()
@@ -230,6 +237,119 @@ def test_bad_input_is_a_4xx_naming_the_field_and_the_server_keeps_serving(plain,
     assert status == 200 and len(resp["items"]) == 10
 
 
+def expected_scores(vdir, data: Dataset, cfg: ServeConfig, body: dict) -> dict[int, float]:
+    """The scores the server should answer for `body` (given candidates, k >= their number), computed
+    in this process from the same variant and data."""
+    from reco.runtime import load_scorer
+
+    store = FeatureStore(data, cfg.retrieval)
+    req = parse_request(json.dumps(body).encode(), store, cfg.max_k, cfg.max_candidates)
+    assert req.candidates is not None and req.k >= len(req.candidates)
+    probs = load_scorer(Variant.load(vdir))(*store.assemble(store.user_row(req.user_id), req, req.candidates))
+    return dict(zip(req.candidates.tolist(), probs.tolist(), strict=True))
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def test_deeply_nested_json_is_a_4xx_not_a_crash(plain, served):
+    """Error messages used repr(), which recursed through ~1000 levels: 500 and a stack trace per request."""
+    log_before = served["handles"]["plain"].log_path.read_text()
+    for field, body in [
+        ("user_id", b'{"user_id": ' + nested(1000) + b', "k": 5}'),
+        ("k", b'{"user_id": 1, "k": ' + nested(1000) + b"}"),
+        ("context", b'{"user_id": 1, "k": 5, "context": ' + nested(1000) + b"}"),
+        ("context.hour", b'{"user_id": 1, "k": 5, "context": {"hour": ' + nested(1000) + b"}}"),
+        ("candidates[0]", b'{"user_id": 1, "k": 5, "candidates": ' + nested(1000) + b"}"),
+        ("body", nested(1023)),
+        ("body", nested(5000)),  # beyond orjson's depth limit (1024): invalid JSON
+    ]:
+        status, _, resp = plain.recommend(body)
+        assert status in (400, 422) and resp["field"] == field, (field, status, resp)
+        assert len(resp["error"]) < 300
+    status, _, resp = plain.recommend({"user_id": 1, "k": 3, "candidates": [5, 17, 300]})
+    assert status == 200 and sorted(scores(resp)) == [5, 17, 300]
+    new_log = served["handles"]["plain"].log_path.read_text()[len(log_before) :]
+    assert "Traceback" not in new_log and "RecursionError" not in new_log
+
+
+@pytest.mark.parametrize(
+    "ctype, status",
+    [
+        ("application/json", 200),
+        ("application/json; charset=utf-8", 200),
+        ("Application/JSON;charset=UTF-8", 200),
+        (None, 415),  # a missing Content-Type is refused too (documented in the OpenAPI description)
+        ("text/plain", 415),
+        ("application/x-www-form-urlencoded", 415),
+        ("application/json; charset=latin-1", 415),
+        ("application/jsonx", 415),
+    ],
+)
+def test_content_type_must_be_json(plain, ctype, status):
+    headers = {"Content-Type": ctype} if ctype else {}
+    got, _, data = plain.request("POST", "/recommend", b'{"user_id": 1, "k": 2}', headers)
+    resp = json.loads(data)
+    assert got == status, resp
+    if status == 415:
+        assert resp["field"] == "Content-Type" and "application/json" in resp["error"]
+    else:
+        assert len(resp["items"]) == 2
+
+
+def _trickle(url: str, declared: int, sent: bytes, chunked: bool = False) -> socket.socket:
+    """A connection that sends the request head and part of the body, then nothing."""
+    u = urlparse(url)
+    sock = socket.create_connection((u.hostname, u.port), timeout=60)
+    length = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {declared}"
+    head = f"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{length}\r\n\r\n"
+    body = f"{len(sent):x}\r\n".encode() + sent + b"\r\n" if chunked else sent
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict]:
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _content_length(data):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def _content_length(data: bytes) -> int:
+    for line in data.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def test_slow_bodies_do_not_take_admission_slots(served):
+    """Clients trickling their bodies used to count against queue_limit (2 here) with no read timeout,
+    so two of them refused everyone else with 503, forever. Now the body is read first, with
+    body_timeout_s (3 s here) -> 408."""
+    h = served["handles"]["limited"]
+    slow = [_trickle(h.url, 100, b'{"user_id": 1,') for _ in range(3)]
+    slow.append(_trickle(h.url, 0, b'{"user_id"', chunked=True))
+    c = Client(h.url)
+    body = {"user_id": 7, "k": 3, "candidates": [5, 17, 300]}
+    status, _, resp = c.recommend(body)
+    assert status == 200 and sorted(scores(resp)) == [5, 17, 300]
+    for sock in slow:
+        status, err = _read_response(sock)
+        assert status == 408 and err["field"] == "body" and "body_timeout_s" in err["error"]
+        assert sock.recv(1) == b""  # and the connection is closed: the rest of that body is not wanted
+        sock.close()
+    status, _, resp2 = c.recommend(body)
+    assert status == 200 and scores(resp2) == scores(resp)
+    assert h.health()["inflight_max"] <= 2
+    c.close()
+
+
 def test_healthz_metrics_and_openapi(plain, served):
     status, _, body = plain.request("GET", "/healthz")
     h = json.loads(body)
@@ -407,7 +527,9 @@ def test_settings_overrides_and_their_errors():
 
 
 def test_bad_settings_refuse_to_start_naming_the_key(served, capsys):
-    code = serve_main(["--variant", str(served["vdir"]), "--dataset", str(served["dpath"]), "batching.nope=1"])
+    code = serve_main(
+        ["--variant", str(served["vdir"]), "--dataset", str(served["dpath"]), "batching.nope=1"]
+    )
     assert code == 2 and "serve.batching.nope" in capsys.readouterr().err
 
 
