@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from reco.serve.config import ServeConfig
 from reco.serve.features import FeatureStore
-from reco.serve.request import F32_MAX, INT64_MAX, INT64_MIN
+from reco.serve.request import F32_MAX, MAX_ID
 
 DESCRIPTION = """\
 POST /recommend: features -> candidates -> rank -> top-k for one user.
@@ -39,12 +39,12 @@ def openapi_schema(store: FeatureStore, cfg: ServeConfig, model: str) -> dict:
     Returns:
         The schema as a JSON-able dict.
     """
-    int64 = {"type": "integer", "minimum": INT64_MIN, "maximum": INT64_MAX}
+    an_id = {"type": "integer", "minimum": -MAX_ID, "maximum": MAX_ID}
     ctx_props: dict[str, dict] = {}
     for name, (_, f) in store.ctx_sparse.items():
         ctx_props[name] = {
             "description": f"id in [0, {f.cardinality}); others are the unknown id 0",
-            "anyOf": [int64, {"type": "array", "items": int64, "minItems": 1, "maxItems": f.max_len}],
+            "anyOf": [an_id, {"type": "array", "items": an_id, "minItems": 1, "maxItems": f.max_len}],
         }
     for name in store.ctx_dense:
         ctx_props[name] = {"type": "number", "minimum": -F32_MAX, "maximum": F32_MAX}
@@ -121,7 +121,7 @@ def openapi_schema(store: FeatureStore, cfg: ServeConfig, model: str) -> dict:
                     "additionalProperties": False,
                     "required": ["user_id", "k"],
                     "properties": {
-                        "user_id": {**int64, "description": "encoded user id; unknown -> cold start"},
+                        "user_id": {**an_id, "description": "encoded user id; unknown -> cold start"},
                         "k": {"type": "integer", "minimum": 1, "maximum": cfg.max_k},
                         "context": {"type": "object", "additionalProperties": False, "properties": ctx_props},
                         "candidates": {

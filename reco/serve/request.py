@@ -1,6 +1,8 @@
 """A /recommend request: reading the body, checking its media type, decoding and validating it.
 
-Every rejection is a RequestError carrying the HTTP status and the field it names. Error messages
+Integers are what JSON Schema calls integers: any number without a fractional part (66 or 66.0), so a
+request valid under the OpenAPI schema is accepted. Every rejection is a RequestError carrying the HTTP
+status and the field it names. Error messages
 describe the offending value with `describe`, which never recurses: a body nested a thousand levels
 deep (orjson accepts up to 1024) must cost a 4xx, not a RecursionError in repr.
 """
@@ -19,7 +21,10 @@ if TYPE_CHECKING:
     from reco.serve.features import FeatureStore
 
 FIELDS = ("user_id", "context", "k", "candidates")
-INT64_MIN, INT64_MAX = -(2**63), 2**63 - 1
+# Ids are JSON "safe integers" (|id| <= 2^53 - 1, as JavaScript's Number.MAX_SAFE_INTEGER): exact as
+# doubles too, so 66.0 and 66 agree, and no float near a bound can stand for an integer beyond it
+# (orjson reads integer literals beyond 64 bits as rounded floats).
+MAX_ID = 2**53 - 1
 F32_MAX = float(np.finfo(np.float32).max)  # a dense value beyond it would become inf in the model input
 
 
@@ -144,7 +149,7 @@ def parse_request(body: bytes, store: FeatureStore, max_k: int, max_candidates: 
     for name in obj:
         if name not in FIELDS:
             raise RequestError(422, name[:60], f"{name[:60]}: unknown field (expected {', '.join(FIELDS)})")
-    user_id = _int_field(obj, "user_id", INT64_MIN, INT64_MAX)
+    user_id = _int_field(obj, "user_id", -MAX_ID, MAX_ID)
     k = _int_field(obj, "k", 1, max_k)
     ctx_ids, ctx_mask, ctx_dense = _parse_context(obj.get("context"), store)
     cands = obj.get("candidates")
@@ -153,18 +158,23 @@ def parse_request(body: bytes, store: FeatureStore, max_k: int, max_candidates: 
     return Request(user_id, k, ctx_ids, ctx_mask, ctx_dense, cands)
 
 
-def _is_int(v: object) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
+def _as_int(v: object, lo: int = -MAX_ID, hi: int = MAX_ID) -> int | None:
+    """`v` as an int in [lo, hi] when it is a JSON integer (66 or 66.0), else None."""
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        return None
+    if isinstance(v, float):
+        if not v.is_integer():  # also NaN and inf
+            return None
+        v = int(v)
+    return v if lo <= v <= hi else None
 
 
 def _int_field(obj: dict, name: str, lo: int, hi: int) -> int:
     if name not in obj:
         raise RequestError(422, name, f"{name}: required field missing (expected an integer)")
-    v = obj[name]
-    if not _is_int(v):
-        raise RequestError(422, name, f"{name}: expected an integer, got {describe(v)}")
-    if not lo <= v <= hi:
-        raise RequestError(422, name, f"{name}: expected {lo} <= {name} <= {hi}, got {describe(v)}")
+    v = _as_int(obj[name], lo, hi)
+    if v is None:
+        raise RequestError(422, name, f"{name}: expected an integer in [{lo}, {hi}], got {describe(obj[name])}")
     return v
 
 
@@ -182,17 +192,16 @@ def _parse_context(ctx: object, store: FeatureStore) -> tuple[np.ndarray, np.nda
         field = f"context.{name[:60]}"
         if name in store.ctx_sparse:
             j, f = store.ctx_sparse[name]
-            vals = [v] if _is_int(v) else v
-            if (
-                not isinstance(vals, list)
-                or not 1 <= len(vals) <= f.max_len
-                or not all(_is_int(x) and INT64_MIN <= x <= INT64_MAX for x in vals)
-            ):
+            one = _as_int(v)
+            vals = [one] if one is not None else v
+            if isinstance(vals, list) and 1 <= len(vals) <= f.max_len:
+                vals = [_as_int(x) for x in vals]
+            if not isinstance(vals, list) or not 1 <= len(vals) <= f.max_len or None in vals:
                 raise RequestError(
                     422,
                     field,
                     f"{field}: expected an integer id or a non-empty array of at most {f.max_len} "
-                    f"(64-bit integers), got {describe(v)}",
+                    f"(|id| <= {MAX_ID}), got {describe(v)}",
                 )
             ids[j, : len(vals)] = [x if 0 <= x < f.cardinality else 0 for x in vals]
             mask[j] = 0.0
@@ -223,12 +232,13 @@ def _parse_candidates(cands: object, store: FeatureStore, max_candidates: int) -
         raise RequestError(
             422, "candidates", f"candidates: at most {max_candidates} item ids, got {len(cands)}"
         )
-    for i, c in enumerate(cands):
-        if not _is_int(c) or not INT64_MIN <= c <= INT64_MAX:
+    ids = [_as_int(c) for c in cands]
+    for i, c in enumerate(ids):
+        if c is None:
             raise RequestError(
-                422, f"candidates[{i}]", f"candidates[{i}]: expected an item id, got {describe(c)}"
+                422, f"candidates[{i}]", f"candidates[{i}]: expected an item id, got {describe(cands[i])}"
             )
-    arr = np.array(list(dict.fromkeys(cands)), dtype=np.int64)  # duplicates scored once
+    arr = np.array(list(dict.fromkeys(ids)), dtype=np.int64)  # duplicates scored once
     bad = store.check_items(arr)
     if len(bad):
         raise RequestError(
