@@ -14,11 +14,11 @@ from conftest import make_variant
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
+from reco.config import compose
 from reco.loadtest.capacity import _next_rate, find_capacity, resolve_slo, slo_from_reference
 from reco.loadtest.histogram import percentiles, read_latencies
 from reco.loadtest.requests import request_bodies, write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load
-from reco.config import compose
 from reco.serve.process import start_server
 from reco.tracking import log_to_run
 

@@ -238,7 +238,7 @@ class RecoService:
                 "backend": self.backend,
                 "pid": os.getpid(),
                 "batching": asdict(self.batching),
-                "batcher_restarts": getattr(self.ranker, "restarts", 0),
+                "batcher_restarts": self.ranker.restarts,
                 "retrieval": self.store.retrieval_name,
                 "n_users": int(self.store.users.cold),
                 "n_items": int(self.store.items.cold),

@@ -48,6 +48,8 @@ class Scored:
 class DirectRanker:
     """One scorer call per request, in arrival order on the executor's threads."""
 
+    restarts = 0  # as DynamicBatcher's: there is no task to restart
+
     def __init__(self, scorer: Scorer, executor: ThreadPoolExecutor) -> None:
         self.scorer, self.executor = scorer, executor
 

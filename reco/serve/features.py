@@ -58,7 +58,7 @@ class SideTable:
         return self.ids.shape[0] - 1
 
     def lookup(self, entity: np.ndarray) -> np.ndarray:
-        """Entity ids (any ints) -> table rows; out-of-range ids are cold-start."""
+        """Table rows of `entity` ids [N] (any ints) -> [N] rows; out-of-range ids are cold-start."""
         inside = (entity >= 0) & (entity < self.row.shape[0])
         return np.where(inside, self.row[np.clip(entity, 0, self.row.shape[0] - 1)], self.cold)
 
@@ -174,16 +174,17 @@ class FeatureStore:
         return self.groups["feature"] if self.groups else "popularity"
 
     def user_row(self, user_id: int) -> int:
-        """Row of the user's features; cold-start for ids not in the train split (any int)."""
+        """Row of `user_id`'s features (any int); the cold-start row for ids not in the train split."""
         row = self.users.row
         return int(row[user_id]) if 0 < user_id < len(row) else self.users.cold
 
     def check_items(self, item_ids: np.ndarray) -> np.ndarray:
-        """Item ids outside [1, cardinality) (they have no embedding row at all)."""
+        """The ids among `item_ids` [M] outside [1, cardinality) (they have no embedding row at all)."""
         return item_ids[(item_ids < 1) | (item_ids >= self.item_card)]
 
     def candidates(self, user_row: int, n: int) -> np.ndarray:
-        """[<=n] int64 item ids: popular items of the user's recent groups, then global popularity."""
+        """Candidates for the user at `user_row`: [<=n] int64 item ids, popular items of the user's recent
+        groups (retrieval.share of them), then global popularity."""
         picked = np.empty(0, dtype=np.int64)
         g = self.groups
         if g is not None and self.share > 0:

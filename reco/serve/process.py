@@ -87,6 +87,11 @@ class ServerHandle:
 
         Each health check is a new connection, which SO_REUSEPORT hashes to some worker, so all workers
         answer sooner or later once their model is loaded and their socket bound.
+
+        Args:
+            timeout_s: how long to wait.
+        Returns:
+            self; ServerStartError (with the log's tail) otherwise.
         """
         deadline = time.monotonic() + timeout_s
         workers, seen = self.settings.workers, set()

@@ -174,7 +174,9 @@ def _int_field(obj: dict, name: str, lo: int, hi: int) -> int:
         raise RequestError(422, name, f"{name}: required field missing (expected an integer)")
     v = _as_int(obj[name], lo, hi)
     if v is None:
-        raise RequestError(422, name, f"{name}: expected an integer in [{lo}, {hi}], got {describe(obj[name])}")
+        raise RequestError(
+            422, name, f"{name}: expected an integer in [{lo}, {hi}], got {describe(obj[name])}"
+        )
     return v
 
 
