@@ -8,6 +8,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from mlflow.tracking import MlflowClient
 
+from reco.config import register
 from reco.pipeline import ConfigError, plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -30,6 +31,7 @@ def run_py(tmp_path: Path, *overrides: str, timeout: int = 300) -> subprocess.Co
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes_and_plans(preset):
+    register()  # the config groups' schemas, as run.py does
     with initialize_config_dir(str(ROOT / "conf"), version_base="1.3"):
         cfg = compose("config", overrides=[f"experiment={preset}"], return_hydra_config=False)
     from omegaconf import OmegaConf
