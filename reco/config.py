@@ -106,6 +106,7 @@ def _schemas() -> dict[tuple[str, str], type]:
     from reco.data.config import DataConfig
     from reco.loadtest.config import LoadtestConfig
     from reco.models.dlrm import ModelConfig
+    from reco.serve.config import ServeConfig
     from reco.steps import steps
     from reco.tracking import TrackingConfig
     from reco.train.loop import TrainConfig
@@ -114,6 +115,7 @@ def _schemas() -> dict[tuple[str, str], type]:
         ("data", "schema"): DataConfig,
         ("loadtest", "schema"): LoadtestConfig,
         ("model", "schema"): ModelConfig,
+        ("serve", "schema"): ServeConfig,
         ("trainer", "schema"): TrainConfig,
         ("tracking", "schema"): TrackingConfig,
     }

@@ -25,10 +25,9 @@ from reco.loadtest.histogram import read_latencies
 from reco.loadtest.requests import request_bodies, write_requests
 from reco.loadtest.runner import LOCUSTFILE, LoadTestError, plan_cpus, run_load, with_settings
 from reco.loadtest.runs import run_metrics
-from reco.serve.app import load_settings
 from reco.serve.process import free_port, start_server
 from reco.stats import Verdict
-from reco.tracking import log_to_run
+from reco.tracking import Tracker
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -59,7 +58,7 @@ def server(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("lt")
     vdir, dpath = make_variant(tiny_data, root)
     requests = write_requests(dpath, root / "requests.jsonl", n=2000, k=10, seed=0)
-    h = start_server(vdir, dpath, load_settings(None, ["n_candidates=200"]), work_dir=root / "server")
+    h = start_server(vdir, dpath, compose(["serve.n_candidates=200"]).serve, work_dir=root / "server")
     try:
         yield {"url": h.url, "requests": requests, "data": tiny_data}
     finally:
@@ -111,9 +110,10 @@ def test_closed_loop_exact_percentiles_land_in_mlflow(server, tmp_path):
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
     client = MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment("lt", artifact_location=(tmp_path / "artifacts").as_uri())
-    run_id = client.create_run(exp).info.run_id
-    log_to_run(run_id, m, res.params, res.artifacts, uri, subdir="loadtest")
+    tracker = Tracker(uri, "lt", str(tmp_path / "artifacts"))
+    run_id = tracker.start_run("variant")
+    tracker.log(run_id, metrics=m, params=res.params)
+    tracker.log_artifacts(run_id, res.artifacts, "loadtest")
     logged = client.get_run(run_id).data
     for name in (*METRICS, "e2e_p99_ms_lo", "e2e_p99_ms_hi"):
         assert logged.metrics[name] == pytest.approx(m[name], rel=1e-12)

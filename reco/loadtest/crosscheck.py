@@ -20,9 +20,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from reco.config import compose
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import plan_cpus, run_load
-from reco.serve.app import load_settings
 from reco.serve.process import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -62,7 +62,8 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="reco-crosscheck-"))
     requests = write_requests(args.dataset, work / "requests.jsonl", n=2000, k=10, seed=0)
     lt = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "loadtest" / "default.yaml"))
-    with start_server(args.variant, args.dataset, load_settings(), cpus=server_cpus, work_dir=work) as server:
+    serve = compose().serve  # conf/serve/default.yaml, typed by start_server
+    with start_server(args.variant, args.dataset, serve, cpus=server_cpus, work_dir=work) as server:
         run_load(
             server.url,
             {**lt, "mode": "closed", "users": args.connections, "duration_s": 3},

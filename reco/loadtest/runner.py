@@ -24,8 +24,8 @@ the process exits (and both die with the caller even on SIGKILL: PR_SET_PDEATHSI
 
 from __future__ import annotations
 
-import ctypes
 import dataclasses
+import functools
 import json
 import math
 import os
@@ -44,11 +44,13 @@ from typing import Any
 
 import psutil
 
+from reco.children import die_with_parent
 from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
 from reco.loadtest.histogram import plot_cdf, read_latencies
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.runs import make_run
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
+from reco.serve.process import log_tail
 
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
 
@@ -123,14 +125,6 @@ def locust_command(
     return cmd
 
 
-# TODO(lead): use reco.serve.process.log_tail(path, lines) once the serve branch (which adds it) is merged.
-def _log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
-
-
 def _wait_for(path: Path, proc: subprocess.Popen, deadline: float) -> bool:
     """Until `path` exists (True), the process exits or the deadline passes (False)."""
     while not path.exists():
@@ -177,9 +171,9 @@ def stop_on_signals() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _child_setup(cpus: list[int] | None) -> None:
+def _child_setup(parent_pid: int, cpus: list[int] | None) -> None:
     """In the Locust child before exec: die with the caller (PR_SET_PDEATHSIG), run on `cpus`."""
-    ctypes.CDLL(None).prctl(1, signal.SIGTERM)
+    die_with_parent(parent_pid)
     if cpus:
         os.sched_setaffinity(0, cpus)
 
@@ -231,13 +225,13 @@ def run_load(
             with open(log_path, "wb") as log:
                 proc = subprocess.Popen(
                     cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out,
-                    preexec_fn=lambda: _child_setup(cpus),
+                    preexec_fn=functools.partial(_child_setup, os.getpid(), cpus),
                 )  # fmt: skip
             started = Path(f"{lat_path}.started")
             if not _wait_for(started, proc, time.time() + float(lg.startup_timeout_s)):
                 why = f"exit code {proc.returncode}" if proc.poll() is not None else "timeout"
                 raise LoadTestError(
-                    f"Locust did not start the test ({why}); {log_path}:\n{_log_tail(log_path)}"
+                    f"Locust did not start the test ({why}); {log_path}:\n{log_tail(log_path)}"
                 )
             time.sleep(0.05)  # the file is written in one call; let it land
             t0 = float(started.read_text())
@@ -258,7 +252,7 @@ def run_load(
             stop_keep_warm(spinners)
     if not Path(f"{lat_path}.summary.json").exists():
         raise LoadTestError(
-            f"Locust exited (code {proc.returncode}) without writing {lat_path}:\n{_log_tail(log_path)}"
+            f"Locust exited (code {proc.returncode}) without writing {lat_path}:\n{log_tail(log_path)}"
         )
 
     lat = read_latencies(lat_path)
