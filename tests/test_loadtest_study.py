@@ -15,6 +15,7 @@ from reco.config import compose
 from reco.loadtest.config import loadtest_config
 from reco.loadtest.correctness import check_scores
 from reco.serve.app import load_settings
+from reco.serve.config import serve_config
 from reco.stats import Verdict
 from reco.variant import Variant
 
@@ -87,7 +88,7 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
     rows[0]["items"][0][1] += 1e-3
     bad = tmp_path / "bad.scores.jsonl"
     bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
-    serve = study_cfg()["serve"]
+    serve = serve_config(study_cfg()["serve"])
     check = check_scores(variant, tiny_data, serve, tmp_path / "requests.jsonl", [bad], 1e-5)
     assert not check.passed and check.max_abs_diff == pytest.approx(1e-3, rel=1e-3)
 

@@ -12,17 +12,16 @@ among the request's candidates, or an unreadable answer, is an infinite differen
 
 from __future__ import annotations
 
-import dataclasses
 import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 import numpy as np
 
 from reco.data.schema import Dataset
 from reco.loadtest.outcome import CorrectnessCheck
+from reco.serve.config import ServeConfig
 from reco.variant import Variant
 
 
@@ -38,7 +37,7 @@ def read_scores(paths: Sequence[Path]) -> list[dict]:
 def check_scores(
     variant: Variant,
     data: Dataset,
-    serve: Mapping | Any,
+    serve: ServeConfig,
     requests_path: Path,
     score_files: Sequence[Path],
     tolerance: float,
@@ -48,7 +47,7 @@ def check_scores(
     Args:
         variant: the served variant (scored here through its own runtime, one thread).
         data: the dataset the server was started with.
-        serve: the serve settings, a mapping or a typed config (n_candidates, max_k, max_candidates, retrieval).
+        serve: the serve settings the server ran with (n_candidates, max_k, max_candidates, retrieval).
         requests_path: the request file the generator replayed (bodies by line index).
         score_files: the generator's .scores.jsonl files.
         tolerance: max |served - offline| score.
@@ -58,13 +57,11 @@ def check_scores(
     from reco.runtime import load_scorer
     from reco.serve.features import FeatureStore
 
-    if dataclasses.is_dataclass(serve):
-        serve = dataclasses.asdict(serve)
     samples = read_scores(score_files)
     if not samples:
         return CorrectnessCheck(0, math.inf, tolerance, False)
     bodies = [ln for ln in Path(requests_path).read_text().splitlines() if ln.strip()]
-    store = FeatureStore(data, dict(serve["retrieval"]))
+    store = FeatureStore(data, serve.retrieval)
     scorer = load_scorer(variant, threads=1)
     worst = 0.0
     for s in samples:
@@ -72,17 +69,17 @@ def check_scores(
     return CorrectnessCheck(len(samples), worst, tolerance, worst <= tolerance)
 
 
-def _max_diff(sample: dict, bodies: list[str], store, scorer, serve: Mapping) -> float:
+def _max_diff(sample: dict, bodies: list[str], store, scorer, serve: ServeConfig) -> float:
     from reco.serve.app import parse_request
 
     if sample["items"] is None:
         return math.inf
     req = parse_request(
-        bodies[sample["payload"]].encode(), store, int(serve["max_k"]), int(serve["max_candidates"])
+        bodies[sample["payload"]].encode(), store, serve.max_k, serve.max_candidates
     )
     urow = store.user_row(req.user_id)
     items = (
-        req.candidates if req.candidates is not None else store.candidates(urow, int(serve["n_candidates"]))
+        req.candidates if req.candidates is not None else store.candidates(urow, serve.n_candidates)
     )
     probs = scorer(*store.assemble(urow, req, items))  # [N] float32, one request alone: unbatched
     offline = dict(zip(items.tolist(), probs.tolist(), strict=True))

@@ -38,7 +38,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from reco.data.schema import Dataset
 from reco.loadtest.capacity import find_capacity, open_loop_measure, resolve_slo, write_capacity
@@ -48,6 +48,7 @@ from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
 from reco.loadtest.runs import run_metrics
+from reco.serve.config import ServeConfig, serve_config
 from reco.serve.process import ServerHandle, start_server
 from reco.variant import Variant
 
@@ -59,15 +60,6 @@ def _section(cfg: Any, name: str) -> Any:
     return cfg[name] if isinstance(cfg, Mapping | DictConfig) else getattr(cfg, name)
 
 
-def _plain(node: Any) -> Any:
-    """A DictConfig as a plain dict; a dict or a typed config as it is (start_server accepts both)."""
-    return OmegaConf.to_container(node, resolve=True) if isinstance(node, DictConfig) else node
-
-
-def _get(node: Any, key: str) -> Any:
-    return node[key] if isinstance(node, Mapping) else getattr(node, key)
-
-
 def _say(msg: str) -> None:
     print(msg, flush=True)
 
@@ -75,7 +67,7 @@ def _say(msg: str) -> None:
 class _Study:
     """The state of one study while it runs (see the module docstring for the order of work)."""
 
-    def __init__(self, lt: LoadtestConfig, serve: Any, out_dir: Path, log: Log | None) -> None:
+    def __init__(self, lt: LoadtestConfig, serve: ServeConfig, out_dir: Path, log: Log | None) -> None:
         self.lt, self.serve, self.out, self.log = lt, serve, out_dir, log
         self.outcomes: dict[str, LoadOutcome] = {}
         self.servers: dict[str, ServerHandle] = {}
@@ -207,10 +199,10 @@ def run_study(
         The StudyOutcome; a variant whose load test failed has LoadOutcome.error set.
     """
     lt = loadtest_config(_section(cfg, "loadtest"))
-    serve = _plain(_section(cfg, "serve"))
+    serve = serve_config(_section(cfg, "serve"))
     st = lt.study
     out = Path(out_dir)
-    keep_warm = bool(lt.loadgen.keep_warm and _get(serve, "keep_warm"))
+    keep_warm = bool(lt.loadgen.keep_warm and serve.keep_warm)
     result = StudyOutcome(None, "", None, keep_warm, reference=st.reference)
     if data.schema.user_key is None or data.schema.item_key is None:
         result.slo_source = (
