@@ -14,7 +14,6 @@ from conftest import make_variant
 from reco.config import compose
 from reco.loadtest.config import loadtest_config
 from reco.loadtest.correctness import check_scores
-from reco.serve.app import load_settings
 from reco.serve.config import serve_config
 from reco.stats import Verdict
 from reco.variant import Variant
@@ -37,7 +36,7 @@ def study_cfg(**over) -> dict:
     st = {"repeats": 2, "common_rate": 100.0, "equal_util_fraction": 0.5, "unloaded_requests": 100}
     st.update(load_requests=200, correctness=r(lt.study.correctness, every=10), **over.pop("study", {}))
     lt = r(lt, capacity=r(lt.capacity, **cap), study=r(lt.study, **st), **over)
-    return {"loadtest": lt, "serve": load_settings(None, ["n_candidates=200", "keep_warm=false"])}
+    return {"loadtest": lt, "serve": compose(["serve.n_candidates=200", "serve.keep_warm=false"]).serve}
 
 
 @pytest.fixture(scope="module")
