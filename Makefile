@@ -10,12 +10,13 @@ venv: $(STAMP)
 
 # Order matters: CPU torch from the local wheel, then the CPU FBGEMM build, then torchrec
 # without its dependencies (they would pull the CUDA fbgemm-gpu), then everything else.
-$(STAMP): pyproject.toml
+# Every version comes from requirements.lock, so two fresh machines benchmark the same libraries.
+$(STAMP): pyproject.toml requirements.lock
 	test -x $(PY) || python3 -m venv .venv
 	$(PIP) install -q --upgrade pip
-	$(PIP) install -q torch==2.13.0 fbgemm-gpu-cpu==1.8.0
-	$(PIP) install -q --no-deps torchrec==1.8.0
-	$(PIP) install -q -e '.[dev]'
+	$(PIP) install -q -c requirements.lock torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+	$(PIP) install -q -c requirements.lock --no-deps torchrec==1.8.0
+	$(PIP) install -q -c requirements.lock -e '.[dev]'
 	touch $(STAMP)
 
 case-study: $(STAMP)

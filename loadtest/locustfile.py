@@ -1,7 +1,7 @@
 """Locust user for the reco service; runs on its own with Locust's web UI or headless.
 
     locust -f loadtest/locustfile.py --host http://127.0.0.1:8000 --web-host 127.0.0.1 --requests-file requests.jsonl
-    locust -f loadtest/locustfile.py --host ... --headless -u 1 -t 20s --load-mode open --rate 200
+    locust -f loadtest/locustfile.py --host ... --headless -u 1 -t 60s --load-mode open --rate 200 --window-requests 1000
 
 (--web-host 127.0.0.1 keeps Locust's web UI on loopback; it listens on every interface by default.)
 
@@ -12,22 +12,39 @@ Two load models:
           MLPerf's Server scenario. Latency is measured from each request's SCHEDULED send time, so a
           queue in the server or in the generator (coordinated omission) shows up in the percentiles.
 
+The measured window starts after --warmup-s and ends after --window-requests requests (open loop: that
+many scheduled arrivals, so every variant is judged on the same n whatever its speed; closed loop: that
+many sent), or after --duration-s when --window-requests is 0 (with a count, --duration-s caps the
+window). Which requests belong to the window is decided when each is sent. When the window closes the
+generator stops sending, waits up to --drain-s for the window's outstanding requests (those still
+unanswered then count as failed) and stops the test itself.
+
 Every request's latency is recorded exactly (float ms, not Locust's rounded buckets) through the request
 event hook and written at test stop to --latency-file as CSV `start_s,latency_ms,ok,status` (start_s
-relative to the test start), keeping only requests that started in the measured window
-[warmup_s, warmup_s + duration_s). Beside it: `<file>.summary.json` (counts, open-loop schedule lag) and,
-at test start, `<file>.started` holding the test-start epoch time (the runner aligns its scrapes to it).
+relative to the test start; a row with status -1 is an arrival the generator could not send because
+--max-inflight requests were outstanding). Beside it: `<file>.started` (the test-start epoch time,
+written at test start), `<file>.window_end` (epoch time the window closed; the runner aligns its
+/metrics scrapes and CPU samples to these), `<file>.summary.json` (counts, unanswered requests, open-loop
+schedule lag) and, with --score-every N, `<file>.scores.jsonl`: the items and scores returned for every
+Nth request of the window, with the index of its body in --requests-file (the study checks them against
+the variant's offline scores).
 
 Requests come from --requests-file (JSON lines of /recommend bodies, see reco.loadtest.requests); without
 one, random user ids in [1, --random-users] with k=10 and no context.
+
+Web UI: a "reco" tab shows the exact end-to-end percentiles of the running test with their 95 % CIs
+and n (reco.stats; failures count as +inf) and the server's per-stage times scraped from its /metrics
+since the test started -- the figures the study records.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import math
 import random
 import time
+import urllib.request
 from pathlib import Path
 
 import gevent
@@ -56,7 +73,17 @@ def _args(parser) -> None:
         env_var="RECO_DURATION_S",
         type=float,
         default=0.0,
-        help="measured window after the warm-up (0: until stopped); open loop stops scheduling after it",
+        help="measured window after the warm-up (0: until stopped); with --window-requests its cap",
+    )
+    g.add_argument(
+        "--window-requests",
+        env_var="RECO_WINDOW_REQUESTS",
+        type=int,
+        default=0,
+        help="the window ends after this many requests (0: after --duration-s)",
+    )
+    g.add_argument(
+        "--drain-s", env_var="RECO_DRAIN_S", type=float, default=2.0, help="wait for outstanding requests"
     )
     g.add_argument(
         "--latency-file", env_var="RECO_LATENCY_FILE", default="reco_latencies.csv", help="per-request CSV"
@@ -66,13 +93,16 @@ def _args(parser) -> None:
     )
     g.add_argument("--think-time-s", env_var="RECO_THINK_TIME_S", type=float, default=0.0, help="closed loop")
     g.add_argument(
+        "--score-every", env_var="RECO_SCORE_EVERY", type=int, default=0, help="record every Nth response"
+    )
+    g.add_argument(
         "--random-users", env_var="RECO_RANDOM_USERS", type=int, default=1000, help="fallback users"
     )
     g.add_argument("--seed", env_var="RECO_SEED", type=int, default=0)
 
 
 class Recorder:
-    """Exact per-request latencies of the current test (module-level: one per Locust process)."""
+    """Exact per-request record of the current test (module-level: one per Locust process)."""
 
     def __init__(self) -> None:
         self.reset()
@@ -80,21 +110,48 @@ class Recorder:
     def reset(self) -> None:
         self.t0_epoch = time.time()
         self.t0_perf = time.perf_counter()
-        self.rows: list[tuple[float, float, int, int]] = []  # start_s, latency_ms, ok, status
+        self.rows: list[tuple[float, float, int, int]] = []  # window only: start_s, latency_ms, ok, status
+        self.all_rows: list[tuple[float, int]] = []  # every request of the test: latency_ms, ok (web UI)
+        self.n_all = 0  # every answered request, warm-up and drain included
         self.lags_ms: list[float] = []  # open loop: actual send - scheduled send, in the window
-        self.scheduled = 0
-        self.overflow = 0
-        self.outstanding: set[float] = set()  # open loop: scheduled perf times not yet answered
+        self.n_window = 0  # requests assigned to the window (sent or not)
+        self.window_closed = False
+        self.window_end_epoch: float | None = None
+        self.outstanding: dict[int, bool] = {}  # token -> in the window; sent, not yet answered
+        self.scores: list[dict] = []
+        self.tokens = itertools.count()
 
-    def in_window(self, start_s: float, opts) -> bool:
-        return start_s >= opts.warmup_s and (
-            opts.duration_s <= 0 or start_s < opts.warmup_s + opts.duration_s
-        )
+    def assign(self, now_perf: float, opts) -> bool:
+        """Whether a request sent (open loop: scheduled) at `now_perf` belongs to the window; counts it."""
+        if self.window_closed:
+            return False
+        rel = now_perf - self.t0_perf
+        if rel < opts.warmup_s:
+            return False
+        if opts.duration_s > 0 and rel >= opts.warmup_s + opts.duration_s:
+            self.close_window()
+            return False
+        self.n_window += 1
+        if opts.window_requests > 0 and self.n_window >= opts.window_requests:
+            self.close_window()
+        return True
+
+    def register(self, in_window: bool) -> int:
+        """A new outstanding request's token."""
+        token = next(self.tokens)
+        self.outstanding[token] = in_window
+        return token
+
+    def close_window(self) -> None:
+        if not self.window_closed:
+            self.window_closed = True
+            self.window_end_epoch = time.time()
 
 
 REC = Recorder()
 PAYLOADS: list[bytes] = []
 USER_SEQ = [0]  # users draw payloads from their own seeded stream (reproducible request mix)
+METRICS_AT_START = [""]  # the server's /metrics when the test started (web UI: stage times since then)
 
 
 @events.init.add_listener
@@ -117,6 +174,8 @@ def _init(environment, **_kw) -> None:
         PAYLOADS[:] = [
             json.dumps({"user_id": rng.randint(1, o.random_users), "k": 10}).encode() for _ in range(10_000)
         ]
+    if environment.web_ui is not None:
+        _extend_web_ui(environment)
 
 
 def _compact(line: str, path: Path, lineno: int) -> bytes:
@@ -135,60 +194,91 @@ def _test_start(environment, **_kw) -> None:
     # One connection per outstanding request in open loop; users are created after this event, and
     # FastHttpUser reads it then (the web UI can switch --load-mode between runs).
     RecoUser.concurrency = max(1, o.max_inflight) if o.load_mode == "open" else 1
+    if environment.web_ui is not None and environment.host:
+        METRICS_AT_START[0] = _scrape(environment.host)
     if o.latency_file:
         Path(o.latency_file).parent.mkdir(parents=True, exist_ok=True)
+        for suffix in (".window_end", ".summary.json", ".scores.jsonl"):
+            Path(o.latency_file + suffix).unlink(missing_ok=True)
         Path(o.latency_file + ".started").write_text(repr(REC.t0_epoch))
+    if o.duration_s > 0 or o.window_requests > 0:
+        gevent.spawn(_end_window, environment, o)
+
+
+def _end_window(environment, o) -> None:
+    """Close the window on time (duration, or the cap), let its requests drain, then stop the test."""
+    end = REC.t0_perf + o.warmup_s + o.duration_s if o.duration_s > 0 else math.inf
+    while not REC.window_closed:
+        if time.perf_counter() >= end:
+            REC.close_window()
+            break
+        gevent.sleep(0.005)
+    if o.latency_file:
+        Path(o.latency_file + ".window_end").write_text(repr(REC.window_end_epoch))
+    deadline = time.perf_counter() + o.drain_s
+    while any(REC.outstanding.values()) and time.perf_counter() < deadline:
+        gevent.sleep(0.005)
+    if o.headless:
+        environment.runner.quit()
+    else:
+        environment.runner.stop()
 
 
 @events.request.add_listener
-def _on_request(
-    request_type,
-    name,
-    response_time,
-    response_length,
-    response=None,
-    context=None,
-    exception=None,
-    start_time=None,
-    **_kw,
-) -> None:
+def _on_request(request_type, name, response_time, response_length, response=None, context=None, exception=None, **_kw) -> None:  # fmt: skip
     ctx = context or {}
-    if "scheduled" in ctx:  # open loop: from the scheduled send time
-        start_s = ctx["scheduled"] - REC.t0_perf
-        latency_ms = (time.perf_counter() - ctx["scheduled"]) * 1000.0
-        REC.outstanding.discard(ctx["scheduled"])
-    else:
-        start_s = (start_time or time.time()) - REC.t0_epoch
-        latency_ms = float(response_time)
+    if "token" not in ctx:  # not one of ours (e.g. a request made by another locustfile's user)
+        return
+    now = time.perf_counter()
+    latency_ms = (now - ctx["start"]) * 1000.0  # open loop: start is the scheduled send time
     status = int(getattr(response, "status_code", 0) or 0)
-    REC.rows.append((start_s, latency_ms, int(exception is None), status))
+    ok = int(exception is None)
+    in_window = REC.outstanding.pop(ctx["token"], False)
+    REC.n_all += 1
+    REC.all_rows.append((latency_ms, ok))
+    if not in_window:
+        return
+    REC.rows.append((ctx["start"] - REC.t0_perf, latency_ms, ok, status))
+    every = ctx.get("score_every", 0)
+    if every and ok and ctx["seq"] % every == 0:
+        try:
+            items = json.loads(response.content)["items"]
+            REC.scores.append(
+                {"payload": ctx["payload"], "items": [[i["item_id"], i["score"]] for i in items]}
+            )
+        except (ValueError, KeyError, TypeError):
+            REC.scores.append({"payload": ctx["payload"], "items": None})  # an unreadable answer: a mismatch
 
 
 @events.test_stop.add_listener
 def _test_stop(environment, **_kw) -> None:
     o = environment.parsed_options
+    REC.close_window()
     if o is None or not o.latency_file:
         return
-    rows = [r for r in REC.rows if REC.in_window(r[0], o)]
     out = Path(o.latency_file)
     with open(out, "w") as f:
         f.write("start_s,latency_ms,ok,status\n")
-        f.writelines(f"{s:.6f},{lat:.4f},{ok},{st}\n" for s, lat, ok, st in rows)
+        f.writelines(f"{s:.6f},{lat:.4f},{ok},{st}\n" for s, lat, ok, st in REC.rows)
+    if o.score_every:
+        with open(o.latency_file + ".scores.jsonl", "w") as f:
+            f.writelines(json.dumps(s) + "\n" for s in REC.scores)
     lags = sorted(REC.lags_ms)
-    incomplete = sum(1 for t in REC.outstanding if REC.in_window(t - REC.t0_perf, o))
     summary = {
         "mode": o.load_mode,
         "t0_epoch": REC.t0_epoch,
+        "window_end_epoch": REC.window_end_epoch,
         "warmup_s": o.warmup_s,
         "duration_s": o.duration_s,
-        "n_recorded": len(rows),
-        "n_all": len(REC.rows),
+        "window_requests": o.window_requests,
+        "n_window": REC.n_window,  # assigned to the window: recorded rows + unanswered
+        "n_recorded": len(REC.rows),
+        "unanswered": sum(REC.outstanding.values()),  # sent in the window, no answer when the test stopped
+        "n_all": REC.n_all,
         "payloads": len(PAYLOADS),
         "open": {
             "rate": o.rate,
-            "scheduled": REC.scheduled,
-            "overflow": REC.overflow,
-            "incomplete": incomplete,
+            "overflow": sum(1 for r in REC.rows if r[3] == -1),
             "lag_p99_ms": lags[min(len(lags) - 1, math.ceil(0.99 * len(lags)) - 1)] if lags else 0.0,
             "lag_max_ms": lags[-1] if lags else 0.0,
         }
@@ -210,17 +300,28 @@ class RecoUser(FastHttpUser):
         seed = self.environment.parsed_options.seed if self.environment.parsed_options else 0
         self.rng = random.Random(seed * 1_000_003 + USER_SEQ[0])
 
-    def post(self, context: dict | None = None) -> None:
-        body = PAYLOADS[self.rng.randrange(len(PAYLOADS))]
-        self.client.post("/recommend", data=body, headers=JSON_HEADERS, context=context or {})
+    def post(self, start: float, in_window: bool, seq: int, token: int) -> None:
+        """One /recommend request; `start` is its send time (open loop: its scheduled send time), `seq`
+        its number in the window, `token` its key in REC.outstanding (registered by the caller, before a
+        spawned request runs, so the drain cannot miss it)."""
+        o = self.environment.parsed_options
+        idx = self.rng.randrange(len(PAYLOADS))
+        ctx = {"token": token, "start": start, "payload": idx, "seq": seq}
+        if in_window and o is not None and o.score_every:
+            ctx["score_every"] = o.score_every
+        self.client.post("/recommend", data=PAYLOADS[idx], headers=JSON_HEADERS, context=ctx)
 
     @task
     def recommend(self) -> None:
         o = self.environment.parsed_options
         if o is not None and o.load_mode == "open":
             self.open_loop(o)
+        elif REC.window_closed and o is not None and o.headless:
+            gevent.sleep(0.05)  # the window is over: nothing more to measure
         else:
-            self.post()
+            now = time.perf_counter()
+            in_window = REC.assign(now, o) if o is not None else False
+            self.post(now, in_window, REC.n_window, REC.register(in_window))
 
     def open_loop(self, o) -> None:
         """Schedule Poisson arrivals; each request in its own greenlet, timed from its scheduled send."""
@@ -229,27 +330,80 @@ class RecoUser(FastHttpUser):
         rate = o.rate / n_users
         if rate <= 0:
             raise SystemExit(f"--rate must be > 0 in open loop, got {o.rate}")
-        end = REC.t0_perf + o.warmup_s + o.duration_s if o.duration_s > 0 else math.inf
         t = time.perf_counter()
         mine: set[gevent.Greenlet] = set()
-        while True:
+        while not REC.window_closed:
             t += self.rng.expovariate(rate)
-            if t >= end:
-                break
             delay = t - time.perf_counter()
             if delay > 0:
                 gevent.sleep(delay)
-            in_window = REC.in_window(t - REC.t0_perf, o)
+            in_window = REC.assign(t, o)
             if in_window:
-                REC.scheduled += 1
                 REC.lags_ms.append((time.perf_counter() - t) * 1000.0)
             mine = {g for g in mine if not g.dead}
             if len(mine) >= o.max_inflight:  # the server is this far behind: count it, never queue here
-                REC.overflow += 1
-                REC.rows.append((t - REC.t0_perf, math.nan, 0, -1))
+                if in_window:
+                    REC.rows.append((t - REC.t0_perf, math.nan, 0, -1))
                 continue
-            REC.outstanding.add(t)
-            mine.add(gevent.spawn(self.post, {"scheduled": t}))
+            mine.add(gevent.spawn(self.post, t, in_window, REC.n_window, REC.register(in_window)))
         gevent.joinall(list(mine))
-        while True:  # window over: idle until Locust stops the test
+        while True:  # window over: idle until the test stops
             gevent.sleep(1.0)
+
+
+def _scrape(host: str) -> str:
+    try:
+        with urllib.request.urlopen(host.rstrip("/") + "/metrics", timeout=2.0) as r:
+            return r.read().decode()
+    except OSError:
+        return ""
+
+
+def reco_tab_rows(host: str | None) -> list[dict]:
+    """Rows of the web UI's "reco" tab: exact e2e quantiles with CIs of every request so far (failures
+    +inf), the error rate, and the server's stage times since the test started."""
+    import numpy as np
+
+    from reco.loadtest.histogram import quantiles
+    from reco.stats import with_failures
+
+    lat = np.array([r[0] for r in REC.all_rows if r[1]], dtype=np.float64)
+    failed = sum(1 for r in REC.all_rows if not r[1])
+    x = with_failures(lat, failed)
+    rows = [{"figure": f"e2e {k} ms", "value": e.fmt(".2f")} for k, e in quantiles(x).items()]
+    rows.append(
+        {"figure": "error rate", "value": f"{failed / len(x):.4f} (n={len(x):,})" if len(x) else "n/a"}
+    )
+    after = _scrape(host) if host else ""
+    if after and METRICS_AT_START[0]:
+        from reco.serve.metrics import stage_summary
+
+        for k, v in stage_summary(METRICS_AT_START[0], after).items():
+            rows.append({"figure": k, "value": f"{v:.3f}"})
+    return rows
+
+
+def _extend_web_ui(environment) -> None:
+    """Add the "reco" tab: its table is filled from `extended_stats` of every /stats/requests poll."""
+    from flask import request
+
+    web_ui = environment.web_ui
+    web_ui.template_args["extended_tabs"] = [{"title": "reco", "key": "reco"}]
+    web_ui.template_args["extended_tables"] = [
+        {
+            "key": "reco",
+            "structure": [
+                {"key": "figure", "title": "figure"},
+                {"key": "value", "title": "value [95% CI] (n)"},
+            ],
+        }
+    ]
+
+    @web_ui.app.after_request
+    def _reco_stats(response):
+        if request.path != "/stats/requests" or response.status_code != 200:
+            return response
+        data = response.get_json()
+        data["extended_stats"] = [{"key": "reco", "data": reco_tab_rows(environment.host)}]
+        response.set_data(json.dumps(data))
+        return response

@@ -103,13 +103,19 @@ def _schemas() -> dict[tuple[str, str], type]:
     `defaults: [schema, _self_]` (conf/step/*.yaml: `[prune_schema, _self_]` etc.)."""
     # Each module owns its config dataclass (as TorchRec's embedding_configs sits beside its modules);
     # this is only the index. Imported here, not at module top, to keep `import reco.config` light.
+    from reco.data.config import DataConfig
+    from reco.loadtest.config import LoadtestConfig
     from reco.models.dlrm import ModelConfig
+    from reco.serve.config import ServeConfig
     from reco.steps import steps
     from reco.tracking import TrackingConfig
     from reco.train.loop import TrainConfig
 
     schemas: dict[tuple[str, str], type] = {
+        ("data", "schema"): DataConfig,
+        ("loadtest", "schema"): LoadtestConfig,
         ("model", "schema"): ModelConfig,
+        ("serve", "schema"): ServeConfig,
         ("trainer", "schema"): TrainConfig,
         ("tracking", "schema"): TrackingConfig,
     }

@@ -89,13 +89,14 @@ def run(cfg: DictConfig) -> list[Built]:
         )
         print(
             f"[data] {data.name}: train {len(data.train):,} val {len(data.val):,} test {len(data.test):,} rows, "
-            f"fingerprint {data.fingerprint}, skipped {data.skipped or 'none'}",
+            f"fingerprint {data.fingerprint}, skipped {data.skipped or 'none'}, padded {data.padded or 'none'}",
             flush=True,
         )
         tracker.log(
             parent_run,
             params={"data.fingerprint": data.fingerprint, "data.path": str(data_path)},
-            metrics={f"data_skipped_{k}": v for k, v in data.skipped.items()},
+            metrics={f"data_skipped_{k}": v for k, v in data.skipped.items()}
+            | {f"data_padded_{k}": v for k, v in data.padded.items()},
         )
         build_all(nodes, data, cfg, trainer, tracker, parent_run, built)
         study = None
@@ -108,7 +109,7 @@ def run(cfg: DictConfig) -> list[Built]:
                 tracker.log_artifacts(b.run_id, artifacts, subdir)
 
             ready = [(b.name, b.variant) for b in built if b.variant is not None]
-            study = run_study(ready, data, data_path, cfg, out_dir, log)
+            study = run_study(ready, data, data_path, cfg, out_dir / "load", log)
         report_dir = out_dir / "report" if multirun else Path(cfg.report_dir)
         paths = write_study_report(built, data, cfg, study, report_dir, tracker)
         tracker.log_artifacts(parent_run, paths, "report")

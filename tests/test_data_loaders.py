@@ -15,19 +15,27 @@ import numpy as np
 import pandas as pd
 import pytest
 import torch
+from conftest import trainer_config
 from omegaconf import OmegaConf
 
+from reco.config import compose
 from reco.data import build_dataset
 from reco.data.criteo import load_criteo
 from reco.data.fetch_movielens import fetch
-from reco.data.movielens import GENRES_100K, load_movielens
+from reco.data.movielens import load_movielens
+from reco.data.movielens_files import GENRES_100K
 from reco.data.schema import Dataset
 from reco.data.table import load_table
 from reco.models.dlrm import DLRM, DLRMConfig
-from reco.train.loop import TrainConfig, train
+from reco.train.loop import train
 
 ROOT = Path(__file__).resolve().parents[1]
-ML_PARAMS = dict(layout="auto", positive_rating=4, min_count=1, max_genres=6, zip_prefix_len=2)
+ML_PARAMS = dict(layout="auto", positive_rating=4, min_count=1, max_genres=6, zip_prefix_len=2, max_rows=None)
+
+
+def data_config(name: str) -> dict:
+    """conf/data/<name>.yaml composed by Hydra (schema-checked), as the pipeline passes it."""
+    return OmegaConf.to_container(compose([f"data={name}"]).data, resolve=True)
 
 
 def all_rows(ds: Dataset, attr: str) -> torch.Tensor:
@@ -279,7 +287,7 @@ def ml100k_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.timeout(300)
 def test_real_movielens_100k_from_wheel(ml100k_dir: Path) -> None:
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/data/movielens_100k.yaml"), resolve=True)
+    cfg = data_config("movielens_100k")
     cfg["params"]["path"] = str(ml100k_dir)
     ds = build_dataset(cfg)
     check_invariants(ds)
@@ -313,7 +321,15 @@ def write_criteo(path: Path, n: int, seed: int = 0) -> list[list[str]]:
     return rows
 
 
-CRITEO = dict(categorical="hash", hash_buckets=1000, min_count=2, chunk_rows=1000)
+CRITEO = dict(
+    categorical="hash",
+    hash_buckets=1000,
+    max_buckets_per_value=None,
+    min_count=2,
+    chunk_rows=1000,
+    short_rows="error",
+    max_rows=None,
+)
 
 
 def test_criteo_hash_mode(tmp_path: Path) -> None:
@@ -442,12 +458,12 @@ def write_example_table(path: Path, n: int = 2000, seed: int = 0) -> pd.DataFram
 
 
 def table_params(path: Path, **over: object) -> dict:
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/data/table.yaml"), resolve=True)
+    cfg = data_config("table")
     return {**cfg["params"], "path": str(path), **over}
 
 
 def test_table_yaml_runs_on_committed_example() -> None:
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / "conf/data/table.yaml"), resolve=True)
+    cfg = data_config("table")
     cfg["params"]["path"] = str(ROOT / cfg["params"]["path"])
     ds = build_dataset(cfg)
     check_invariants(ds)
@@ -542,7 +558,7 @@ def test_table_errors(tmp_path: Path) -> None:
     ],
 )
 def test_data_configs_match_loader_signatures(name: str, fn: object) -> None:
-    cfg = OmegaConf.to_container(OmegaConf.load(ROOT / f"conf/data/{name}.yaml"), resolve=True)
+    cfg = data_config(name)
     assert set(cfg) == {"loader", "params"}
     inspect.signature(fn).bind(**cfg["params"])  # every key is a parameter, none missing
 
@@ -564,7 +580,7 @@ def test_tiny_dlrm_trains_on_loader_output(tmp_path: Path, source: str) -> None:
         write_example_table(tmp_path / "t.csv", n=1000)
         ds = load_table(**table_params(tmp_path / "t.csv"))
     model = DLRM(DLRMConfig.from_schema(ds.schema, embedding_dim=8, bottom=[16, 8], top=[16]))
-    result = train(model, ds, TrainConfig(epochs=1, batch_size=128, progress=False, eval_rows=None))
+    result = train(model, ds, trainer_config(epochs=1, batch_size=128, progress=False, eval_rows=None))
     assert len(result.history) == 1 and 0.0 <= result.best_val_auc <= 1.0
     assert np.isfinite(list(result.history[0].values())).all()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import socket
 import threading
 from urllib.parse import urlparse
 
@@ -12,15 +13,23 @@ import numpy as np
 import pytest
 from conftest import make_variant
 
+from reco.config import ConfigError, compose
 from reco.data.schema import Dataset
 from reco.serve.__main__ import main as serve_main
-from reco.serve.app import load_settings
+from reco.serve.__main__ import settings as cli_settings
+from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES, parse_stage_histograms
 from reco.serve.process import start_server
+from reco.serve.request import parse_request
 from reco.variant import Variant
 
 pytestmark = pytest.mark.timeout(240)
+
+
+def serve_settings(*overrides: str) -> ServeConfig:
+    """The project's serve settings with `key=value` overrides, as `python -m reco.serve` composes them."""
+    return serve_config(compose([f"serve.{o}" for o in overrides]).serve)
 
 
 @pytest.fixture(scope="module")
@@ -28,21 +37,26 @@ def served(tiny_data, tmp_path_factory):
     """Servers started side by side: plain, dynamic batching, a tiny admission limit, two workers."""
     root = tmp_path_factory.mktemp("serve")
     vdir, dpath = make_variant(tiny_data, root)
-    base = load_settings()
     specs = {
-        "plain": {},
-        "batched": {"batching": {**base["batching"], "enabled": True, "max_queue_delay_ms": 50.0}},
-        "limited": {"queue_limit": 2, "retry_after_s": 1},
-        "workers": {"workers": 2},
+        "plain": [],
+        "batched": ["batching.enabled=true", "batching.max_queue_delay_ms=50.0"],
+        "limited": ["queue_limit=2", "retry_after_s=1", "body_timeout_s=3"],
+        "workers": ["workers=2"],
     }
     handles = {
-        name: start_server(vdir, dpath, {**base, **over}, wait=False, work_dir=root / name)
+        name: start_server(vdir, dpath, serve_settings(*over), wait=False, work_dir=root / name)
         for name, over in specs.items()
     }
     try:
         for h in handles.values():
             h.wait_ready(timeout_s=180)
-        yield {"handles": handles, "data": tiny_data, "vdir": vdir, "dpath": dpath, "settings": base}
+        yield {
+            "handles": handles,
+            "data": tiny_data,
+            "vdir": vdir,
+            "dpath": dpath,
+            "settings": serve_settings(),
+        }
     finally:
         for h in handles.values():
             h.stop()
@@ -110,7 +124,7 @@ def test_recommend_returns_ranked_items_with_server_timing(plain, served):
 
 def test_candidates_come_from_the_users_recent_categories_and_popularity(plain, served):
     data, body = served["data"], a_test_row(served["data"])
-    store = FeatureStore(data, served["settings"]["retrieval"])
+    store = FeatureStore(data, served["settings"].retrieval)
     row = store.user_row(body["user_id"])
     cands = store.candidates(row, 500)
     assert len(cands) == len(set(cands.tolist())) == 500
@@ -133,13 +147,11 @@ def test_feature_store_rebuilds_the_latest_training_row(served):
     """The last train row is the latest for its user and its item: serving must reproduce it exactly."""
     data = served["data"]
     s, tr = data.schema, data.train
-    store = FeatureStore(data, served["settings"]["retrieval"])
+    store = FeatureStore(data, served["settings"].retrieval)
     r = len(tr) - 1
     ids, mask = tr.ids[r].numpy(), tr.mask()[r].numpy()
     body = {"user_id": int(ids[s.index("user_id"), 0]), "k": 1}
     body["context"] = {"hour": int(ids[s.index("hour"), 0]), "device": int(ids[s.index("device"), 0])}
-    from reco.serve.app import parse_request
-
     req = parse_request(json.dumps(body).encode(), store, 100, 10)
     item = np.array([ids[s.index("item_id"), 0]])
     dense_a, ids_a, mask_a = store.assemble(store.user_row(body["user_id"]), req, item)
@@ -223,6 +235,119 @@ def test_bad_input_is_a_4xx_naming_the_field_and_the_server_keeps_serving(plain,
     assert status == 405 and "field" in json.loads(resp)
     status, _, resp = plain.recommend(a_test_row(served["data"]))
     assert status == 200 and len(resp["items"]) == 10
+
+
+def expected_scores(vdir, data: Dataset, cfg: ServeConfig, body: dict) -> dict[int, float]:
+    """The scores the server should answer for `body` (given candidates, k >= their number), computed
+    in this process from the same variant and data."""
+    from reco.runtime import load_scorer
+
+    store = FeatureStore(data, cfg.retrieval)
+    req = parse_request(json.dumps(body).encode(), store, cfg.max_k, cfg.max_candidates)
+    assert req.candidates is not None and req.k >= len(req.candidates)
+    probs = load_scorer(Variant.load(vdir))(*store.assemble(store.user_row(req.user_id), req, req.candidates))
+    return dict(zip(req.candidates.tolist(), probs.tolist(), strict=True))
+
+
+def nested(depth: int) -> bytes:
+    return b"[" * depth + b"]" * depth
+
+
+def test_deeply_nested_json_is_a_4xx_not_a_crash(plain, served):
+    """Error messages used repr(), which recursed through ~1000 levels: 500 and a stack trace per request."""
+    log_before = served["handles"]["plain"].log_path.read_text()
+    for field, body in [
+        ("user_id", b'{"user_id": ' + nested(1000) + b', "k": 5}'),
+        ("k", b'{"user_id": 1, "k": ' + nested(1000) + b"}"),
+        ("context", b'{"user_id": 1, "k": 5, "context": ' + nested(1000) + b"}"),
+        ("context.hour", b'{"user_id": 1, "k": 5, "context": {"hour": ' + nested(1000) + b"}}"),
+        ("candidates[0]", b'{"user_id": 1, "k": 5, "candidates": ' + nested(1000) + b"}"),
+        ("body", nested(1023)),
+        ("body", nested(5000)),  # beyond orjson's depth limit (1024): invalid JSON
+    ]:
+        status, _, resp = plain.recommend(body)
+        assert status in (400, 422) and resp["field"] == field, (field, status, resp)
+        assert len(resp["error"]) < 300
+    status, _, resp = plain.recommend({"user_id": 1, "k": 3, "candidates": [5, 17, 300]})
+    assert status == 200 and sorted(scores(resp)) == [5, 17, 300]
+    new_log = served["handles"]["plain"].log_path.read_text()[len(log_before) :]
+    assert "Traceback" not in new_log and "RecursionError" not in new_log
+
+
+@pytest.mark.parametrize(
+    "ctype, status",
+    [
+        ("application/json", 200),
+        ("application/json; charset=utf-8", 200),
+        ("Application/JSON;charset=UTF-8", 200),
+        (None, 415),  # a missing Content-Type is refused too (documented in the OpenAPI description)
+        ("text/plain", 415),
+        ("application/x-www-form-urlencoded", 415),
+        ("application/json; charset=latin-1", 415),
+        ("application/jsonx", 415),
+    ],
+)
+def test_content_type_must_be_json(plain, ctype, status):
+    headers = {"Content-Type": ctype} if ctype else {}
+    got, _, data = plain.request("POST", "/recommend", b'{"user_id": 1, "k": 2}', headers)
+    resp = json.loads(data)
+    assert got == status, resp
+    if status == 415:
+        assert resp["field"] == "Content-Type" and "application/json" in resp["error"]
+    else:
+        assert len(resp["items"]) == 2
+
+
+def _trickle(url: str, declared: int, sent: bytes, chunked: bool = False) -> socket.socket:
+    """A connection that sends the request head and part of the body, then nothing."""
+    u = urlparse(url)
+    sock = socket.create_connection((u.hostname, u.port), timeout=60)
+    length = "Transfer-Encoding: chunked" if chunked else f"Content-Length: {declared}"
+    head = f"POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n{length}\r\n\r\n"
+    body = f"{len(sent):x}\r\n".encode() + sent + b"\r\n" if chunked else sent
+    sock.sendall(head.encode() + body)
+    return sock
+
+
+def _read_response(sock: socket.socket) -> tuple[int, dict]:
+    data = b""
+    while b"\r\n\r\n" not in data or len(data.split(b"\r\n\r\n", 1)[1]) < _content_length(data):
+        chunk = sock.recv(65536)
+        if not chunk:
+            break
+        data += chunk
+    head, _, body = data.partition(b"\r\n\r\n")
+    return int(head.split()[1]), json.loads(body)
+
+
+def _content_length(data: bytes) -> int:
+    for line in data.split(b"\r\n\r\n", 1)[0].split(b"\r\n")[1:]:
+        name, _, value = line.partition(b":")
+        if name.strip().lower() == b"content-length":
+            return int(value)
+    return 0
+
+
+def test_slow_bodies_do_not_take_admission_slots(served):
+    """Clients trickling their bodies used to count against queue_limit (2 here) with no read timeout,
+    so two of them refused everyone else with 503, forever. Now the body is read first, with
+    body_timeout_s (3 s here) -> 408."""
+    h = served["handles"]["limited"]
+    slow = [_trickle(h.url, 100, b'{"user_id": 1,') for _ in range(3)]
+    slow.append(_trickle(h.url, 0, b'{"user_id"', chunked=True))
+    c = Client(h.url)
+    body = {"user_id": 7, "k": 3, "candidates": [5, 17, 300]}
+    status, _, resp = c.recommend(body)
+    assert status == 200 and sorted(scores(resp)) == [5, 17, 300]
+    for sock in slow:
+        status, err = _read_response(sock)
+        assert status == 408 and err["field"] == "body" and "body_timeout_s" in err["error"]
+        assert sock.recv(1) == b""  # and the connection is closed: the rest of that body is not wanted
+        sock.close()
+    status, _, resp2 = c.recommend(body)
+    assert status == 200 and scores(resp2) == scores(resp)
+    assert h.health()["inflight_max"] <= 2
+    c.close()
 
 
 def test_healthz_metrics_and_openapi(plain, served):
@@ -363,7 +488,7 @@ def test_schema_without_user_key_refuses_to_start(served, tmp_path, capsys):
     path = tmp_path / "nokey.pt"
     nokey.save(str(path))
     with pytest.raises(ServeConfigError, match="user_key"):
-        FeatureStore(nokey, {})
+        FeatureStore(nokey, None)
     code = serve_main(["--variant", str(served["vdir"]), "--dataset", str(path), "--port", "1"])
     assert code == 2
     assert "user_key" in capsys.readouterr().err
@@ -382,15 +507,50 @@ def test_variant_built_on_other_data_refuses_to_start(served, tmp_path, capsys):
     assert "data fingerprint" in capsys.readouterr().err
 
 
-def test_settings_overrides_and_their_errors(tmp_path):
-    s = load_settings(None, ["batching.enabled=true", "cpu_affinity=[1]", "n_candidates=50"])
-    assert s["batching"]["enabled"] is True and s["cpu_affinity"] == [1] and s["n_candidates"] == 50
-    with pytest.raises(ServeConfigError, match="no key 'batching.nope'"):
-        load_settings(None, ["batching.nope=1"])
-    with pytest.raises(ServeConfigError, match="expected key=value"):
-        load_settings(None, ["workers"])
-    with pytest.raises(ServeConfigError, match="not found"):
-        load_settings(tmp_path / "missing.yaml")
+def test_settings_overrides_and_their_errors():
+    s = cli_settings(["batching.enabled=true", "cpu_affinity=[1]", "n_candidates=50"], port=9)
+    assert s.batching.enabled is True and s.cpu_affinity == [1] and s.n_candidates == 50 and s.port == 9
+    assert s.batching.max_batch == compose().serve.batching.max_batch  # the rest from conf/serve
+    with pytest.raises(Exception, match="serve.batching.nope"):
+        cli_settings(["batching.nope=1"])
+    with pytest.raises(Exception, match="serve.workers"):
+        cli_settings(["workers=many"])
+    with pytest.raises(ConfigError, match="serve.workers: expected >= 1"):
+        cli_settings(["workers=0"])
+    with pytest.raises(ConfigError, match="serve.model_timeout_s: expected > 0"):
+        cli_settings(["model_timeout_s=0"])
+    # Worker processes and start_server take the same settings as JSON / a plain dict.
+    as_json = json.dumps(dataclasses.asdict(s))
+    assert serve_config(as_json) == s and serve_config(json.loads(as_json)) == s
+    with pytest.raises(ConfigError, match="retrieval.nope"):
+        serve_config({**json.loads(as_json), "retrieval": {"nope": 1}})
+
+
+def test_bad_settings_refuse_to_start_naming_the_key(served, capsys):
+    code = serve_main(
+        ["--variant", str(served["vdir"]), "--dataset", str(served["dpath"]), "batching.nope=1"]
+    )
+    assert code == 2 and "serve.batching.nope" in capsys.readouterr().err
+
+
+def test_variant_runtime_batching_overrides_the_serve_batching_block(served, tmp_path):
+    """The batching step writes runtime["batching"]; the service merges it over serve.batching."""
+    from reco.serve.app import RecoService
+    from reco.serve.config import BatchingConfig
+    from reco.steps import batching
+
+    parent = Variant.load(served["vdir"])
+    child = batching.run(parent, {"max_queue_delay_ms": 7.0}, tmp_path / "batched", "tiny_batched")
+    cfg = serve_settings("warmup_calls=0")
+    svc = RecoService(child.dir, str(served["dpath"]), cfg)
+    svc.executor.shutdown()
+    assert svc.batching == BatchingConfig(
+        enabled=True, max_batch=cfg.batching.max_batch, max_queue_delay_ms=7.0
+    )
+    child.runtime["batching"]["max_batchh"] = 1
+    child.save()
+    with pytest.raises(ConfigError, match="runtime.batching.*max_batchh"):
+        RecoService(child.dir, str(served["dpath"]), cfg)
 
 
 def test_two_workers_share_the_port_and_their_metrics(served):

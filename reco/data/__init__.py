@@ -1,43 +1,75 @@
-"""Datasets: every loader returns a `reco.data.schema.Dataset`; `load_dataset` picks one by config."""
+"""Datasets: every loader returns a `reco.data.schema.Dataset`; `load_dataset` picks one by config.
+
+Imports of the loaders (and of torch) happen on use, so `reco.config` can index `DataConfig` cheaply.
+"""
 
 from __future__ import annotations
 
 import hashlib
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING, Any
 
-from reco.data.schema import Dataset
+from omegaconf import DictConfig, OmegaConf
+
+from reco.data.config import DataConfig
+
+if TYPE_CHECKING:
+    from reco.data.schema import Dataset
 
 LOADERS = ("synthetic_ecommerce", "movielens", "criteo", "table")
 
 
-def build_dataset(cfg: dict) -> Dataset:
-    """cfg: the resolved `data` config group (a plain dict); `cfg['loader']` names the loader."""
-    loader = cfg.get("loader")
-    if loader == "synthetic_ecommerce":
+def build_dataset(cfg: DataConfig | dict[str, Any] | DictConfig) -> Dataset:
+    """Build the dataset a `data` config describes.
+
+    Args:
+        cfg: the `data` group: a DataConfig, a plain dict (OmegaConf.to_container of it) or the node.
+    Returns:
+        The loader's `Dataset`. Unknown loader names or params raise naming the `data.*` key.
+    """
+    from reco.config import typed
+
+    cfg = _data_config(cfg)
+    where = "data.params"
+    if cfg.loader == "synthetic_ecommerce":
         from reco.data.synthetic import SyntheticConfig, generate
 
-        return generate(SyntheticConfig(**cfg["params"]))
-    if loader == "movielens":
-        from reco.data.movielens import load_movielens
+        return generate(typed(cfg.params, SyntheticConfig, where))
+    if cfg.loader == "movielens":
+        from reco.data.movielens import MovieLensConfig, load_movielens
 
-        return load_movielens(**cfg["params"])
-    if loader == "criteo":
-        from reco.data.criteo import load_criteo
+        return load_movielens(**vars(typed(cfg.params, MovieLensConfig, where)))
+    if cfg.loader == "criteo":
+        from reco.data.criteo import CriteoConfig, load_criteo
 
-        return load_criteo(**cfg["params"])
-    if loader == "table":
-        from reco.data.table import load_table
+        return load_criteo(**vars(typed(cfg.params, CriteoConfig, where)))
+    if cfg.loader == "table":
+        from reco.data.table import TableConfig, load_table
 
-        return load_table(**cfg["params"])
-    raise ValueError(f"data.loader: expected one of {LOADERS}, got {loader!r}")
+        return load_table(**vars(typed(cfg.params, TableConfig, where)))
+    raise ValueError(f"data.loader: expected one of {LOADERS}, got {cfg.loader!r}")
 
 
-def load_dataset(cfg: dict, cache_dir: str | Path) -> tuple[Dataset, Path]:
-    """Build the dataset once per distinct data config; later runs (and the server) load the cache."""
-    key_src = {"cfg": cfg, "sources": _source_stats(cfg.get("params", {}).get("path"))}
+def load_dataset(
+    cfg: DataConfig | dict[str, Any] | DictConfig, cache_dir: str | Path
+) -> tuple[Dataset, Path]:
+    """Build the dataset once per distinct data config; later runs (and the server) load the cache.
+
+    Args:
+        cfg: the `data` group: a DataConfig, a plain dict (what the pipeline passes) or the node.
+        cache_dir: where `<loader>-<hash>.pt` files live; the hash covers the config and the size and
+            mtime of the source files.
+    Returns:
+        (the dataset, its cache file).
+    """
+    from reco.data.schema import Dataset
+
+    cfg = _data_config(cfg)
+    plain = {"loader": cfg.loader, "params": cfg.params}  # the same key for a dict and a DataConfig
+    key_src = {"cfg": plain, "sources": _source_stats(cfg.params.get("path"))}
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True, default=str).encode()).hexdigest()[:16]
-    path = Path(cache_dir) / f"{cfg.get('loader')}-{key}.pt"
+    path = Path(cache_dir) / f"{cfg.loader}-{key}.pt"
     if path.exists():
         return Dataset.load(str(path)), path
     ds = build_dataset(cfg)
@@ -48,6 +80,18 @@ def load_dataset(cfg: dict, cache_dir: str | Path) -> tuple[Dataset, Path]:
     ds.save(str(tmp))
     tmp.replace(path)
     return ds, path
+
+
+def _data_config(cfg: DataConfig | dict[str, Any] | DictConfig) -> DataConfig:
+    """Any form of the `data` group -> a DataConfig whose params are a plain, resolved dict."""
+    from reco.config import typed
+
+    if isinstance(cfg, DictConfig):  # resolve ${seed} etc. against the whole config first
+        cfg = OmegaConf.to_container(cfg, resolve=True)
+    cfg = typed(cfg, DataConfig, "data")
+    if isinstance(cfg.params, DictConfig):
+        cfg = DataConfig(cfg.loader, OmegaConf.to_container(cfg.params, resolve=True))
+    return cfg
 
 
 def _source_stats(path: str | None) -> list:

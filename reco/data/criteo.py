@@ -2,22 +2,32 @@
 
 Each line: label <TAB> I1..I13 (integers) <TAB> C1..C26 (32-bit hex hashes); any value may be empty.
 The file is read in chunks of `chunk_rows` lines, so memory holds the output tensors of the rows kept
-(`max_rows`, the first rows of the file) plus one chunk, never the whole file. There are no
+(`max_rows`, the first lines of the file) plus one chunk, never the whole file. There are no
 timestamps: the file is in time order, so the first 80% of the rows are train, then 10% val, 10% test.
 
 - dense I1..I13: log(1 + max(x, 0)); an empty value becomes 0 (the same as a 0 count). Negative
   values (I2 has a few) are clipped to 0, as in the DLRM reference preprocessing.
 - categorical C1..C26, `categorical: hash`: id = 1 + hash(value) mod (hash_buckets - 1); one pass,
-  no vocabulary. `categorical: vocab`: a first pass counts values over the train rows; values seen
+  no vocabulary. A table cannot use more rows than the train split has distinct values, so each one
+  is capped at `max_buckets_per_value` x (distinct ids in train) + 1 rows (at least 2): a capped
+  table's id is 1 + ((id - 1) mod (cap - 1)), and the loader prints which tables were capped.
+  (A 1,000-line sample with 100k buckets would otherwise give 26 x 100k rows, ~640 MB of embeddings
+  at dim 64.) `categorical: vocab`: a first pass counts values over the train rows; values seen
   >= `min_count` times get ids 1..K (most frequent first). Empty, rare or unseen values are id 0.
 - user_key / item_key are None: the data trains and evaluates a model but cannot be served.
+- lengths are one value expanded to [N, 26] (every feature holds one id), not N x 26 int64s.
 
-Errors name the file and line: a line without exactly 40 tab-separated fields, a label other than
-0/1, an I column that is not an integer. Rows after `max_rows` are counted in skipped["after_max_rows"].
+Public samples strip trailing empty fields from about half their lines (37-38 tab-separated fields
+instead of 40): `short_rows: pad` reads the missing fields as empty (counted in padded["short_rows"]),
+`skip` leaves such lines out (skipped["short_rows"]), `error` (the default) raises naming the line.
+Errors name the file and line: a short or long line, a label other than 0/1, an I column that is
+not an integer, bytes that are not UTF-8, a file with fewer than 10 usable rows. Lines after
+`max_rows` are counted in skipped["after_max_rows"].
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,22 +36,47 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import torch
 
-from reco.data.schema import Dataset, DenseFeature, Schema, SparseFeature, Split, time_split
-from reco.data.table import numeric, open_binary, read_delimited_arrow, vocab_from_counts
+from reco.data.encode import vocab_from_counts
+from reco.data.schema import MIN_ROWS, Dataset, DenseFeature, Schema, SparseFeature, Split, time_split
+from reco.data.text import SHORT_ROWS, TextFormat, count_lines, read_chunks
+from reco.data.values import arrow_numeric
 
 INT_COLS = [f"I{i}" for i in range(1, 14)]
 CAT_COLS = [f"C{i}" for i in range(1, 27)]
 COLUMNS = ["label", *INT_COLS, *CAT_COLS]
 
 
+@dataclass
+class CriteoConfig:
+    """`data.params` of the criteo loader; values in conf/data/criteo.yaml (documented there)."""
+
+    path: str  # train.txt or day_N, optionally .gz
+    max_rows: int | None  # the first N lines; None: all
+    categorical: str  # hash | vocab
+    hash_buckets: int  # hash mode: rows per table before the cap (row 0 = empty value)
+    max_buckets_per_value: float | None  # hash mode: cap per table; None: no cap
+    min_count: int  # vocab mode: values seen fewer times in train -> id 0
+    chunk_rows: int  # lines parsed at a time
+    short_rows: str  # error | pad | skip
+
+
 def load_criteo(
     path: str,
+    max_rows: int | None,
     categorical: str,
     hash_buckets: int,
+    max_buckets_per_value: float | None,
     min_count: int,
     chunk_rows: int,
-    max_rows: int | None = None,
+    short_rows: str,
 ) -> Dataset:
+    """Read a Criteo TSV file (rules in the module docstring).
+
+    Args:
+        The fields of `CriteoConfig`.
+    Returns:
+        A fingerprinted `Dataset`: dense [N, 13], ids [N, 26, 1], no user/item key.
+    """
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(
@@ -53,24 +88,46 @@ def load_criteo(
         raise ValueError(f"data.params.categorical: expected 'hash' or 'vocab', got {categorical!r}")
     if categorical == "hash" and hash_buckets < 2:
         raise ValueError(f"data.params.hash_buckets: expected >= 2 (id 0 is reserved), got {hash_buckets}")
+    if max_buckets_per_value is not None and not max_buckets_per_value > 0:
+        raise ValueError(
+            f"data.params.max_buckets_per_value: expected > 0 or null, got {max_buckets_per_value}"
+        )
+    if short_rows not in SHORT_ROWS:
+        raise ValueError(f"data.params.short_rows: expected one of {SHORT_ROWS}, got {short_rows!r}")
+    fmt = TextFormat("\t", tuple(COLUMNS), short_rows=short_rows, short_rows_key="data.params.short_rows")  # type: ignore[arg-type]
 
-    total = _count_lines(file)
-    n = total if max_rows is None else min(total, max_rows)
+    # skip: the kept rows (and so the train split) are known only after counting the short lines
+    total, short = (
+        count_lines(file, max_rows, "\t", len(COLUMNS))
+        if short_rows == "skip"
+        else (
+            count_lines(file)[0],
+            0,
+        )
+    )
+    n_lines = total if max_rows is None else min(total, max_rows)
+    n = n_lines - short
+    if n < MIN_ROWS:
+        read = f"{n_lines} lines read" + (f" of {total} (data.params.max_rows)" if n_lines < total else "")
+        raise ValueError(
+            f"{file}: {n} usable rows ({read}" + (f", {short} short lines skipped" if short else "") + "); "
+            f"the 80/10/10 train/validation/test split needs at least {MIN_ROWS} rows "
+            "(8 train, 1 validation, 1 test)"
+        )
     n_train = time_split(n)[0].stop
-    vocabs = _vocabs(file, n_train, min_count, chunk_rows) if categorical == "vocab" else None
+    vocabs = _vocabs(file, fmt, n_lines, n_train, min_count, chunk_rows) if categorical == "vocab" else None
 
     dense = np.zeros((n, len(INT_COLS)), dtype=np.float32)
     ids = np.zeros((n, len(CAT_COLS), 1), dtype=np.int64)
     labels = np.zeros(n, dtype=np.float32)
-    skipped: dict[str, int] = {}
+    padded = skipped_short = 0
     lo = 0
-    for start, table in read_delimited_arrow(file, "\t", COLUMNS, chunk_rows, limit=n):
+    for chunk in read_chunks(file, fmt, chunk_rows, limit=n_lines):
+        table = chunk.table
         hi = lo + table.num_rows
-        lines = pd.RangeIndex(start, start + table.num_rows)  # for error messages
-        labels[lo:hi] = _labels(pd.Series(table["label"].to_pandas().to_numpy(), index=lines), file)
+        labels[lo:hi] = _labels(table["label"], chunk.lines, file)
         for j, col in enumerate(INT_COLS):
-            values = pd.Series(table[col].to_pandas().array, index=lines)
-            x = numeric(values, f"{file} column {col}", "line", integer=True).to_numpy()
+            x = arrow_numeric(table[col], chunk.lines, f"{file} column {col}", integer=True)
             dense[lo:hi, j] = np.nan_to_num(np.log1p(np.maximum(x, 0.0)), nan=0.0)
         for j, col in enumerate(CAT_COLS):
             values = table[col].combine_chunks()
@@ -80,12 +137,21 @@ def load_criteo(
             else:  # position in the vocabulary + 1; null (empty) and out-of-vocabulary -> 0
                 pos = pc.index_in(values, value_set=vocabs[j]).fill_null(-1)
                 ids[lo:hi, j, 0] = pos.to_numpy(zero_copy_only=False).astype(np.int64) + 1
+        padded += chunk.padded
+        skipped_short += chunk.skipped
         lo = hi
-    assert lo == n, (lo, n)
-    if total > n:  # counted, not parsed
-        skipped["after_max_rows"] = total - n
+    assert lo == n and skipped_short == short, (lo, n, skipped_short, short)
+    skipped = {
+        "short_rows": skipped_short,
+        "after_max_rows": total - n_lines,
+    }  # the latter counted, not parsed
 
-    cards = [hash_buckets] * len(CAT_COLS) if vocabs is None else [len(v) + 1 for v in vocabs]
+    if vocabs is not None:
+        cards = [len(v) + 1 for v in vocabs]
+    elif max_buckets_per_value is None:
+        cards = [hash_buckets] * len(CAT_COLS)
+    else:
+        cards = _cap_buckets(ids, n_train, hash_buckets, max_buckets_per_value, file)
     schema = Schema(
         dense=tuple(DenseFeature(c, "context") for c in INT_COLS),
         sparse=tuple(SparseFeature(c, card, 1, "context") for c, card in zip(CAT_COLS, cards, strict=True)),
@@ -93,32 +159,58 @@ def load_criteo(
     full = Split(
         torch.from_numpy(dense),
         torch.from_numpy(ids),
-        torch.ones((n, len(CAT_COLS)), dtype=torch.int64),
+        torch.ones((1, 1), dtype=torch.int64).expand(n, len(CAT_COLS)),  # a view: no N x 26 int64s
         torch.from_numpy(labels),
     )
-    ds = Dataset(schema, *(full.take(p) for p in time_split(n)), name=f"criteo_{file.name}", skipped=skipped)
+    ds = Dataset(
+        schema,
+        *(full.take(p) for p in time_split(n)),
+        name=f"criteo_{file.name}",
+        skipped={k: v for k, v in skipped.items() if v},
+        padded={"short_rows": padded} if padded else {},
+    )
     ds.compute_fingerprint()
     return ds
 
 
-def _count_lines(file: Path) -> int:
-    """Lines in the file, by 16 MB blocks (a final line without a newline counts)."""
-    count, last = 0, b"\n"
-    with open_binary(file) as f:
-        while block := f.read(1 << 24):
-            count += block.count(b"\n")
-            last = block[-1:]
-    return count + (last != b"\n")
+def _labels(label: pa.ChunkedArray, lines: np.ndarray, file: Path) -> np.ndarray:
+    """label: the chunk's label strings; lines: [rows] their line numbers -> [rows] float32 0/1."""
+    ok = pc.is_in(label, value_set=pa.array(["0", "1"])).fill_null(False).to_numpy(zero_copy_only=False)
+    if not ok.all():
+        row = int(np.argmin(ok))
+        value = label[row].as_py() or ""
+        raise ValueError(f"{file}: line {lines[row]}: label {value!r}, expected 0 or 1")
+    return pc.equal(label, "1").to_numpy(zero_copy_only=False).astype(np.float32)
 
 
-def _labels(label: pd.Series, file: Path) -> np.ndarray:
-    """label: the chunk's label strings indexed by line number -> [rows] float32 0/1."""
-    bad = ~label.isin(["0", "1"])
-    if bad.any():
-        row = bad.idxmax()
-        value = "" if pd.isna(label[row]) else label[row]
-        raise ValueError(f"{file}: line {row}: label {value!r}, expected 0 or 1")
-    return (label == "1").to_numpy(np.float32)
+def _cap_buckets(ids: np.ndarray, n_train: int, hash_buckets: int, per_value: float, file: Path) -> list[int]:
+    """Shrink every hash table to what the train rows can fill, in place; prints the capped tables.
+
+    Args:
+        ids: [N, 26, 1] hashed ids in [0, hash_buckets), 0 = empty value.
+        n_train: the train rows (the first n_train).
+    Returns:
+        The 26 cardinalities: min(hash_buckets, max(2, ceil(per_value x distinct train ids) + 1)).
+    """
+    cards, capped = [], []
+    for j, name in enumerate(CAT_COLS):
+        col = ids[:, j, 0]  # a view: edited in place
+        seen = np.zeros(hash_buckets, dtype=bool)
+        seen[col[:n_train]] = True
+        distinct = int(seen[1:].sum())
+        card = min(hash_buckets, max(2, int(np.ceil(per_value * distinct)) + 1))
+        if card < hash_buckets:
+            col[:] = np.where(col > 0, (col - 1) % (card - 1) + 1, 0)
+            capped.append(f"{name} {card:,}")
+        cards.append(card)
+    if capped:
+        print(
+            f"[data] {file.name}: {len(capped)} of {len(CAT_COLS)} hash tables capped below "
+            f"hash_buckets={hash_buckets:,} at {per_value:g} x their distinct train values + 1 "
+            f"(data.params.max_buckets_per_value): {', '.join(capped)}",
+            flush=True,
+        )
+    return cards
 
 
 def hash_strings(values: pa.StringArray) -> np.ndarray:
@@ -153,11 +245,16 @@ def _mix(z: np.ndarray) -> np.ndarray:
     return z ^ (z >> np.uint64(31))
 
 
-def _vocabs(file: Path, n_train: int, min_count: int, chunk_rows: int) -> list[pa.Array]:
-    """First pass: per categorical column, the values seen >= min_count times in the train rows,
-    most frequent first (position i -> id i + 1)."""
+def _vocabs(
+    file: Path, fmt: TextFormat, n_lines: int, n_train: int, min_count: int, chunk_rows: int
+) -> list[pa.Array]:
+    """First pass over the first n_train rows (of the first n_lines lines): per categorical column, the
+    values seen >= min_count times, most frequent first (position i -> id i + 1)."""
     counts: list[pa.Table | None] = [None] * len(CAT_COLS)
-    for _, table in read_delimited_arrow(file, "\t", COLUMNS, chunk_rows, limit=n_train):
+    seen = 0
+    for chunk in read_chunks(file, fmt, chunk_rows, limit=n_lines):
+        table = chunk.table.slice(0, n_train - seen)
+        seen += table.num_rows
         for j, col in enumerate(CAT_COLS):
             vc = pc.value_counts(table[col].drop_null())
             part = pa.table({"value": vc.field("values"), "count": vc.field("counts").cast(pa.int64())})
@@ -165,6 +262,8 @@ def _vocabs(file: Path, n_train: int, min_count: int, chunk_rows: int) -> list[p
                 total = pa.concat_tables([counts[j], part]).group_by("value").aggregate([("count", "sum")])
                 part = total.select(["value", "count_sum"]).rename_columns(["value", "count"])
             counts[j] = part
+        if seen >= n_train:
+            break
     vocabs = []
     for c in counts:
         series = (

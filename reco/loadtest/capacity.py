@@ -1,139 +1,233 @@
-"""Capacity at an SLO: the highest open-loop (Poisson) rate whose p99 meets the SLO with < 1 % errors.
+"""Capacity at an SLO: the highest open-loop (Poisson) rate whose p99 CI lies within the SLO.
 
-Search as MLPerf's FindPeakPerformance: from `start_rate`, multiply by `growth` until a step fails (or
-`max_rate` passes), or divide until one passes (or `min_rate` fails); then bisect between the highest
-passing and the lowest failing rate until they are within `tolerance` or `steps` runs are spent. Each
-step is a full open-loop load test (reco.loadtest.runner.run_load) of `step_duration_s` after
-`step_warmup_s`. A step whose generator was saturated (valid=0) counts as failed: its figures cannot
-vouch for the server.
+**A step** (one rate) is judged on a request COUNT, not a duration, so a 30 ms and a 1 ms variant are
+judged with the same statistical power: its first window has `capacity.step_requests` requests (>= 368,
+the least n whose p99 CI upper bound is an observed latency). Failed requests count as +inf. Then
 
-The SLO is either given (capacity.slo_p99_ms) or `slo_factor` x a reference variant's unloaded p99
-(one closed-loop user; see unloaded_p99 / slo_from_reference).
+    PASS          the p99 CI's upper bound <= SLO and error rate <= max_error_rate
+    FAIL          the p99 CI's lower bound > SLO, or error rate > max_error_rate
+    INVALID       the load generator could not vouch for the window (saturated CPU, send lag): excluded
+    otherwise     the step is EXTENDED: another window at the same rate, as many requests again, pooled
+                  with the first (the server keeps running; each window has its own short warm-up) --
+                  until a verdict or `max_step_requests`, then INCONCLUSIVE
+
+(the spirit of MLPerf LoadGen's early stopping: more samples only where the answer is close).
+
+**The search** (as MLPerf's FindPeakPerformance): from `start_rate`, multiply by `growth` until a step
+does not pass (or `max_rate` passes), or divide until one passes (or `min_rate` does not); then bisect
+between the highest PASS and the lowest non-pass until (lowest non-pass - highest pass) / lowest non-pass
+<= `tolerance`, or `steps` rates were tried. INCONCLUSIVE counts as a non-pass for bracketing (we cannot
+claim it) and INVALID caps the search (the generator, not the server, is the limit there); neither is
+reported as a FAIL. Result: Capacity(highest_pass, lowest_fail, lowest_invalid, steps).
+
+`find_capacity` takes the measurement as a callable (rate, n_requests, out_dir) -> LoadRun, so the
+search can be driven by a real server (`open_loop_measure`) or by a deterministic fake in tests.
+
+The SLO is fixed before measuring (capacity.slo_p99_ms), or slo_factor x the MEDIAN unloaded p99 of
+>= reference_repeats runs of a reference variant (resolve_slo).
 """
 
 from __future__ import annotations
 
+import csv
 import math
-from dataclasses import dataclass, field
+import statistics
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
-from reco.loadtest.runner import LoadResult, run_load
+from reco.loadtest.config import CapacityConfig, LoadMode, LoadtestConfig, loadtest_config
+from reco.loadtest.outcome import Capacity, CapacityStep, LoadRun
+from reco.loadtest.runner import run_load, with_settings
+from reco.loadtest.runs import pool_runs
+from reco.stats import Verdict, min_n_for_quantile, verdict_at_most
+
+P99_MIN_N = min_n_for_quantile(0.99)  # 368
+Measure = Callable[[float, int, Path], LoadRun]  # (rate req/s, requests in the window, out dir) -> run
 
 
-@dataclass
-class CapacityResult:
-    max_qps_at_slo: float  # highest passing target rate (0.0: even min_rate failed)
-    achieved_qps: float  # measured throughput of that step
-    slo_p99_ms: float
-    steps: list[dict] = field(default_factory=list)  # one row per step, in run order
+def resolve_slo(capacity: CapacityConfig, reference_p99s_ms: Sequence[float | None]) -> tuple[float, str]:
+    """(SLO ms, where it came from): capacity.slo_p99_ms when set, else slo_factor x the median of the
+    reference's unloaded p99s (at least capacity.reference_repeats of them, each supported by its n).
 
-    def table(self) -> str:
-        """Markdown table of the steps."""
-        head = "| step | rate (req/s) | qps | p50 ms | p99 ms | error rate | loadgen CPU % | valid | pass |"
-        rows = [head, "|" + "---|" * 9]  # pass column: yes, or the reason the step failed
-        for s in self.steps:
-            rows.append(
-                f"| {s['step']} | {s['rate']:.1f} | {s['qps']:.1f} | {s['e2e_p50_ms']:.2f} | {s['e2e_p99_ms']:.2f} | "
-                f"{s['error_rate']:.4f} | {s['loadgen_cpu_pct']:.0f} | {int(s['valid'])} | {'yes' if s['passed'] else 'no: ' + s['fail_reason']} |"
-            )
-        return "\n".join(rows)
-
-
-def slo_from_reference(reference_p99_ms: float, factor: float) -> float:
-    """SLO = factor x the reference variant's unloaded p99."""
-    if not (reference_p99_ms > 0 and math.isfinite(reference_p99_ms)):
-        raise ValueError(f"reference unloaded p99 must be a positive number, got {reference_p99_ms}")
-    return float(factor) * float(reference_p99_ms)
+    Raises ValueError naming the config keys when neither can give an SLO.
+    """
+    if capacity.slo_p99_ms is not None:
+        if not capacity.slo_p99_ms > 0:
+            raise ValueError(f"loadtest.capacity.slo_p99_ms: expected > 0 ms, got {capacity.slo_p99_ms}")
+        return float(capacity.slo_p99_ms), "fixed in the config (loadtest.capacity.slo_p99_ms)"
+    good = [p for p in reference_p99s_ms if p is not None and math.isfinite(p) and p > 0]
+    need = max(int(capacity.reference_repeats), 1)
+    if len(good) < need:
+        raise ValueError(
+            f"loadtest.capacity.slo_p99_ms is null and the reference has {len(good)} usable unloaded p99s "
+            f"of the {need} needed (loadtest.capacity.reference_repeats; a run's p99 is unusable when it "
+            f"failed or its n < 368): set loadtest.capacity.slo_p99_ms"
+        )
+    med = statistics.median(good)
+    return float(capacity.slo_factor) * med, (
+        f"{capacity.slo_factor:g} x median unloaded p99 of the reference over {len(good)} runs ({med:.2f} ms)"
+    )
 
 
-def resolve_slo(capacity: dict, reference_p99_ms: float | None) -> float:
-    """capacity.slo_p99_ms when set, else capacity.slo_factor x the reference p99."""
-    if capacity.get("slo_p99_ms") is not None:
-        return float(capacity["slo_p99_ms"])
-    if reference_p99_ms is None:
-        raise ValueError("loadtest.capacity.slo_p99_ms is null: a reference variant's unloaded p99 is needed")
-    return slo_from_reference(reference_p99_ms, capacity["slo_factor"])
+def step_verdict(run: LoadRun, slo_p99_ms: float, max_error_rate: float) -> tuple[Verdict, str]:
+    """(verdict, reason) of one step's (pooled) run against the SLO; reason is '' for PASS."""
+    if not run.valid:
+        return Verdict.INVALID, f"invalid: {run.invalid_reason}"
+    if run.error_rate > max_error_rate:
+        return Verdict.FAIL, f"error rate {run.error_rate:.4f} > max_error_rate {max_error_rate:g}"
+    p99 = run.quantiles["p99"]
+    v = verdict_at_most(p99, slo_p99_ms)
+    if v == Verdict.PASS:
+        return v, ""
+    if v == Verdict.FAIL:
+        return v, f"p99 {p99.fmt('.2f')} > SLO {slo_p99_ms:.2f} ms"
+    if p99.value is None:
+        return v, f"p99 not supported by n={p99.n}"
+    return v, f"p99 {p99.fmt('.2f')} straddles SLO {slo_p99_ms:.2f} ms"
 
 
-def unloaded_p99(
-    url: str,
-    settings: dict,
-    out_dir: str | Path,
-    requests_path: str | Path | None,
-    cpus: list[int] | None = None,
-) -> LoadResult:
-    """One closed-loop user for capacity.reference_duration_s: the latency with no queueing."""
-    s = {**settings, "mode": "closed", "users": 1, "duration_s": settings["capacity"]["reference_duration_s"]}
-    return run_load(url, s, out_dir, requests_path, cpus)
-
-
-def fail_reason(metrics: dict, slo_p99_ms: float, max_error_rate: float) -> str:
-    """'' when the step meets the SLO, else why not: loadgen (invalid), errors or p99."""
-    if not metrics["valid"]:
-        return "loadgen"
-    if metrics["error_rate"] >= max_error_rate:
-        return "errors"
-    p99 = metrics["e2e_p99_ms"]
-    return "" if math.isfinite(p99) and p99 <= slo_p99_ms else "p99"
+def run_step(
+    measure: Measure, rate: float, slo_p99_ms: float, c: CapacityConfig, out_dir: Path
+) -> CapacityStep:
+    """Measure one rate until its verdict is decided or max_step_requests is reached (see module doc)."""
+    runs = [measure(rate, int(c.step_requests), out_dir / "w00")]
+    while True:
+        pooled = pool_runs(runs)
+        verdict, reason = step_verdict(pooled, slo_p99_ms, c.max_error_rate)
+        if verdict != Verdict.INCONCLUSIVE or pooled.n >= c.max_step_requests:
+            return CapacityStep(rate, pooled, verdict, reason)
+        more = min(pooled.n, int(c.max_step_requests) - pooled.n)
+        runs.append(measure(rate, more, out_dir / f"w{len(runs):02d}"))
 
 
 def find_capacity(
-    url: str,
-    settings: dict,
-    slo_p99_ms: float,
-    out_dir: str | Path,
-    requests_path: str | Path | None = None,
-    cpus: list[int] | None = None,
-) -> CapacityResult:
-    """Search the highest open-loop rate meeting the SLO (see the module docstring).
+    measure: Measure, slo_p99_ms: float, capacity: CapacityConfig, out_dir: str | Path
+) -> Capacity:
+    """Search the highest rate meeting the SLO (see the module docstring).
 
-    settings: the resolved `loadtest` config; its `capacity` block sets the search. Step outputs go to
-    out_dir/step_NN_<rate>qps/.
+    Args:
+        measure: (rate, n_requests, out_dir) -> LoadRun of one window; see open_loop_measure.
+        slo_p99_ms: the SLO.
+        capacity: the search settings (loadtest.capacity).
+        out_dir: step k's windows go to out_dir/step_KK_<rate>qps/wNN/.
+    Returns:
+        Capacity with every step in run order.
     """
-    c = settings["capacity"]
-    lo_rate, hi_rate = float(c["min_rate"]), float(c["max_rate"])
-    growth, tol, max_err = float(c["growth"]), float(c["tolerance"]), float(c["max_error_rate"])
-    if not (0 < lo_rate <= hi_rate) or growth <= 1:
+    c = capacity
+    lo, hi, growth, tol = float(c.min_rate), float(c.max_rate), float(c.growth), float(c.tolerance)
+    if not (0 < lo <= hi) or growth <= 1:
         raise ValueError(
             f"loadtest.capacity: expected 0 < min_rate <= max_rate and growth > 1, "
-            f"got min_rate={lo_rate}, max_rate={hi_rate}, growth={growth}"
+            f"got min_rate={lo}, max_rate={hi}, growth={growth}"
         )
-    rate = min(max(float(c["start_rate"]), lo_rate), hi_rate)
-    best: tuple[float, float] = (0.0, 0.0)  # (rate, achieved qps) of the highest passing step
-    fail = math.inf  # lowest failing rate
-    steps: list[dict] = []
-    for i in range(int(c["steps"])):
-        step = {
-            **settings,
-            "mode": "open",
-            "rate": rate,
-            "duration_s": c["step_duration_s"],
-            "warmup_s": c["step_warmup_s"],
-        }
-        res = run_load(url, step, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", requests_path, cpus)
-        reason = fail_reason(res.metrics, slo_p99_ms, max_err)
-        ok = not reason
-        steps.append({"step": i, "rate": rate, "passed": ok, "fail_reason": reason, **res.metrics})
-        if ok:
-            if rate > best[0]:
-                best = (rate, res.metrics["qps"])
-        else:
+    if not (P99_MIN_N <= c.step_requests <= c.max_step_requests):
+        raise ValueError(
+            f"loadtest.capacity: expected {P99_MIN_N} <= step_requests <= max_step_requests (a p99 CI needs "
+            f"n >= {P99_MIN_N}), got step_requests={c.step_requests}, max_step_requests={c.max_step_requests}"
+        )
+    rate = min(max(float(c.start_rate if c.start_rate is not None else lo), lo), hi)
+    best, fail, invalid = 0.0, math.inf, math.inf
+    steps: list[CapacityStep] = []
+    for i in range(int(c.steps)):
+        step = run_step(measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps")
+        steps.append(step)
+        if step.verdict == Verdict.PASS:
+            best = max(best, rate)
+        elif step.verdict == Verdict.INVALID:
+            invalid = min(invalid, rate)
+        else:  # FAIL, or INCONCLUSIVE: not a rate we can claim
             fail = min(fail, rate)
-        nxt = _next_rate(rate, ok, best[0], fail, growth, lo_rate, hi_rate, tol)
-        if nxt is None:
+        rate = _next_rate(rate, best, min(fail, invalid), growth, lo, hi, tol)
+        if rate is None:
             break
-        rate = nxt
-    return CapacityResult(best[0], best[1], float(slo_p99_ms), steps)
+    lowest_fail = min(
+        (s.rate for s in steps if s.verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE)), default=None
+    )
+    return Capacity(
+        slo_p99_ms=float(slo_p99_ms),
+        highest_pass=best,
+        lowest_fail=lowest_fail,
+        steps=steps,
+        lowest_invalid=None if math.isinf(invalid) else invalid,
+    )
 
 
 def _next_rate(
-    rate: float, ok: bool, best: float, fail: float, growth: float, lo: float, hi: float, tol: float
+    rate: float, best: float, ceiling: float, growth: float, lo: float, hi: float, tol: float
 ) -> float | None:
-    """Next rate to try, or None when the search is done."""
-    if math.isinf(fail):  # bracketing upwards
+    """Next rate to try, or None when the search is done. `ceiling`: lowest rate that did not pass."""
+    if math.isinf(ceiling):  # bracketing upwards
         return None if rate >= hi else min(rate * growth, hi)
     if best == 0.0:  # bracketing downwards
         return None if rate <= lo else max(rate / growth, lo)
-    if (fail - best) / fail <= tol:
+    if (ceiling - best) / ceiling <= tol:
         return None
-    return (best + fail) / 2
+    return (best + ceiling) / 2
+
+
+def open_loop_measure(
+    url: str,
+    cfg: LoadtestConfig | Mapping,
+    requests_path: str | Path | None = None,
+    cpus: list[int] | None = None,
+    kind: str = "capacity",
+) -> Measure:
+    """A Measure running one open-loop Locust window of exactly n requests at the rate (run_load),
+    after capacity.step_warmup_s of unrecorded traffic, capped at max_window_s."""
+    c = loadtest_config(cfg)
+
+    def measure(rate: float, n: int, out_dir: Path) -> LoadRun:
+        s = with_settings(
+            c, mode=LoadMode.open, rate=rate, window_requests=n, warmup_s=c.capacity.step_warmup_s
+        )
+        return run_load(url, s, out_dir, requests_path, cpus, kind=kind, reports=False)
+
+    return measure
+
+
+def capacity_table(cap: Capacity) -> str:
+    """Markdown table of the steps: rate, n, p99 with CI, errors, generator CPU, valid, verdict."""
+    rows = [
+        f"SLO p99 {cap.slo_p99_ms:.2f} ms; capacity bracket [{cap.highest_pass:g}, "
+        f"{'open' if cap.lowest_fail is None else format(cap.lowest_fail, 'g')}] req/s"
+        + (f"; generator limit from {cap.lowest_invalid:g} req/s" if cap.lowest_invalid else ""),
+        "",
+        "| step | rate (req/s) | windows | n | qps | p99 ms [95% CI] | error rate | loadgen CPU % | valid | verdict |",
+        "|" + "---|" * 10,
+    ]
+    for i, s in enumerate(cap.steps):
+        r = s.run
+        rows.append(
+            f"| {i} | {s.rate:.1f} | {r.windows} | {r.n} | {r.qps:.1f} | {r.quantiles['p99'].fmt('.2f')} | "
+            f"{r.error_rate:.4f} | {r.loadgen_cpu_pct:.0f} | {int(r.valid)} | {s.verdict.value}"
+            + (f": {s.reason}" if s.reason else "")
+            + " |"
+        )
+    return "\n".join(rows)
+
+
+def write_capacity(cap: Capacity, out_dir: Path) -> list[Path]:
+    """capacity.md (capacity_table) and capacity.csv (one row per step: rate, windows, n, qps, p99 with
+    its CI, error rate, generator CPU, valid, verdict, reason) under out_dir; returns both paths."""
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md, path = out_dir / "capacity.md", out_dir / "capacity.csv"
+    md.write_text(capacity_table(cap) + "\n")
+    cols = [
+        "rate",
+        "windows",
+        "n",
+        "qps",
+        "p99_ms",
+        "p99_ms_lo",
+        "p99_ms_hi",
+        "error_rate",
+        "loadgen_cpu_pct",
+    ]
+    with open(path, "w", newline="") as f:
+        w = csv.writer(f)
+        w.writerow([*cols, "valid", "verdict", "reason"])
+        for s in cap.steps:
+            r, p99 = s.run, s.run.quantiles["p99"]
+            nums = [s.rate, r.windows, r.n, r.qps, p99.value, p99.lo, p99.hi, r.error_rate, r.loadgen_cpu_pct]
+            w.writerow(["" if v is None else v for v in nums] + [int(r.valid), s.verdict.value, s.reason])
+    return [md, path]

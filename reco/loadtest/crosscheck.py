@@ -18,11 +18,10 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from omegaconf import OmegaConf
-
+from reco.config import compose
+from reco.loadtest.config import LoadMode
 from reco.loadtest.requests import write_requests
-from reco.loadtest.runner import plan_cpus, run_load
-from reco.serve.app import load_settings
+from reco.loadtest.runner import plan_cpus, run_load, with_settings
 from reco.serve.process import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -61,22 +60,13 @@ def main() -> None:
     server_cpus, gen_cpus = plan_cpus()
     work = Path(tempfile.mkdtemp(prefix="reco-crosscheck-"))
     requests = write_requests(args.dataset, work / "requests.jsonl", n=2000, k=10, seed=0)
-    lt = OmegaConf.to_container(OmegaConf.load(ROOT / "conf" / "loadtest" / "default.yaml"))
-    with start_server(args.variant, args.dataset, load_settings(), cpus=server_cpus, work_dir=work) as server:
-        run_load(
-            server.url,
-            {**lt, "mode": "closed", "users": args.connections, "duration_s": 3},
-            work / "warm",
-            requests,
-            gen_cpus,
-        )
+    cfg = compose()
+    lt = with_settings(cfg.loadtest, mode=LoadMode.closed, users=args.connections, window_requests=None)
+    with start_server(args.variant, args.dataset, cfg.serve, cpus=server_cpus, work_dir=work) as server:
+        run_load(server.url, with_settings(lt, duration_s=3), work / "warm", requests, gen_cpus)
         locust = run_load(
-            server.url,
-            {**lt, "mode": "closed", "users": args.connections, "duration_s": args.seconds},
-            work / "locust",
-            requests,
-            gen_cpus,
-        ).metrics["qps"]
+            server.url, with_settings(lt, duration_s=args.seconds), work / "locust", requests, gen_cpus
+        ).qps
         wrk = wrk_qps(server.url, requests, args.connections, args.seconds, gen_cpus)
     print("| generator | connections | seconds | req/s |\n|---|---|---|---|")
     print(f"| Locust (reco) | {args.connections} | {args.seconds} | {locust:.1f} |")

@@ -1,8 +1,10 @@
-"""Exact latency percentiles from the load generator's per-request file, and the latency CDF plot.
+"""Exact latency quantiles from the load generator's per-request file, and the latency CDF plot.
 
-Percentiles are nearest-rank over every successful request of the measured window: p is the smallest
-recorded latency with at least p % of the requests at or below it -- always a latency that some request
-really had, no interpolation and no histogram buckets.
+Quantiles are nearest-rank over EVERY request of the measured window, each with its order-statistic
+95 % CI (reco.stats.quantile_ci): always a latency some request really had, no interpolation, no
+histogram buckets. A request that failed, was shed (503), timed out, was never sent (generator over
+max_inflight) or was still unanswered when the window drained counts as +inf, so dropping slow
+requests can never improve a figure. A quantile n cannot support is None ("n/a (n=...)"), never the max.
 """
 
 from __future__ import annotations
@@ -12,7 +14,8 @@ from pathlib import Path
 
 import numpy as np
 
-PERCENTILES = {"p50": 50.0, "p90": 90.0, "p95": 95.0, "p99": 99.0, "p999": 99.9}
+from reco.loadtest.outcome import QUANTILES
+from reco.stats import Estimate, quantile_ci, with_failures
 
 
 @dataclass
@@ -37,6 +40,14 @@ class Latencies:
     def ok_ms(self) -> np.ndarray:
         return self.latency_ms[self.ok]
 
+    def window_ms(self, unanswered: int = 0) -> np.ndarray:
+        """[N + unanswered] every request of the window: successes' latency, +inf for the rest.
+
+        unanswered: requests sent in the window that had no answer when the generator stopped (they are
+        in no row of the file).
+        """
+        return with_failures(self.ok_ms, int((~self.ok).sum()) + int(unanswered))
+
 
 def read_latencies(path: str | Path) -> Latencies:
     """The CSV written by loadtest/locustfile.py: header `start_s,latency_ms,ok,status`."""
@@ -53,16 +64,16 @@ def read_latencies(path: str | Path) -> Latencies:
     return Latencies(a[:, 0], a[:, 1], a[:, 2] > 0, a[:, 3].astype(np.int64))
 
 
-def percentiles(latency_ms: np.ndarray) -> dict[str, float]:
-    """{'p50': ..., 'p999': ...} nearest-rank (numpy 'inverted_cdf'); NaN when there is no sample."""
-    if len(latency_ms) == 0:
-        return {k: float("nan") for k in PERCENTILES}
-    vals = np.percentile(latency_ms, list(PERCENTILES.values()), method="inverted_cdf")
-    return {k: float(v) for k, v in zip(PERCENTILES, vals, strict=True)}
+def quantiles(latency_ms: np.ndarray) -> dict[str, Estimate]:
+    """{'p50': Estimate, ..., 'p999': Estimate} over `latency_ms` ([n], +inf = failed)."""
+    return {name: quantile_ci(latency_ms, q) for name, q in QUANTILES.items()}
 
 
 def plot_cdf(curves: dict[str, np.ndarray], out: str | Path, title: str = "Latency CDF") -> Path:
-    """Empirical CDF per curve (label -> latencies ms), log-x, with the p50/p99 marked."""
+    """Empirical CDF per curve (label -> latencies ms, +inf = failed), log-x, with the p50/p99 marked.
+
+    The y axis counts every request, failures included, so a curve that ends below 1 shows the failed share.
+    """
     import matplotlib
 
     matplotlib.use("Agg")
@@ -73,13 +84,12 @@ def plot_cdf(curves: dict[str, np.ndarray], out: str | Path, title: str = "Laten
         x = np.sort(lat[np.isfinite(lat)])
         if len(x) == 0:
             continue
-        y = np.arange(1, len(x) + 1) / len(x)
-        p = percentiles(x)
-        ax.step(
-            x, y, where="post", label=f"{label} (p50 {p['p50']:.2f} ms, p99 {p['p99']:.2f} ms, n={len(x)})"
-        )
+        y = np.arange(1, len(x) + 1) / len(lat)
+        p = quantiles(lat)
+        ax.step(x, y, where="post", label=f"{label}: p50 {p['p50'].fmt('.2f')}, p99 {p['p99'].fmt('.2f')}")
         for q in ("p50", "p99"):
-            ax.axvline(p[q], color=ax.lines[-1].get_color(), ls=":", lw=0.8)
+            if p[q].value is not None and np.isfinite(p[q].value):
+                ax.axvline(p[q].value, color=ax.lines[-1].get_color(), ls=":", lw=0.8)
     ax.set_xscale("log")
     ax.set_xlabel("end-to-end latency (ms, log scale)")
     ax.set_ylabel("fraction of requests")

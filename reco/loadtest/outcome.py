@@ -39,6 +39,11 @@ class LoadRun:
     server_stages: dict[str, float]  # server_<stage>_mean_ms / _p99_ms (Prometheus buckets, window only)
     latencies_ms: np.ndarray = field(repr=False)  # [n] every request of the window, +inf = failed
     artifacts: list[Path] = field(default_factory=list, repr=False)
+    window_s: float = 0.0  # length of the measured window (qps = successes / window_s)
+    lag_p99_ms: float = 0.0  # open loop: p99 of actual minus scheduled send time
+    n_unsent: int = 0  # open loop: arrivals not sent (max_inflight outstanding); in n_failed
+    windows: int = 1  # windows pooled into this run (an extended capacity step has several)
+    params: dict[str, object] = field(default_factory=dict, repr=False)  # the load settings, for MLflow
 
 
 @dataclass
@@ -55,6 +60,7 @@ class Capacity:
     highest_pass: float  # req/s; 0.0 when no rate passed
     lowest_fail: float | None  # req/s; None when no rate failed (max_rate passed)
     steps: list[CapacityStep]
+    lowest_invalid: float | None = None  # req/s; lowest rate the generator could not vouch for (INVALID)
 
     @property
     def resolution(self) -> float | None:
@@ -92,3 +98,4 @@ class StudyOutcome:
     common_rate_qps: float | None
     keep_warm: bool
     outcomes: dict[str, LoadOutcome] = field(default_factory=dict)
+    reference: str = ""  # the variant behind a relative SLO and the common load

@@ -1,63 +1,62 @@
-"""Run one load test: Locust headless in its own process, exact percentiles, server stage times.
+"""Run one load test: Locust headless in its own process, exact quantiles with CIs, server stage times.
 
-    result = run_load(url, settings, out_dir, requests_path, cpus=[0])
-    result.metrics  -> e2e_p50_ms ... e2e_p999_ms, qps, error_rate, n_requests, n_failures,
-                       loadgen_cpu_pct, valid, server_{stage}_mean_ms / _p99_ms, ...
-    result.artifacts -> Locust CSVs, final stats JSON and HTML report, the raw latency CSV, the CDF plot
+    run = run_load(url, cfg, out_dir, requests_path, cpus=[0], kind="common")   # -> LoadRun
+    run.quantiles["p99"].fmt()  -> '12.3 [11.9, 13.0] (n=1,000)' or 'n/a (n=120)'
+    run_metrics(run)            -> the flat MLflow metrics (reco.loadtest.runs)
 
     server_cpus, loadgen_cpus = plan_cpus()   # e.g. ([1], [0]) on two cores
 
-`settings` is the resolved `loadtest` config (conf/loadtest/default.yaml). The generator is pinned to
-`cpus` (give it cores the server is not on). The server's /metrics is scraped when the measured window
-opens and when it closes (times aligned to the test start Locust reports), so warm-up requests are in
-neither the client's nor the server's figures.
+`cfg` is the `loadtest` config (LoadtestConfig, or its dict). The window ends after `window_requests`
+requests (capped at `max_window_s`) or after `duration_s` (see loadtest/locustfile.py). The generator is
+pinned to `cpus` (give it cores the server is not on). The server's /metrics is scraped when the window
+opens and when it closes (the generator writes both times), so warm-up requests are in neither the
+client's nor the server's figures.
 
-A result is marked valid=0 when the generator itself may have been the bottleneck: its CPU over the
-window above loadgen.max_cpu_pct of one core, or, in open loop, sends lagging their schedule by more
-than loadgen.max_lag_ms at p99, or no request succeeded.
+Every quantile is over ALL requests of the window, failed / shed / timed-out / unsent / unanswered ones
+as +inf (reco.stats.with_failures); a quantile that n cannot support is None. A run is valid=False
+(with invalid_reason) when the generator itself may have been the bottleneck: its CPU over the window
+above loadgen.max_cpu_pct of one core, or, in open loop, sends lagging their schedule by more than
+loadgen.max_lag_ms at p99; or when no request succeeded.
+
+SIGINT / SIGTERM of the calling process while a test runs stop Locust and the keep-warm spinners before
+the process exits (and both die with the caller even on SIGKILL: PR_SET_PDEATHSIG).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import math
 import os
 import resource
+import signal
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
-from dataclasses import dataclass, field
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
 
-import numpy as np
 import psutil
 
-from reco.loadtest.histogram import Latencies, percentiles, plot_cdf, read_latencies
+from reco.children import die_with_parent
+from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
+from reco.loadtest.histogram import plot_cdf, read_latencies
+from reco.loadtest.outcome import LoadRun
+from reco.loadtest.runs import make_run
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
+from reco.serve.process import log_tail
 
 LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
 
 
 class LoadTestError(RuntimeError):
     pass
-
-
-@dataclass
-class LoadResult:
-    metrics: dict[str, float]
-    params: dict[str, object]
-    artifacts: list[Path]
-    latencies_ms: np.ndarray = field(repr=False, default_factory=lambda: np.zeros(0))  # successful, window
-
-
-def _need(settings: dict, key: str):
-    if key not in settings:
-        raise KeyError(
-            f"loadtest.{key}: missing from the load test settings (see conf/loadtest/default.yaml)"
-        )
-    return settings[key]
 
 
 def plan_cpus() -> tuple[list[int] | None, list[int] | None]:
@@ -78,48 +77,61 @@ def scrape(url: str, timeout_s: float = 5.0) -> str:
         return ""
 
 
-def locust_command(url: str, s: dict, out_dir: Path, requests_path: Path | None) -> list[str]:
-    mode = _need(s, "mode")
-    if mode not in ("closed", "open"):
-        raise ValueError(f"loadtest.mode: expected 'closed' or 'open', got {mode!r}")
-    users = int(_need(s, "users")) if mode == "closed" else 1
-    run_time = math.ceil(
-        float(_need(s, "warmup_s")) + float(_need(s, "duration_s")) + float(_need(s, "drain_s"))
-    )
+def _window_cap_s(c: LoadtestConfig) -> float:
+    return float(c.max_window_s if c.window_requests else c.duration_s)
+
+
+def locust_command(
+    url: str, c: LoadtestConfig, out_dir: Path, requests_path: Path | None, reports: bool = True
+) -> list[str]:
+    """The headless Locust command line of one load test."""
+    if c.window_requests is None and c.duration_s <= 0:
+        raise ValueError(
+            f"loadtest.duration_s: expected > 0 when window_requests is null, got {c.duration_s}"
+        )
+    if c.window_requests is not None and c.window_requests < 1:
+        raise ValueError(f"loadtest.window_requests: expected >= 1 or null, got {c.window_requests}")
+    users = int(c.users) if c.mode == LoadMode.closed else 1
+    # A safety net only: the locustfile stops the test itself once the window has drained.
+    run_time = math.ceil(c.warmup_s + _window_cap_s(c) + c.drain_s + 30)
     cmd = [
         sys.executable, "-m", "locust",
         "-f", str(LOCUSTFILE),
         "--headless",
         "--host", url,
         "-u", str(users),
-        "-r", str(_need(s, "spawn_rate")),
+        "-r", str(c.spawn_rate),
         "-t", f"{run_time}s",
-        "--stop-timeout", str(max(1, math.ceil(float(s["drain_s"])))),
-        "--csv", str(out_dir / "locust"),
-        "--html", str(out_dir / "locust_report.html"),
-        "--json-file", str(out_dir / "locust_stats"),
         "--only-summary",
         "--loglevel", "WARNING",
         "--exit-code-on-error", "0",
-        "--load-mode", mode,
-        "--rate", str(float(_need(s, "rate"))),
-        "--max-inflight", str(int(_need(s, "max_inflight"))),
-        "--think-time-s", str(float(_need(s, "think_time_s"))),
-        "--warmup-s", str(float(s["warmup_s"])),
-        "--duration-s", str(float(s["duration_s"])),
+        "--load-mode", c.mode.value,
+        "--rate", str(float(c.rate)),
+        "--max-inflight", str(int(c.max_inflight)),
+        "--think-time-s", str(float(c.think_time_s)),
+        "--warmup-s", str(float(c.warmup_s)),
+        "--duration-s", str(_window_cap_s(c)),
+        "--window-requests", str(int(c.window_requests or 0)),
+        "--drain-s", str(float(c.drain_s)),
+        "--score-every", str(int(c.score_every)),
         "--latency-file", str(out_dir / "latencies.csv"),
-        "--seed", str(int(_need(s, "seed"))),
+        "--seed", str(int(c.seed)),
     ]  # fmt: skip
     if requests_path is not None:
         cmd += ["--requests-file", str(requests_path)]
+    if reports:
+        cmd += ["--csv", str(out_dir / "locust"), "--html", str(out_dir / "locust_report.html")]
+        cmd += ["--json-file", str(out_dir / "locust_stats")]
     return cmd
 
 
-def _log_tail(path: Path, lines: int = 30) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
-    except OSError:
-        return ""
+def _wait_for(path: Path, proc: subprocess.Popen, deadline: float) -> bool:
+    """Until `path` exists (True), the process exits or the deadline passes (False)."""
+    while not path.exists():
+        if proc.poll() is not None or time.time() > deadline:
+            return path.exists()
+        time.sleep(0.02)
+    return True
 
 
 def _sleep_until(t_epoch: float, proc: subprocess.Popen) -> None:
@@ -127,7 +139,7 @@ def _sleep_until(t_epoch: float, proc: subprocess.Popen) -> None:
         time.sleep(min(left, 0.05))
 
 
-def _cpu_s(ps) -> float | None:
+def _cpu_s(ps: psutil.Process) -> float | None:
     """CPU seconds of the generator so far; None once it has exited."""
     try:
         t = ps.cpu_times()
@@ -141,90 +153,142 @@ def _children_cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+def _raise_exit(signum: int, _frame: Any) -> None:
+    raise SystemExit(128 + signum)
+
+
+@contextmanager
+def stop_on_signals() -> Iterator[None]:
+    """Turn SIGTERM into SystemExit (SIGINT already raises KeyboardInterrupt) while the block runs, so
+    `finally` clauses stop child processes before this process exits. Main thread only (elsewhere a no-op)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, _raise_exit)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _child_setup(parent_pid: int, cpus: list[int] | None) -> None:
+    """In the Locust child before exec: die with the caller (PR_SET_PDEATHSIG), run on `cpus`."""
+    die_with_parent(parent_pid)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
 def run_load(
     url: str,
-    settings: dict,
+    cfg: LoadtestConfig | Mapping,
     out_dir: str | Path,
     requests_path: str | Path | None = None,
     cpus: list[int] | None = None,
-) -> LoadResult:
-    """One load test of the server at `url` (see the module docstring). Raises LoadTestError when
-    Locust does not start or writes no latency file."""
-    s = settings
+    *,
+    kind: str = "load",
+    reports: bool = True,
+) -> LoadRun:
+    """One load test of the server at `url` (see the module docstring).
+
+    Args:
+        cfg: the `loadtest` config; mode, rate, users, window_requests/duration_s, warmup_s, drain_s,
+            score_every and loadgen are read.
+        out_dir: Locust's files, latencies.csv (+ .summary.json, .scores.jsonl), the CDF plot, the log.
+        requests_path: JSONL of /recommend bodies; None: random users.
+        cpus: cores for the generator (and its keep-warm spinners).
+        kind: LoadRun.kind ("unloaded", "common", "equal_util", "capacity", ...).
+        reports: also Locust's CSV/HTML/JSON reports and the CDF plot (~2 s; capacity windows skip them).
+    Returns:
+        The LoadRun of the measured window. Raises LoadTestError when Locust does not start or writes no
+        latency file.
+    """
+    c = loadtest_config(cfg)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lat_path = out / "latencies.csv"
-    for stale in (lat_path, Path(f"{lat_path}.started"), Path(f"{lat_path}.summary.json")):
-        stale.unlink(missing_ok=True)
+    for stale in ("", ".started", ".window_end", ".summary.json", ".scores.jsonl"):
+        Path(f"{lat_path}{stale}").unlink(missing_ok=True)
+    (out / "latency_cdf.png").unlink(missing_ok=True)
     if requests_path is not None and not Path(requests_path).exists():
         raise FileNotFoundError(f"{requests_path}: request file not found (see reco.loadtest.requests)")
-    cmd = locust_command(url, s, out, Path(requests_path) if requests_path else None)
-    loadgen = _need(s, "loadgen")
-    warmup, duration = float(s["warmup_s"]), float(s["duration_s"])
+    cmd = locust_command(url, c, out, Path(requests_path) if requests_path else None, reports)
     log_path = out / "locust.log"
+    lg = c.loadgen
 
-    def pin() -> None:
-        os.sched_setaffinity(0, cpus)
-
-    spinners = start_keep_warm(cpus or sorted(os.sched_getaffinity(0))) if loadgen["keep_warm"] else []
-    children_cpu0, wall0 = _children_cpu_s(), time.time()
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out,
-            preexec_fn=pin if cpus else None,
-        )  # fmt: skip
-    try:
-        started = Path(f"{lat_path}.started")
-        deadline = time.time() + float(loadgen["startup_timeout_s"])
-        while not started.exists():
-            if proc.poll() is not None or time.time() > deadline:
+    spinners: list[subprocess.Popen] = []
+    proc: subprocess.Popen | None = None
+    with stop_on_signals():
+        try:
+            if lg.keep_warm:
+                spinners = start_keep_warm(cpus or sorted(os.sched_getaffinity(0)))
+            children_cpu0, wall0 = _children_cpu_s(), time.time()
+            with open(log_path, "wb") as log:
+                proc = subprocess.Popen(
+                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out,
+                    preexec_fn=functools.partial(_child_setup, os.getpid(), cpus),
+                )  # fmt: skip
+            started = Path(f"{lat_path}.started")
+            if not _wait_for(started, proc, time.time() + float(lg.startup_timeout_s)):
+                why = f"exit code {proc.returncode}" if proc.poll() is not None else "timeout"
                 raise LoadTestError(
-                    f"Locust did not start the test ({'exit code ' + str(proc.returncode) if proc.poll() is not None else 'timeout'}); "
-                    f"{log_path}:\n{_log_tail(log_path)}"
+                    f"Locust did not start the test ({why}); {log_path}:\n{log_tail(log_path)}"
                 )
-            time.sleep(0.05)
-        time.sleep(0.05)  # the file is written in one call; let it land
-        t0 = float(started.read_text())
-        ps = psutil.Process(proc.pid)
-        _sleep_until(t0 + warmup, proc)
-        cpu_a, wall_a, before = _cpu_s(ps), time.time(), scrape(url)
-        _sleep_until(t0 + warmup + duration, proc)
-        cpu_b, wall_b, after = _cpu_s(ps), time.time(), scrape(url)
-        proc.wait(timeout=float(s["drain_s"]) + 60)
-        if cpu_a is None or cpu_b is None:
-            # Locust ended before a window sample (a starved runner overslept the drain): fall back to
-            # its CPU over its whole life, taken from the reaped child's rusage.
-            cpu_a, wall_a, cpu_b, wall_b = 0.0, wall0, _children_cpu_s() - children_cpu0, time.time()
-    except BaseException:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-        raise
-    finally:
-        stop_keep_warm(spinners)
-    if not lat_path.exists():
+            time.sleep(0.05)  # the file is written in one call; let it land
+            t0 = float(started.read_text())
+            ps = psutil.Process(proc.pid)
+            _sleep_until(t0 + c.warmup_s, proc)
+            cpu_a, wall_a, before = _cpu_s(ps), time.time(), scrape(url)
+            _wait_for(Path(f"{lat_path}.window_end"), proc, t0 + c.warmup_s + _window_cap_s(c) + 30)
+            cpu_b, wall_b, after = _cpu_s(ps), time.time(), scrape(url)
+            proc.wait(timeout=c.drain_s + 60)
+            if cpu_a is None or cpu_b is None:
+                # Locust ended before a window sample (a starved runner overslept): fall back to its CPU
+                # over its whole life, taken from the reaped child's rusage.
+                cpu_a, wall_a, cpu_b, wall_b = 0.0, wall0, _children_cpu_s() - children_cpu0, time.time()
+        finally:
+            if proc is not None and proc.poll() is None:
+                proc.kill()
+                proc.wait()
+            stop_keep_warm(spinners)
+    if not Path(f"{lat_path}.summary.json").exists():
         raise LoadTestError(
-            f"Locust exited (code {proc.returncode}) without writing {lat_path}:\n{_log_tail(log_path)}"
+            f"Locust exited (code {proc.returncode}) without writing {lat_path}:\n{log_tail(log_path)}"
         )
 
     lat = read_latencies(lat_path)
     summary = json.loads(Path(f"{lat_path}.summary.json").read_text())
+    open_ = summary.get("open") or {}
+    window_start = summary["t0_epoch"] + c.warmup_s
+    window_end = summary.get("window_end_epoch") or (window_start + _window_cap_s(c))
     cpu_pct = 100.0 * (cpu_b - cpu_a) / max(wall_b - wall_a, 1e-9)
-    metrics = summarize(lat, summary, duration)
-    metrics["loadgen_cpu_pct"] = cpu_pct
-    lag = (summary.get("open") or {}).get("lag_p99_ms", 0.0)
-    metrics["valid"] = float(
-        cpu_pct <= float(loadgen["max_cpu_pct"])
-        and lag <= float(loadgen["max_lag_ms"])
-        and metrics["n_ok"] > 0
-    )
+    lag = float(open_.get("lag_p99_ms", 0.0))
+    reasons = []
+    if cpu_pct > lg.max_cpu_pct:
+        reasons.append(f"load generator CPU {cpu_pct:.0f}% > loadtest.loadgen.max_cpu_pct={lg.max_cpu_pct:g}")
+    if lag > lg.max_lag_ms:
+        reasons.append(f"open-loop send lag p99 {lag:.1f} ms > loadtest.loadgen.max_lag_ms={lg.max_lag_ms:g}")
+    stages = {}
     if before and after:
         from reco.serve.metrics import stage_summary
 
-        metrics.update(stage_summary(before, after))
-
-    cdf = plot_cdf({f"{s['mode']} loop": lat.ok_ms}, out / "latency_cdf.png", title=_title(s))
-    artifacts = [
+        stages = stage_summary(before, after)
+    run = make_run(
+        lat.window_ms(int(summary.get("unanswered", 0))),
+        kind=kind,
+        offered_qps=float(c.rate) if c.mode == LoadMode.open else None,
+        window_s=max(window_end - window_start, 1e-9),
+        loadgen_cpu_pct=cpu_pct,
+        invalid_reasons=reasons,
+        server_stages=stages,
+        lag_p99_ms=lag,
+        n_unsent=int(open_.get("overflow", 0)),
+        params=_params(c, cpus, requests_path),
+    )
+    load = f"{c.users} users" if c.mode == LoadMode.closed else f"{c.rate:g} req/s Poisson"
+    cdf = out / "latency_cdf.png"
+    if reports:
+        plot_cdf({f"{c.mode.value} loop": run.latencies_ms}, cdf, title=f"{kind}: {load}")
+    run.artifacts = [
         p
         for p in (
             out / "locust_stats.csv",
@@ -235,46 +299,35 @@ def run_load(
             out / "locust_stats.json",
             lat_path,
             Path(f"{lat_path}.summary.json"),
+            Path(f"{lat_path}.scores.jsonl"),
             cdf,
             log_path,
         )
         if p.exists() and p.stat().st_size > 0
     ]
-    params = {
-        f"loadtest.{k}": s[k]
-        for k in ("mode", "users", "spawn_rate", "rate", "duration_s", "warmup_s", "think_time_s", "seed")
-        if k in s
+    return run
+
+
+def _params(c: LoadtestConfig, cpus: list[int] | None, requests_path: str | Path | None) -> dict[str, object]:
+    p: dict[str, object] = {
+        f"loadtest.{k}": getattr(c, k)
+        for k in (
+            "users",
+            "spawn_rate",
+            "rate",
+            "window_requests",
+            "duration_s",
+            "warmup_s",
+            "think_time_s",
+            "seed",
+        )
     }
-    params["loadtest.cpus"] = ",".join(map(str, cpus)) if cpus else "any"
-    params["loadtest.requests_file"] = str(requests_path) if requests_path else "random users"
-    return LoadResult(metrics, params, artifacts, lat.ok_ms)
+    p["loadtest.mode"] = c.mode.value
+    p["loadtest.cpus"] = ",".join(map(str, cpus)) if cpus else "any"
+    p["loadtest.requests_file"] = str(requests_path) if requests_path else "random users"
+    return p
 
 
-def summarize(lat: Latencies, summary: dict, duration_s: float) -> dict[str, float]:
-    """Exact end-to-end metrics of the measured window (see reco.loadtest.histogram)."""
-    open_ = summary.get("open") or {}
-    incomplete = int(open_.get("incomplete", 0))  # sent in the window, unanswered at the end: failures
-    n = len(lat) + incomplete
-    n_fail = int((~lat.ok).sum()) + incomplete
-    m = {f"e2e_{k}_ms": v for k, v in percentiles(lat.ok_ms).items()}
-    m.update(
-        {
-            "e2e_mean_ms": float(np.mean(lat.ok_ms)) if lat.ok.any() else math.nan,
-            "qps": float(lat.ok.sum()) / duration_s,
-            "error_rate": n_fail / n if n else 1.0,
-            "n_requests": float(n),
-            "n_failures": float(n_fail),
-            "n_ok": float(lat.ok.sum()),
-            "n_503": float((lat.status == 503).sum()),
-        }
-    )
-    if open_:
-        m["offered_qps"] = float(open_.get("rate", 0.0))
-        m["loadgen_lag_p99_ms"] = float(open_.get("lag_p99_ms", 0.0))
-        m["loadgen_overflow"] = float(open_.get("overflow", 0))
-    return m
-
-
-def _title(s: dict) -> str:
-    load = f"{s['users']} users" if s["mode"] == "closed" else f"{float(s['rate']):g} req/s Poisson"
-    return f"End-to-end latency, {s['mode']} loop, {load}, {float(s['duration_s']):g} s window"
+def with_settings(cfg: LoadtestConfig | Mapping, **changes: Any) -> LoadtestConfig:
+    """A copy of the loadtest config with top-level fields replaced (e.g. mode=LoadMode.open, rate=50)."""
+    return dataclasses.replace(loadtest_config(cfg), **changes)

@@ -1,113 +1,397 @@
-"""Serve and load-test every built variant the same way, for the pipeline.
+"""Serve and load-test every built variant the same way; return what was measured (StudyOutcome).
 
-1. The reference variant (the baseline) sets the yardsticks: its unloaded p99 (one closed-loop user)
-   gives the SLO (capacity.slo_factor x that, unless capacity.slo_p99_ms is set), and its capacity at
-   that SLO gives the common offered load (study.common_load_fraction x its capacity, unless
-   study.common_rate is set).
-2. Every variant, the reference included, is then served alone (server and Locust pinned to
-   different cores) and measured under that same open-loop load, then capacity-searched at the same SLO.
-Figures go into each variant's metrics and MLflow run; raw files into <run dir>/load/<variant>/.
+    outcome = run_study(variants, data, data_path, cfg, out_dir, log)
+
+Order of work (every kind of run `study.repeats` times, interleaved across variants -- A B C A B C --
+so drift of the machine hits all variants alike):
+
+1. **Servers.** Every variant's server is started up front, all pinned to the server core(s), and the
+   variants are tested one at a time against their own server (idle servers cost memory -- the heavy
+   baseline ~110 MB -- not CPU; their keep-warm spinners are SCHED_IDLE). One process per variant for
+   the whole study: no restart between repeats, the same process answers every run of that variant.
+2. **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant. With a relative SLO the
+   reference gets extra rounds until it has `capacity.reference_repeats` (>= 5) runs.
+3. **SLO**, fixed before any capacity search: `capacity.slo_p99_ms` (preferred), else `slo_factor` x the
+   MEDIAN unloaded p99 of the reference. Without an SLO (reference failed, none set) every variant's
+   LoadOutcome.error says so and no capacity is searched.
+4. **Capacity** at that SLO (reco.loadtest.capacity: count-based steps, CI verdicts, extension).
+5. **Common load**: `study.common_rate`, else `common_load_fraction` x the reference's median capacity;
+   the scores of every `correctness.every`-th request are recorded for step 7.
+6. **Equal utilisation**: each variant at `equal_util_fraction` x its OWN median capacity (so the report
+   can give the unloaded, common-load and equal-utilisation ratios side by side); 0 skips it.
+7. **Correctness** (servers stopped, so nothing competes): the recorded scores against the variant's
+   offline scores of the same requests (reco.loadtest.correctness).
+
+Nothing here touches MLflow or the caller's objects: raw files go under out_dir/<variant>/, and
+`log(variant_name, metrics, artifact_paths, artifact_subdir)` (optional) is called as results arrive, so
+the pipeline can forward them to the variant's MLflow run (metric names: `study_metrics`).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import math
+import statistics
 import time
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Any
+
+from omegaconf import DictConfig
 
 from reco.data.schema import Dataset
-from reco.loadtest.capacity import find_capacity, resolve_slo, unloaded_p99
+from reco.loadtest.capacity import find_capacity, open_loop_measure, resolve_slo, write_capacity
+from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
+from reco.loadtest.correctness import check_scores
+from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome
 from reco.loadtest.requests import write_requests
-from reco.loadtest.runner import LoadResult, plan_cpus, run_load
-from reco.serve.process import start_server
-from reco.tracking import Tracker
+from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
+from reco.loadtest.runs import run_metrics
+from reco.serve.config import ServeConfig, serve_config
+from reco.serve.process import ServerHandle, start_server
+from reco.variant import Variant
+
+Log = Callable[[str, dict[str, float], list[Path], str], None]
 
 
-def _log(tracker: Tracker, node, res: LoadResult, prefix: str = "", subdir: str = "loadtest") -> None:
-    tracker.log(node.run_id, metrics={f"{prefix}{k}": v for k, v in res.metrics.items()})
-    tracker.log_artifacts(node.run_id, res.artifacts, subdir)
+def _section(cfg: Any, name: str) -> Any:
+    """cfg.<name> of a typed root, or cfg[name] of a dict / DictConfig."""
+    return cfg[name] if isinstance(cfg, Mapping | DictConfig) else getattr(cfg, name)
 
 
-def load_test_all(
-    nodes: list, data: Dataset, data_path: Path, c: dict, tracker: Tracker, out_dir: Path
-) -> dict:
-    """Returns {"slo_p99_ms", "common_rate_qps"} (None when not determined)."""
-    lt, study = c["loadtest"], c["loadtest"]["study"]
-    outcome: dict = {"slo_p99_ms": None, "common_rate_qps": None}
-    if data.schema.user_key is None or data.schema.item_key is None:
-        print(
-            f"[load] skipped: dataset {data.name!r} has no user/item key, so it cannot be served", flush=True
-        )
-        return outcome
-    only = study.get("variants")  # null: every variant
-    ready = [n for n in nodes if n.variant is not None and (only is None or n.name in only)]
-    if not ready:
-        return outcome
-    reference = next((n for n in ready if n.name == study.get("reference")), ready[0])
-    server_cpus, gen_cpus = plan_cpus()
-    requests = write_requests(
-        data, out_dir / "load" / "requests.jsonl", lt["requests"]["n"], lt["requests"]["k"], lt["seed"]
-    )
-    cap_cfg = lt["capacity"]
-    slo = cap_cfg.get("slo_p99_ms")
-    rate = study.get("common_rate")
-    order = [reference] + [n for n in ready if n is not reference]
-    for i, node in enumerate(order, 1):
-        d = out_dir / "load" / node.name
-        t0 = time.time()
-        print(f"\n[load {i}/{len(order)}] {node.name}: serving and load-testing", flush=True)
+def _say(msg: str) -> None:
+    print(msg, flush=True)
+
+
+class _Study:
+    """The state of one study while it runs (see the module docstring for the order of work)."""
+
+    def __init__(self, lt: LoadtestConfig, serve: ServeConfig, out_dir: Path, log: Log | None) -> None:
+        self.lt, self.serve, self.out, self.log = lt, serve, out_dir, log
+        self.outcomes: dict[str, LoadOutcome] = {}
+        self.servers: dict[str, ServerHandle] = {}
+        self.requests = Path()
+        self.gen_cpus: list[int] | None = None
+        self.rank_p50_ms: dict[str, float] = {}  # in-process ranking latency: a capacity estimate
+
+    def fail(self, name: str, msg: str) -> None:
+        o = self.outcomes[name]
+        o.error = f"{o.error}; {msg}" if o.error else msg
+        _say(f"  {name}: {msg[:500]}")
+
+    def alive(self) -> list[str]:
+        """Variants still being measured (their server runs and no run of theirs raised)."""
+        return [n for n in self.outcomes if n in self.servers]
+
+    def measure(self, name: str, what: str, fn: Callable[[ServerHandle], Any]) -> Any:
+        """fn(server) for one variant; an exception drops the variant from the rest of the study."""
+        h = self.servers[name]
         try:
-            with start_server(
-                node.variant.dir, data_path, c["serve"], cpus=server_cpus, work_dir=d
-            ) as server:
-                if node is reference:
-                    ref = unloaded_p99(server.url, lt, d / "unloaded", requests, gen_cpus)
-                    _log(tracker, node, ref, prefix="unloaded_", subdir="loadtest/unloaded")
-                    slo = resolve_slo(cap_cfg, ref.metrics["e2e_p99_ms"])
-                    print(
-                        f"  unloaded p99 {ref.metrics['e2e_p99_ms']:.2f} ms -> SLO p99 {slo:.2f} ms",
-                        flush=True,
-                    )
-                cap = None
-                if cap_cfg["enabled"]:
-                    cap = find_capacity(server.url, lt, slo, d / "capacity", requests, gen_cpus)
-                    (d / "capacity.md").write_text(cap.table() + "\n")
-                    node.variant.metrics["max_qps_at_slo"] = cap.max_qps_at_slo
-                    node.load["capacity_steps"] = [
-                        {
-                            "rate": s["rate"],
-                            "qps": s["qps"],
-                            "p99_ms": s["e2e_p99_ms"],
-                            "error_rate": s["error_rate"],
-                        }
-                        for s in cap.steps
-                    ]
-                    tracker.log(
-                        node.run_id, metrics={"max_qps_at_slo": cap.max_qps_at_slo, "slo_p99_ms": slo}
-                    )
-                    tracker.log_artifacts(node.run_id, [d / "capacity.md"], "loadtest")
-                    print(f"  max QPS at SLO: {cap.max_qps_at_slo:.1f}", flush=True)
-                if rate is None:
-                    if cap and cap.max_qps_at_slo > 0:
-                        rate = study["common_load_fraction"] * cap.max_qps_at_slo
-                    else:  # no capacity at the SLO (or no search): the lowest rate the search knows
-                        rate = cap_cfg["min_rate"]
-                        print(f"  WARNING: {node.name} meets the SLO at no rate tried", flush=True)
-                    print(f"  common offered load: {rate:.1f} req/s for every variant", flush=True)
-                res = run_load(
-                    server.url, {**lt, "mode": "open", "rate": rate}, d / "common", requests, gen_cpus
+            if h.proc.poll() is not None:
+                raise LoadTestError(
+                    f"server exited with code {h.proc.returncode}; log {h.log_path}:\n{h.log_tail()}"
                 )
-            node.variant.metrics.update(res.metrics)
-            node.load["latencies_ms"] = res.latencies_ms
-            _log(tracker, node, res)
-            m = res.metrics
-            print(
-                f"  at {rate:.1f} req/s: p50 {m['e2e_p50_ms']:.2f} p99 {m['e2e_p99_ms']:.2f} ms, "
-                f"errors {m['error_rate']:.2%}, valid {bool(m['valid'])} ({time.time() - t0:.0f} s)",
-                flush=True,
-            )
+            return fn(h)
         except Exception as e:  # one variant's failed load test must not stop the comparison
-            node.load["error"] = f"{type(e).__name__}: {e}"
-            print(f"  load test FAILED: {node.load['error'][:500]}", flush=True)
-            tracker.log(node.run_id, tags={"load_error": node.load["error"][:5000]})
-    outcome.update(slo_p99_ms=slo, common_rate_qps=rate)
-    return outcome
+            self.fail(name, f"{what} failed: {type(e).__name__}: {e}")
+            del self.servers[name]
+            return None
+
+    def emit(self, name: str, metrics: dict[str, float], paths: list[Path], subdir: str) -> None:
+        if self.log is not None:
+            self.log(name, metrics, paths, subdir)
+
+    def window(self, **changes: Any) -> LoadtestConfig:
+        return with_settings(self.lt, **changes)
+
+    # -- the kinds of runs -------------------------------------------------------------------------------
+    def unloaded(self, name: str, r: int) -> None:
+        s = self.window(mode=LoadMode.closed, users=1, window_requests=self.lt.study.unloaded_requests)
+
+        def go(h: ServerHandle) -> LoadRun:
+            return run_load(
+                h.url,
+                s,
+                self.out / name / "unloaded" / f"r{r}",
+                self.requests,
+                self.gen_cpus,
+                kind="unloaded",
+            )
+
+        run = self.measure(name, f"unloaded run {r}", go)
+        if run is not None:
+            self.outcomes[name].unloaded.append(run)
+            self.emit(name, {}, run.artifacts, f"loadtest/unloaded/r{r}")
+            _say(
+                f"  {name} unloaded r{r}: p50 {run.quantiles['p50'].fmt('.2f')}, p99 {run.quantiles['p99'].fmt('.2f')} ms"
+            )
+
+    def start_rate(self, name: str) -> float:
+        """Where a capacity search starts: fewer steps the closer it is (each step costs >= 368 requests)."""
+        done = [c.highest_pass for c in self.outcomes[name].capacity if c.highest_pass > 0]
+        if done:
+            return statistics.median(done)
+        if self.lt.capacity.start_rate is not None:
+            return float(self.lt.capacity.start_rate)
+        p50 = self.rank_p50_ms.get(name)
+        return 0.6 * 1000.0 / p50 if p50 else float(self.lt.capacity.min_rate)
+
+    def capacity(self, name: str, r: int, slo: float) -> None:
+        d = self.out / name / "capacity" / f"r{r}"
+        cfg = dataclasses.replace(self.lt.capacity, start_rate=self.start_rate(name))
+
+        def go(h: ServerHandle) -> Capacity:
+            return find_capacity(open_loop_measure(h.url, self.lt, self.requests, self.gen_cpus), slo, cfg, d)
+
+        cap = self.measure(name, f"capacity search {r}", go)
+        if cap is not None:
+            self.outcomes[name].capacity.append(cap)
+            self.emit(name, {}, write_capacity(cap, d), f"loadtest/capacity/r{r}")
+            _say(
+                f"  {name} capacity r{r}: [{cap.highest_pass:g}, {cap.lowest_fail}] req/s, {len(cap.steps)} steps"
+            )
+
+    def loaded(self, name: str, r: int, kind: str, rate: float) -> None:
+        cor = self.lt.study.correctness
+        s = self.window(
+            mode=LoadMode.open,
+            rate=rate,
+            window_requests=self.lt.study.load_requests,
+            score_every=cor.every if kind == "common" and cor.enabled else 0,
+        )
+
+        def go(h: ServerHandle) -> LoadRun:
+            return run_load(
+                h.url, s, self.out / name / kind / f"r{r}", self.requests, self.gen_cpus, kind=kind
+            )
+
+        run = self.measure(name, f"{kind} run {r} at {rate:.1f} req/s", go)
+        if run is not None:
+            getattr(self.outcomes[name], kind).append(run)
+            self.emit(name, {}, run.artifacts, f"loadtest/{kind}/r{r}")
+            q = run.quantiles
+            _say(
+                f"  {name} {kind} r{r} at {rate:.1f} req/s: p50 {q['p50'].fmt('.2f')}, p99 {q['p99'].fmt('.2f')} ms, "
+                f"errors {run.error_rate:.2%}, valid {run.valid}{'' if run.valid else ' (' + run.invalid_reason + ')'}"
+            )
+
+
+def run_study(
+    variants: list[tuple[str, Variant]],
+    data: Dataset,
+    data_path: str | Path,
+    cfg: Any,
+    out_dir: str | Path,
+    log: Log | None = None,
+) -> StudyOutcome:
+    """Load-test every variant (see the module docstring).
+
+    Args:
+        variants: (name, built Variant) pairs, in the order the report lists them.
+        data: the dataset (requests are drawn from its test split; correctness scores against it).
+        data_path: its .pt file (the servers load it).
+        cfg: the experiment config (typed root, DictConfig or dict) with `loadtest` and `serve`.
+        out_dir: raw files: out_dir/requests.jsonl, out_dir/<variant>/{unloaded,capacity,common,equal_util}/r<k>/.
+        log: called as log(variant_name, metrics, artifact_paths, artifact_subdir) as results arrive;
+            the metrics (study_metrics) come once per variant at the end.
+    Returns:
+        The StudyOutcome; a variant whose load test failed has LoadOutcome.error set.
+    """
+    lt = loadtest_config(_section(cfg, "loadtest"))
+    serve = serve_config(_section(cfg, "serve"))
+    st = lt.study
+    out = Path(out_dir)
+    keep_warm = bool(lt.loadgen.keep_warm and serve.keep_warm)
+    result = StudyOutcome(None, "", None, keep_warm, reference=st.reference)
+    if data.schema.user_key is None or data.schema.item_key is None:
+        result.slo_source = (
+            f"not measured: dataset {data.name!r} has no user/item key, so it cannot be served"
+        )
+        _say(f"[load] skipped: {result.slo_source}")
+        return result
+    chosen = [(n, v) for n, v in variants if st.variants is None or n in st.variants]
+    if not chosen:
+        result.slo_source = "not measured: no variant to load-test (loadtest.study.variants)"
+        return result
+    names = [n for n, _ in chosen]
+    ref = st.reference if st.reference in names else names[0]
+    if ref != st.reference:
+        _say(
+            f"[load] loadtest.study.reference={st.reference!r} is not among {names}: {ref!r} is the reference"
+        )
+    result.reference = ref
+    order = [ref] + [n for n in names if n != ref]
+    s = _Study(lt, serve, out, log)
+    s.outcomes = {n: LoadOutcome(n) for n in order}
+    result.outcomes = s.outcomes
+    s.requests = write_requests(data, out / "requests.jsonl", lt.requests.n, lt.requests.k, lt.seed)
+    server_cpus, s.gen_cpus = plan_cpus()
+    variant_of = dict(chosen)
+    s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}
+    t_start = time.time()
+    with stop_on_signals(), _servers(s, variant_of, order, data_path, server_cpus):
+        _measure_all(s, result, ref, order)
+    _say(f"[load] measured in {time.time() - t_start:.0f} s")
+    if st.correctness.enabled:
+        for n in order:
+            _correctness(s, n, variant_of[n], data)
+    for n in order:
+        s.emit(n, study_metrics(s.outcomes[n], result), [], "loadtest")
+    return result
+
+
+def _correctness(s: _Study, name: str, variant: Variant, data: Dataset) -> None:
+    """Check the scores recorded under load (common-load windows) against offline scores."""
+    files = sorted((s.out / name / "common").glob("r*/latencies.csv.scores.jsonl"))
+    if not files:
+        return
+    try:
+        c = check_scores(variant, data, s.serve, s.requests, files, s.lt.study.correctness.tolerance)
+    except Exception as e:  # a broken check must not lose the latency figures
+        s.fail(name, f"correctness check failed: {type(e).__name__}: {e}")
+        return
+    s.outcomes[name].correctness = c
+    _say(f"  {name} correctness: {c.n_requests} requests, max |diff| {c.max_abs_diff:.2e}, passed {c.passed}")
+
+
+@contextmanager
+def _servers(
+    s: _Study, variant_of: dict[str, Variant], order: list[str], data_path: str | Path, cpus: list[int] | None
+) -> Iterator[None]:
+    """Start every variant's server (side by side), stop them all at the end."""
+    started: dict[str, ServerHandle] = {}
+    try:
+        for n in order:
+            try:
+                started[n] = start_server(
+                    variant_of[n].dir,
+                    data_path,
+                    s.serve,
+                    cpus=cpus,
+                    work_dir=s.out / n / "server",
+                    wait=False,
+                )
+            except Exception as e:
+                s.fail(n, f"server did not start: {type(e).__name__}: {e}")
+        for n, h in started.items():
+            try:
+                s.servers[n] = h.wait_ready()
+            except Exception as e:
+                s.fail(n, f"server did not start: {type(e).__name__}: {e}")
+        yield
+    finally:
+        for h in started.values():
+            h.stop()
+
+
+def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) -> None:
+    lt, st = s.lt, s.lt.study
+    relative = lt.capacity.slo_p99_ms is None
+    rounds = max(st.repeats, lt.capacity.reference_repeats if relative else 0)
+    _say(f"\n[load] unloaded: {st.repeats} x {len(order)} variants, interleaved")
+    for r in range(rounds):
+        for n in s.alive():
+            if r < st.repeats or n == ref:
+                s.unloaded(n, r)
+
+    ref_p99s = [u.quantiles["p99"].value for u in s.outcomes[ref].unloaded if u.valid]
+    try:
+        result.slo_p99_ms, result.slo_source = resolve_slo(lt.capacity, ref_p99s)
+        _say(f"[load] SLO p99 {result.slo_p99_ms:.2f} ms ({result.slo_source})")
+    except ValueError as e:
+        err = s.outcomes[ref].error
+        why = f"failed its load test ({err})" if err else "gave too few usable unloaded p99s"
+        result.slo_source = f"none: the reference {ref!r} {why}; {e}"
+        for n in order:
+            s.fail(n, f"no SLO, so no capacity search: the reference {ref!r} {why}; {e}")
+
+    if lt.capacity.enabled and result.slo_p99_ms is not None:
+        _say(
+            f"\n[load] capacity at p99 <= {result.slo_p99_ms:.2f} ms: {st.repeats} x {len(order)}, interleaved"
+        )
+        for r in range(st.repeats):
+            for n in s.alive():
+                s.capacity(n, r, result.slo_p99_ms)
+
+    result.common_rate_qps = _common_rate(s, ref)
+    if result.common_rate_qps is not None:
+        _say(
+            f"\n[load] common load {result.common_rate_qps:.1f} req/s: {st.repeats} x {len(order)}, interleaved"
+        )
+        for r in range(st.repeats):
+            for n in s.alive():
+                s.loaded(n, r, "common", result.common_rate_qps)
+
+    own = {n: median_capacity(s.outcomes[n]) for n in s.alive()}
+    if st.equal_util_fraction > 0 and any(own.values()):
+        _say(f"\n[load] equal utilisation: {st.equal_util_fraction:g} x each variant's own median capacity")
+        for r in range(st.repeats):
+            for n in s.alive():
+                if own.get(n):
+                    s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n])
+
+
+def _common_rate(s: _Study, ref: str) -> float | None:
+    st = s.lt.study
+    if st.common_rate is not None:
+        return float(st.common_rate)
+    cap = median_capacity(s.outcomes[ref])
+    if cap:
+        return st.common_load_fraction * cap
+    msg = (
+        f"no common load: the reference {ref!r} has no capacity at the SLO "
+        f"({'none measured' if not s.outcomes[ref].capacity else 'no rate passed'}); set loadtest.study.common_rate"
+    )
+    for n in s.alive():
+        s.fail(n, msg)
+    return None
+
+
+def median_capacity(o: LoadOutcome) -> float | None:
+    """Median highest passing rate over the capacity repeats; None when none was measured or it is 0."""
+    caps = [c.highest_pass for c in o.capacity]
+    med = statistics.median(caps) if caps else 0.0
+    return med or None
+
+
+def median_run(runs: list[LoadRun]) -> LoadRun | None:
+    """The repeat with the median p99 (an unsupported p99 sorts as +inf), so its figures are one real run's."""
+    if not runs:
+        return None
+    key = [(r.quantiles["p99"].value if r.quantiles["p99"].value is not None else math.inf) for r in runs]
+    order = sorted(range(len(runs)), key=lambda i: key[i])
+    return runs[order[(len(runs) - 1) // 2]]
+
+
+def study_metrics(o: LoadOutcome, study: StudyOutcome) -> dict[str, float]:
+    """Flat MLflow metrics of one variant: the README names for the common load (its median-p99 repeat,
+    with CI bounds), `unloaded_` / `equal_util_` prefixed the same, `e2e_p99_ms_min/_max` over the
+    common-load repeats, `max_qps_at_slo` (median highest pass) with `_min/_max` over repeats,
+    `slo_p99_ms`, `common_rate_qps`, `correctness_*`. Figures that were not measured are left out."""
+    m: dict[str, float] = {}
+    for prefix, runs in (("", o.common), ("unloaded_", o.unloaded), ("equal_util_", o.equal_util)):
+        run = median_run(runs)
+        if run is not None:
+            m.update(run_metrics(run, prefix))
+            p99s = [r.quantiles["p99"].value for r in runs]
+            if all(p is not None for p in p99s):
+                m[f"{prefix}e2e_p99_ms_min"], m[f"{prefix}e2e_p99_ms_max"] = min(p99s), max(p99s)
+            m[f"{prefix}repeats"] = float(len(runs))
+    if o.capacity:
+        caps = [c.highest_pass for c in o.capacity]
+        m.update(
+            max_qps_at_slo=statistics.median(caps), max_qps_at_slo_min=min(caps), max_qps_at_slo_max=max(caps)
+        )
+    if study.slo_p99_ms is not None:
+        m["slo_p99_ms"] = study.slo_p99_ms
+    if study.common_rate_qps is not None:
+        m["common_rate_qps"] = study.common_rate_qps
+    if o.correctness is not None:
+        c = o.correctness
+        m.update(
+            correctness_n=float(c.n_requests),
+            correctness_max_abs_diff=c.max_abs_diff,
+            correctness_passed=float(c.passed),
+        )
+    return {k: float(v) for k, v in m.items()}

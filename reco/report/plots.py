@@ -243,10 +243,13 @@ def _stack(ax, names: list[str], parts: list[tuple[str, list[float]]], colour: d
     left = np.zeros(len(names))
     for label, widths in parts:
         w = np.asarray(widths, float)
+        w[~np.isfinite(w)] = 0.0  # a part that failed requests made infinite is labelled, not drawn
         ax.barh(names, w, left=left, color=colour[label], label=label)
         left += w
-    for y, total in enumerate(left):
-        ax.annotate(f"{total:.2f} ms", (total, y), textcoords="offset points", xytext=(4, -3), fontsize=8)
+    totals = np.sum([np.asarray(w, float) for _, w in parts], axis=0)
+    for y, (drawn, total) in enumerate(zip(left, totals, strict=True)):
+        text = f"{total:.2f} ms" if np.isfinite(total) else "inf (failed requests)"
+        ax.annotate(text, (drawn, y), textcoords="offset points", xytext=(4, -3), fontsize=8)
     ax.invert_yaxis()  # same order as the table
     ax.set_xlim(0, max(left.max(), 1e-9) * 1.25)
 

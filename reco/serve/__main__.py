@@ -1,33 +1,41 @@
-"""python -m reco.serve --variant DIR --dataset PATH.pt [--host H] [--port P] [--config FILE] [key=value ...]
+"""python -m reco.serve --variant DIR --dataset PATH.pt [--host H] [--port P] [key=value ...]
 
-Settings come from conf/serve/default.yaml (or --config, YAML or JSON) with `key=value` overrides
-(dotted keys: batching.enabled=true, cpu_affinity=[1]). The process refuses to start, with the reason on
-stderr and exit code 2, when the variant or dataset cannot be served.
+Settings: the project config's `serve` group (conf/serve/default.yaml, schema reco/serve/config.py)
+with `key=value` overrides of its keys (dotted: batching.enabled=true, cpu_affinity=[1]), composed with
+Hydra exactly as `python run.py serve.<key>=<value>` would. The process refuses to start, with the
+reason on stderr and exit code 2, when the settings, the variant or the dataset cannot be served.
 
-workers > 1: that many worker processes, each with its own SO_REUSEPORT listening socket on the same
-port, so the kernel spreads connections over them (uvicorn's own workers share one socket, and on an
-idle-ish server one worker ends up accepting nearly every connection). /metrics aggregates all workers
-(prometheus_client multiprocess mode).
+workers > 1: see reco/serve/workers.py (each worker its own SO_REUSEPORT socket on the same port).
+SIGTERM/SIGINT stop the server, its workers and its keep-warm spinners, and exit 0.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
+import dataclasses
 import logging
-import multiprocessing as mp
 import os
-import shutil
 import signal
 import sys
-import tempfile
 
-from reco.serve.app import check_same_data, load_settings, serve_worker
+from hydra.errors import HydraException
+
+from reco.config import ConfigError, compose
+from reco.serve.app import check_same_data
+from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import ServeConfigError
 
 
-def check_servable(variant_dir: str, dataset_path: str, settings: dict) -> None:
-    """Fail fast (before worker processes exist) on a missing variant/dataset or a schema without keys."""
+def check_servable(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> None:
+    """Fail fast (before worker processes exist) on a missing variant/dataset or a schema without keys.
+
+    Args:
+        variant_dir: the variant directory.
+        dataset_path: the Dataset file.
+        cfg: the serve settings.
+    Raises:
+        ServeConfigError / ArtifactError naming what is wrong.
+    """
     from reco.data.schema import Dataset
     from reco.serve.features import FeatureStore
     from reco.variant import Variant
@@ -39,62 +47,39 @@ def check_servable(variant_dir: str, dataset_path: str, settings: dict) -> None:
         raise ServeConfigError(f"--dataset {dataset_path}: file not found (expected a Dataset saved by reco)")
     data = Dataset.load(dataset_path)
     check_same_data(v, data, dataset_path)
-    FeatureStore(data, settings.get("retrieval", {}))
+    FeatureStore(data, cfg.retrieval)
 
 
-def uvicorn_options(settings: dict) -> dict:
-    return {
-        "loop": "uvloop",
-        "http": "httptools",
-        "access_log": False,
-        "log_level": settings["log_level"],
-        "timeout_graceful_shutdown": 5,
-    }
+def settings(overrides: list[str], host: str | None = None, port: int | None = None) -> ServeConfig:
+    """The serve settings: the composed project config's `serve` with `serve.<override>` applied.
+
+    Args:
+        overrides: `key=value` strings, keys relative to `serve`.
+        host: --host, wins over serve.host.
+        port: --port, wins over serve.port.
+    Returns:
+        The typed, range-checked settings; ConfigError (or Hydra's error) names a bad key.
+    """
+    cfg = serve_config(compose([f"serve.{o}" for o in overrides]).serve)
+    return dataclasses.replace(
+        cfg, host=host or cfg.host, port=port if port is not None else cfg.port
+    ).check()
 
 
-def run_workers(variant: str, dataset: str, settings: dict) -> int:
-    """Start settings['workers'] worker processes and supervise them until SIGTERM/SIGINT or one dies."""
-    prom_dir = tempfile.mkdtemp(prefix="reco-prom-")
-    # prometheus_client reads this at its first import, which happens in each (spawned) worker.
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
-    spec = json.dumps({"variant": variant, "dataset": dataset, "settings": settings})
-    ctx = mp.get_context("spawn")
-    args = (spec, settings["host"], int(settings["port"]), uvicorn_options(settings))
-    procs = [
-        ctx.Process(target=serve_worker, args=args, name=f"reco-serve-{i}")
-        for i in range(int(settings["workers"]))
-    ]
-    stopping = False
-
-    def stop(signum: int, frame: object) -> None:
-        nonlocal stopping
-        stopping = True
-        for p in procs:
-            if p.is_alive():
-                p.terminate()  # SIGTERM: uvicorn finishes in-flight requests and exits
-
-    signal.signal(signal.SIGTERM, stop)
-    signal.signal(signal.SIGINT, stop)
-    try:
-        for p in procs:
-            p.start()
-        # Wait until any worker exits; a worker dying on its own takes the server down (no silent half capacity).
-        while all(p.is_alive() for p in procs) and not stopping:
-            mp.connection.wait([p.sentinel for p in procs], timeout=1.0)
-        crashed = not stopping
-        if crashed:
-            stop(signal.SIGTERM, None)
-        for p in procs:
-            p.join(10)
-            if p.is_alive():
-                p.kill()
-                p.join()
-        return 1 if crashed else 0
-    finally:
-        shutil.rmtree(prom_dir, ignore_errors=True)
+def _stop(signum: int, frame: object) -> None:
+    # Until uvicorn installs its own handlers (model loading) and after it hands them back: a requested
+    # stop unwinds through `finally`, which stops the keep-warm spinners.
+    raise SystemExit(0)
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the server until SIGTERM/SIGINT.
+
+    Args:
+        argv: command line (default sys.argv[1:]).
+    Returns:
+        0 after a requested stop, 1 when a worker died, 2 when the server could not start.
+    """
     p = argparse.ArgumentParser(prog="python -m reco.serve", description=__doc__.splitlines()[0])
     p.add_argument("--variant", required=True, help="variant directory (holds variant.json)")
     p.add_argument(
@@ -102,41 +87,44 @@ def main(argv: list[str] | None = None) -> int:
     )
     p.add_argument("--host", help="bind address (default: serve.host)")
     p.add_argument("--port", type=int, help="port (default: serve.port)")
-    p.add_argument("--config", help="settings file, YAML or JSON (default: conf/serve/default.yaml)")
-    p.add_argument("overrides", nargs="*", help="key=value settings overrides")
+    p.add_argument("overrides", nargs="*", help="key=value overrides of the serve settings")
     args = p.parse_args(argv)
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _run(args)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
 
+
+def _run(args: argparse.Namespace) -> int:
     from reco.serve.app import create_app
+    from reco.serve.workers import run_workers, uvicorn_options
     from reco.variant import ArtifactError
 
     app = None
     try:
-        settings = load_settings(args.config, args.overrides)
-        settings["host"] = args.host or settings["host"]
-        settings["port"] = args.port if args.port is not None else settings["port"]
-        logging.basicConfig(
-            level=str(settings["log_level"]).upper(), format="%(asctime)s %(name)s %(message)s"
-        )
-        if settings.get("cpu_affinity"):
-            os.sched_setaffinity(0, [int(c) for c in settings["cpu_affinity"]])  # workers inherit it
-        if int(settings["workers"]) < 1:
-            raise ServeConfigError(f"serve.workers: expected >= 1, got {settings['workers']}")
-        if int(settings["workers"]) == 1:
-            app = create_app(args.variant, args.dataset, settings)
+        cfg = settings(args.overrides, args.host, args.port)
+        logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+        if cfg.cpu_affinity:
+            os.sched_setaffinity(0, cfg.cpu_affinity)  # workers and spinners inherit it
+        if cfg.workers == 1:
+            app = create_app(args.variant, args.dataset, cfg)
         else:
-            check_servable(args.variant, args.dataset, settings)
-    except (ServeConfigError, ArtifactError, OSError, KeyError, ValueError) as e:
-        print(f"reco.serve: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
+            check_servable(args.variant, args.dataset, cfg)
+    except (ConfigError, HydraException, ServeConfigError, ArtifactError, OSError, KeyError, ValueError) as e:
+        cause = f" ({str(e.__cause__).splitlines()[0]})" if e.__cause__ else ""
+        print(f"reco.serve: cannot start: {type(e).__name__}: {e}{cause}", file=sys.stderr)
         return 2
     from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 
-    spinners = start_keep_warm(sorted(os.sched_getaffinity(0))) if settings["keep_warm"] else []
+    spinners = start_keep_warm(sorted(os.sched_getaffinity(0))) if cfg.keep_warm else []
     try:
         if app is None:
-            return run_workers(args.variant, args.dataset, settings)
+            return run_workers(args.variant, args.dataset, cfg)
         import uvicorn
 
-        uvicorn.run(app, host=settings["host"], port=int(settings["port"]), **uvicorn_options(settings))
+        uvicorn.run(app, host=cfg.host, port=cfg.port, **uvicorn_options(cfg))
         return 0
     finally:
         stop_keep_warm(spinners)

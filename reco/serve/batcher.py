@@ -8,11 +8,17 @@ DynamicBatcher: a block that arrives while no call is being formed opens a batch
 `max_queue_delay_ms` of it join until the batch holds `max_batch` candidate ROWS. The batch's blocks are
 concatenated into one scorer call and the result is split back. A block larger than `max_batch` is
 scored on its own (never split), and a block that would overflow the batch opens the next one.
+
+A request that stops waiting (serve.model_timeout_s, or its client left) cancels its block's future; a
+cancelled block still pending is dropped, not scored. If the batcher task itself dies, the requests of
+the batch it held fail at once with BatcherFailed and a new task takes over the pending ones: nothing
+waits on a task that no longer exists.
 """
 
 from __future__ import annotations
 
 import asyncio
+import logging
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -21,6 +27,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reco.runtime import Scorer
+
+log = logging.getLogger("reco.serve")
+
+
+class BatcherFailed(RuntimeError):
+    """The dynamic batcher task died while it held this request's block (it has been restarted)."""
 
 
 @dataclass
@@ -36,6 +48,8 @@ class Scored:
 class DirectRanker:
     """One scorer call per request, in arrival order on the executor's threads."""
 
+    restarts = 0  # as DynamicBatcher's: there is no task to restart
+
     def __init__(self, scorer: Scorer, executor: ThreadPoolExecutor) -> None:
         self.scorer, self.executor = scorer, executor
 
@@ -46,6 +60,7 @@ class DirectRanker:
         return Scored(probs, t0 - t_submit, t1 - t0, len(probs), 1)
 
     async def score(self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> Scored:
+        """Score one block: dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32 -> Scored (probs [N])."""
         loop = asyncio.get_running_loop()
         return await loop.run_in_executor(self.executor, self._call, dense, ids, mask, time.perf_counter())
 
@@ -73,8 +88,20 @@ class DynamicBatcher:
     """Coalesces concurrent requests' candidate blocks into one scorer call (see the module docstring)."""
 
     def __init__(
-        self, scorer: Scorer, executor: ThreadPoolExecutor, max_batch: int, max_queue_delay_ms: float
+        self,
+        scorer: Scorer,
+        executor: ThreadPoolExecutor,
+        max_batch: int,
+        max_queue_delay_ms: float,
+        crash_batches: int = 0,
     ) -> None:
+        """Args:
+        scorer: the model call, (dense, ids, mask) -> probs [N].
+        executor: the threads that call it.
+        max_batch: candidate rows per coalesced call.
+        max_queue_delay_ms: longest a block waits for company.
+        crash_batches: test-only (serve.faults.batcher_crashes): the task dies on its first N batches.
+        """
         if max_batch < 1 or max_queue_delay_ms < 0:
             raise ValueError(
                 f"serve.batching: max_batch must be >= 1 and max_queue_delay_ms >= 0, "
@@ -86,27 +113,67 @@ class DynamicBatcher:
         self.pending: deque[_Block] = deque()
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task | None = None
+        self.current: list[_Block] = []  # the batch being formed or scored by the task
+        self.restarts = 0
+        self.crashes_left = int(crash_batches)
+        self.stopping = False
 
     async def start(self) -> None:
-        self.task = asyncio.get_running_loop().create_task(self._run())
+        self.stopping = False
+        self._launch()
 
     async def stop(self) -> None:
+        self.stopping = True
         if self.task is not None:
             self.task.cancel()
 
+    def _launch(self) -> None:
+        self.task = asyncio.get_running_loop().create_task(self._run())
+        self.task.add_done_callback(self._on_task_done)
+
+    def _on_task_done(self, task: asyncio.Task) -> None:
+        if self.stopping or task.cancelled():
+            return
+        exc = task.exception()
+        held, self.current = self.current, []
+        # The traceback once; a batcher that keeps dying must not write one per batch.
+        log.error(
+            "dynamic batcher died (%s: %.200s); failing the %d request(s) it held and restarting it",
+            type(exc).__name__,
+            exc,
+            len(held),
+            exc_info=exc if self.restarts == 0 else None,
+        )
+        err = BatcherFailed(f"dynamic batcher failed ({type(exc).__name__}) and was restarted; retry")
+        for b in held:
+            if not b.fut.done():
+                b.fut.set_exception(err)
+        self.restarts += 1
+        self._launch()
+        self.wakeup.set()
+
     async def score(self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> Scored:
+        """Queue one block (shapes as DirectRanker.score) for the next coalesced call; await its share."""
+        if self.task is None or self.task.done():
+            raise BatcherFailed("dynamic batcher is not running (server starting or stopping)")
         block = _Block(dense, ids, mask, asyncio.get_running_loop().create_future())
         self.pending.append(block)
         self.wakeup.set()
         return await block.fut
+
+    def _drop_abandoned(self) -> None:
+        while self.pending and self.pending[0].fut.done():  # cancelled: its request stopped waiting
+            self.pending.popleft()
 
     def _take(self) -> list[_Block]:
         """Pop pending blocks that fit one batch (the first always goes, however large)."""
         batch = [self.pending.popleft()]
         rows = batch[0].rows
         while self.pending and rows + self.pending[0].rows <= self.max_batch:
-            rows += self.pending[0].rows
-            batch.append(self.pending.popleft())
+            b = self.pending.popleft()
+            if not b.fut.done():
+                rows += b.rows
+                batch.append(b)
         return batch
 
     def _rows_pending(self) -> int:
@@ -115,9 +182,11 @@ class DynamicBatcher:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
+            self._drop_abandoned()
             if not self.pending:
                 self.wakeup.clear()
                 await self.wakeup.wait()
+                continue
             # Wait for company until the oldest block has waited max_queue_delay or the batch is full.
             deadline = self.pending[0].t_enqueue + self.max_delay_s
             while self._rows_pending() < self.max_batch and (left := deadline - time.perf_counter()) > 0:
@@ -126,14 +195,22 @@ class DynamicBatcher:
                     await asyncio.wait_for(self.wakeup.wait(), left)
                 except TimeoutError:
                     break
-            batch = self._take()
+            self._drop_abandoned()
+            if not self.pending:
+                continue
+            batch = self.current = self._take()
+            if self.crashes_left > 0:
+                self.crashes_left -= 1
+                raise RuntimeError("injected batcher failure (serve.faults.batcher_crashes)")
             try:
                 results = await loop.run_in_executor(self.executor, self._call, batch)
             except Exception as e:  # a failed call fails its requests, never the batcher
+                self.current = []
                 for b in batch:
                     if not b.fut.done():
                         b.fut.set_exception(e)
                 continue
+            self.current = []
             for b, r in zip(batch, results, strict=True):
                 if not b.fut.done():  # the client may have gone away
                     b.fut.set_result(r)

@@ -19,10 +19,15 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from reco.data.schema import Dataset
+
+if TYPE_CHECKING:
+    from reco.serve.config import RetrievalConfig
+    from reco.serve.request import Request
 
 log = logging.getLogger("reco.serve")
 
@@ -53,7 +58,7 @@ class SideTable:
         return self.ids.shape[0] - 1
 
     def lookup(self, entity: np.ndarray) -> np.ndarray:
-        """Entity ids (any ints) -> table rows; out-of-range ids are cold-start."""
+        """Table rows of `entity` ids [N] (any ints) -> [N] rows; out-of-range ids are cold-start."""
         inside = (entity >= 0) & (entity < self.row.shape[0])
         return np.where(inside, self.row[np.clip(entity, 0, self.row.shape[0] - 1)], self.cold)
 
@@ -85,22 +90,16 @@ def _side_table(ds: Dataset, side: str, key: str) -> SideTable:
     return SideTable(cols, dense_cols, ids, mask, dense, row)
 
 
-@dataclass
-class Request:
-    """A validated /recommend request (see reco.serve.app.parse_request)."""
-
-    user_id: int
-    k: int
-    context_ids: np.ndarray  # [Fc, L] int64
-    context_mask: np.ndarray  # [Fc, L] float32
-    context_dense: np.ndarray  # [Dc] float32
-    candidates: np.ndarray | None  # [M] int64 item ids, or None -> generate
-
-
 class FeatureStore:
     """User/item feature tables and popularity lists of one dataset (see the module docstring)."""
 
-    def __init__(self, ds: Dataset, retrieval: dict) -> None:
+    def __init__(self, ds: Dataset, retrieval: RetrievalConfig | None) -> None:
+        """Build the tables from `ds`'s train split.
+
+        Args:
+            ds: the dataset; its schema must name user_key and item_key.
+            retrieval: candidate generation settings; None = global popularity only.
+        """
         s = ds.schema
         if s.user_key is None or s.item_key is None:
             raise ServeConfigError(
@@ -125,7 +124,7 @@ class FeatureStore:
         known = np.flatnonzero(self.items.row != self.items.cold)
         # Global popularity: known items, most impressions first (ties: lower id first, deterministic).
         self.popular = known[np.lexsort((known, -counts[known]))]
-        self.share = float(retrieval.get("share", 0.0))
+        self.share = float(retrieval.share) if retrieval else 0.0
         self.groups = self._group_index(retrieval, counts, known)
         self._seen = np.zeros(self.item_card, dtype=bool)  # scratch for de-duplication (event loop only)
 
@@ -140,9 +139,11 @@ class FeatureStore:
         self.item_mask_full[:, it.cols] = it.mask
         self.item_dense_full[:, it.dense_cols] = it.dense
 
-    def _group_index(self, retrieval: dict, counts: np.ndarray, known: np.ndarray) -> dict | None:
+    def _group_index(
+        self, retrieval: RetrievalConfig | None, counts: np.ndarray, known: np.ndarray
+    ) -> dict | None:
         """Items grouped by the retrieval item feature, each group most popular first (CSR layout)."""
-        uf, itf = retrieval.get("user_feature"), retrieval.get("item_feature")
+        uf, itf = (retrieval.user_feature, retrieval.item_feature) if retrieval else (None, None)
         names = {f.name: f for f in self.schema.sparse}
         if not uf or not itf:
             return None
@@ -173,16 +174,17 @@ class FeatureStore:
         return self.groups["feature"] if self.groups else "popularity"
 
     def user_row(self, user_id: int) -> int:
-        """Row of the user's features; cold-start for ids not in the train split (any int)."""
+        """Row of `user_id`'s features (any int); the cold-start row for ids not in the train split."""
         row = self.users.row
         return int(row[user_id]) if 0 < user_id < len(row) else self.users.cold
 
     def check_items(self, item_ids: np.ndarray) -> np.ndarray:
-        """Item ids outside [1, cardinality) (they have no embedding row at all)."""
+        """The ids among `item_ids` [M] outside [1, cardinality) (they have no embedding row at all)."""
         return item_ids[(item_ids < 1) | (item_ids >= self.item_card)]
 
     def candidates(self, user_row: int, n: int) -> np.ndarray:
-        """[<=n] int64 item ids: popular items of the user's recent groups, then global popularity."""
+        """Candidates for the user at `user_row`: [<=n] int64 item ids, popular items of the user's recent
+        groups (retrieval.share of them), then global popularity."""
         picked = np.empty(0, dtype=np.int64)
         g = self.groups
         if g is not None and self.share > 0:

@@ -25,7 +25,13 @@ while True:
 
 
 def start_keep_warm(cpus: list[int]) -> list[subprocess.Popen]:
-    """Start a spinner on each of `cpus`; stop them with `stop_keep_warm` (they also die with us)."""
+    """Start a spinner on each of `cpus`; stop them with `stop_keep_warm` (they also die with us).
+
+    Args:
+        cpus: core ids, one spinner each.
+    Returns:
+        The spinner processes.
+    """
     return [
         subprocess.Popen([sys.executable, "-c", _SPIN.format(cpu=int(c))], stdin=subprocess.DEVNULL)
         for c in cpus
@@ -33,6 +39,11 @@ def start_keep_warm(cpus: list[int]) -> list[subprocess.Popen]:
 
 
 def stop_keep_warm(procs: list[subprocess.Popen]) -> None:
+    """Kill and reap the spinners `start_keep_warm` returned.
+
+    Args:
+        procs: the spinner processes.
+    """
     for p in procs:
         p.kill()
     for p in procs:

@@ -52,10 +52,12 @@ class ServeMetrics:
         self.inflight_max = Gauge("reco_inflight_max", "Most requests admitted at once", **gm, **kw)
 
     def observe(self, times_s: dict[str, float]) -> None:
+        """Record one request's stage times (seconds, keyed by STAGES)."""
         for s, t in times_s.items():
             self._stage[s].observe(t)
 
     def render(self) -> tuple[bytes, str]:
+        """Returns: (Prometheus text of this worker, or of all workers in multiprocess mode, content type)."""
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
         if self.multiprocess:
@@ -71,7 +73,13 @@ class ServeMetrics:
 
 
 def parse_stage_histograms(text: str) -> dict[str, dict]:
-    """Prometheus text -> {stage: {"sum": s, "count": n, "le": [bounds], "cum": [cumulative counts]}}."""
+    """The stage histograms in a /metrics scrape, summed over workers.
+
+    Args:
+        text: Prometheus exposition text.
+    Returns:
+        {stage: {"sum": s, "count": n, "le": [bounds], "cum": [cumulative counts]}}.
+    """
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, dict] = {}
@@ -97,7 +105,12 @@ def parse_stage_histograms(text: str) -> dict[str, dict]:
 def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, float]:
     """Per-stage mean and quantile (ms) of the requests served between two scrapes.
 
-    Keys: server_{stage}_mean_ms, server_{stage}_p99_ms (quantile interpolated inside its bucket).
+    Args:
+        before: /metrics text scraped at the start of the window.
+        after: /metrics text scraped at its end.
+        quantile: the quantile to report (0.99 -> keys ..._p99_ms).
+    Returns:
+        server_{stage}_mean_ms, server_{stage}_p99_ms (quantile interpolated inside its bucket).
     """
     a, b = parse_stage_histograms(before), parse_stage_histograms(after)
     out: dict[str, float] = {}

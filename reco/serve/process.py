@@ -4,13 +4,17 @@
     ... handle.url ...
     handle.stop()
 
-The process writes its output to `server.log` beside the settings file it was started with; a server
-that exits or does not answer GET /healthz in time raises ServerStartError with the log's tail.
+`settings` is a ServeConfig or a plain `serve` section (dict / DictConfig, typed here); the process
+gets every value as a `key=value` override, so it runs with exactly these settings. It writes its
+output to `server-{port}.log` in `work_dir` (a fresh temporary directory by default); a server that
+exits or does not answer GET /healthz in time raises ServerStartError with the log's tail.
 """
 
 from __future__ import annotations
 
 import atexit
+import dataclasses
+import functools
 import json
 import os
 import signal
@@ -23,34 +27,60 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
+
+from reco.children import die_with_parent
+from reco.serve.config import ServeConfig, serve_config, serve_overrides
 
 
 class ServerStartError(RuntimeError):
-    pass
+    """The server process exited or did not answer /healthz in time (the message holds its log tail)."""
 
 
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now (the OS picks it); the server binds it moments later."""
+    """A port free right now (the OS picks it); the server binds it moments later.
+
+    Args:
+        host: the address to probe.
+    Returns:
+        The port number.
+    """
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind((host, 0))
         return s.getsockname()[1]
 
 
+def log_tail(path: str | Path, lines: int = 40) -> str:
+    """The last `lines` lines of a log file ("" when it cannot be read).
+
+    Args:
+        path: the log file.
+        lines: how many lines from its end.
+    Returns:
+        Those lines joined with newlines.
+    """
+    try:
+        return "\n".join(Path(path).read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
 @dataclass
 class ServerHandle:
+    """A running `python -m reco.serve` process started by start_server."""
+
     url: str
     pid: int
     proc: subprocess.Popen = field(repr=False)
     log_path: Path
-    settings: dict = field(repr=False, default_factory=dict)
+    settings: ServeConfig = field(repr=False)
 
     def log_tail(self, lines: int = 40) -> str:
-        try:
-            return "\n".join(self.log_path.read_text(errors="replace").splitlines()[-lines:])
-        except OSError:
-            return ""
+        """The last `lines` lines of the server's log."""
+        return log_tail(self.log_path, lines)
 
     def health(self, timeout_s: float = 2.0) -> dict:
+        """GET /healthz of whichever worker answers the new connection, as a dict."""
         with urllib.request.urlopen(self.url + "/healthz", timeout=timeout_s) as r:
             return json.loads(r.read())
 
@@ -59,9 +89,14 @@ class ServerHandle:
 
         Each health check is a new connection, which SO_REUSEPORT hashes to some worker, so all workers
         answer sooner or later once their model is loaded and their socket bound.
+
+        Args:
+            timeout_s: how long to wait.
+        Returns:
+            self; ServerStartError (with the log's tail) otherwise.
         """
         deadline = time.monotonic() + timeout_s
-        workers, seen = int(self.settings.get("workers", 1)), set()
+        workers, seen = self.settings.workers, set()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerStartError(
@@ -83,7 +118,11 @@ class ServerHandle:
         )
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
-        """SIGTERM (uvicorn drains and stops its workers), SIGKILL to the process group after timeout_s."""
+        """SIGTERM (uvicorn drains and stops its workers), SIGKILL to the process group after timeout_s.
+
+        Returns:
+            The process's exit code (0 after a clean stop).
+        """
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
@@ -103,7 +142,7 @@ class ServerHandle:
 def start_server(
     variant_dir: str | Path,
     dataset_path: str | Path,
-    settings: dict,
+    settings: ServeConfig | Any,
     port: int | None = None,
     cpus: list[int] | None = None,
     *,
@@ -111,21 +150,27 @@ def start_server(
     timeout_s: float = 120.0,
     work_dir: str | Path | None = None,
 ) -> ServerHandle:
-    """Run `python -m reco.serve` with the resolved serve `settings` on 127.0.0.1:`port` (free port if None).
+    """Run `python -m reco.serve` with `settings` on 127.0.0.1:`port`.
 
-    cpus: cores to pin the server to (overrides settings["cpu_affinity"]). wait=False returns at once
-    (call handle.wait_ready()), so several servers can start side by side.
+    Args:
+        variant_dir: the variant directory.
+        dataset_path: the Dataset file.
+        settings: a ServeConfig, or a `serve` section (dict / DictConfig) typed with its schema.
+        port: the port; None = a free one.
+        cpus: cores to pin the server to (overrides settings.cpu_affinity).
+        wait: False returns at once (call handle.wait_ready()), so several servers can start side by side.
+        timeout_s: how long wait_ready waits.
+        work_dir: where the log goes (a fresh temporary directory by default).
+    Returns:
+        The handle (a context manager that stops the server).
     """
-    host = settings.get("host", "127.0.0.1")
-    port = port or free_port(host)
-    settings = {**settings, "host": host, "port": port}
+    cfg = serve_config(settings)
+    cfg = dataclasses.replace(cfg, port=port or free_port(cfg.host))
     if cpus:
-        settings["cpu_affinity"] = [int(c) for c in cpus]
+        cfg = dataclasses.replace(cfg, cpu_affinity=[int(c) for c in cpus])
     wd = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="reco-serve-"))
     wd.mkdir(parents=True, exist_ok=True)
-    cfg_path = wd / f"serve-{port}.json"
-    cfg_path.write_text(json.dumps(settings, indent=2))
-    log_path = wd / f"server-{port}.log"
+    log_path = wd / f"server-{cfg.port}.log"
     cmd = [
         sys.executable,
         "-m",
@@ -134,14 +179,20 @@ def start_server(
         str(variant_dir),
         "--dataset",
         str(dataset_path),
-        "--config",
-        str(cfg_path),
+        *serve_overrides(cfg),
     ]
     with open(log_path, "wb") as log:
+        log.write(("$ " + " ".join(cmd) + "\n").encode())
+        log.flush()
         proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True
+            cmd,
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            stdin=subprocess.DEVNULL,
+            start_new_session=True,  # Ctrl-C in the caller's terminal is the caller's to handle
+            preexec_fn=functools.partial(die_with_parent, os.getpid()),  # ... and SIGKILL takes it along
         )
-    handle = ServerHandle(f"http://{host}:{port}", proc.pid, proc, log_path, settings)
+    handle = ServerHandle(f"http://{cfg.host}:{cfg.port}", proc.pid, proc, log_path, cfg)
     atexit.register(handle.stop)  # never leave a server behind if the caller crashes
     if wait:
         handle.wait_ready(timeout_s)

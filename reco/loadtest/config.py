@@ -1,0 +1,121 @@
+"""Typed schema of the `loadtest` config group (values: conf/loadtest/default.yaml, the one place they live).
+
+Registered in Hydra's ConfigStore as `loadtest/schema` (reco.config._schemas); the group's YAML lists it
+first in its defaults, so a typo or a wrong type fails at compose time naming `loadtest.<key>`.
+Functions of reco.loadtest take a `LoadtestConfig`; a plain dict/DictConfig is accepted through
+`loadtest_config()` while callers move over.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any
+
+from omegaconf import MISSING
+
+from reco.config import typed
+
+
+class LoadMode(StrEnum):
+    """How requests arrive (member names equal their values so YAML can say `mode: open`)."""
+
+    closed = "closed"  # `users` users, each sends, waits for the answer (+ think time), repeats
+    open = "open"  # Poisson arrivals at `rate` req/s whatever is outstanding (MLPerf Server scenario)
+
+
+@dataclass
+class RequestsConfig:
+    """The replayed request file (reco.loadtest.requests): rows of the test split."""
+
+    n: int = MISSING  # request bodies written
+    k: int = MISSING  # top-k asked by every request
+
+
+@dataclass
+class LoadgenConfig:
+    """The load generator process and when its figures are void (valid=0)."""
+
+    keep_warm: bool = MISSING  # SCHED_IDLE spinner on the generator's cores (reco/serve/keepwarm.py)
+    max_cpu_pct: float = MISSING  # generator CPU over the window above this (% of one core) -> invalid
+    max_lag_ms: float = MISSING  # open loop: p99 lag of actual behind scheduled sends above this -> invalid
+    startup_timeout_s: float = MISSING  # Locust must have started the test by then
+
+
+@dataclass
+class CapacityConfig:
+    """The capacity search (reco.loadtest.capacity): highest open-loop rate whose p99 CI is within the SLO."""
+
+    enabled: bool = MISSING
+    slo_p99_ms: float | None = MISSING  # the SLO, fixed before measuring; null: slo_factor x reference
+    slo_factor: float = MISSING  # relative SLO: this x the median unloaded p99 of the reference variant
+    reference_repeats: int = MISSING  # unloaded runs of the reference behind that median (>= 5)
+    max_error_rate: float = MISSING  # a step with a larger share of failed requests FAILs
+    # req/s of the first step; null: 0.6 x 1000 / the variant's in-process rank p50 (one core serves
+    # requests one at a time), and every later repeat starts at the previous repeat's highest pass
+    start_rate: float | None = MISSING
+    growth: float = MISSING  # bracketing factor (> 1): up after a pass, down after a fail
+    min_rate: float = MISSING
+    max_rate: float = MISSING
+    steps: int = MISSING  # at most this many rates per search
+    tolerance: float = MISSING  # stop once (lowest fail - highest pass) / lowest fail <= this
+    step_requests: int = MISSING  # requests in a step's first window (>= 368 for a p99 CI)
+    max_step_requests: int = MISSING  # extensions double a step's pooled n up to this; then INCONCLUSIVE
+    step_warmup_s: float = MISSING  # unrecorded traffic before each window of a step
+
+
+@dataclass
+class CorrectnessConfig:
+    """Scores returned under load vs the variant's offline scores (MLPerf TEST01's idea)."""
+
+    enabled: bool = MISSING
+    every: int = MISSING  # the generator records the scores of every Nth request of a common-load window
+    tolerance: float = MISSING  # max |served - offline| score (fp32)
+
+
+@dataclass
+class StudyConfig:
+    """How the pipeline compares variants (reco.loadtest.study)."""
+
+    reference: str = (
+        MISSING  # variant whose unloaded p99 sets a relative SLO and whose capacity the common load
+    )
+    variants: list[str] | None = MISSING  # names to serve and load-test; null: all
+    repeats: int = MISSING  # each kind of run per variant, interleaved across variants (A B C A B C ...)
+    common_load_fraction: float = MISSING  # common offered load = this x the reference's median capacity
+    common_rate: float | None = MISSING  # or a fixed common load in req/s
+    equal_util_fraction: float = (
+        MISSING  # each variant also at this fraction of its own median capacity (0: skip)
+    )
+    unloaded_requests: int = MISSING  # requests of an unloaded run (one closed-loop user)
+    load_requests: int = MISSING  # requests of a common-load / equal-utilisation window
+    correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
+
+
+@dataclass
+class LoadtestConfig:
+    """One load test (run_load) plus the capacity search and the study built on it."""
+
+    enabled: bool = MISSING
+    mode: LoadMode = MISSING
+    users: int = MISSING  # closed loop users (open loop always runs one Poisson scheduler)
+    spawn_rate: float = MISSING  # users started per second
+    think_time_s: float = MISSING  # closed loop pause between a user's requests
+    rate: float = MISSING  # open loop: requests per second in total
+    max_inflight: int = MISSING  # open loop: outstanding requests beyond which an arrival is unsent (failed)
+    window_requests: int | None = MISSING  # the window ends after this many requests; null: after duration_s
+    duration_s: float = MISSING  # measured window when window_requests is null
+    max_window_s: float = MISSING  # cap on a window ended by a request count (a slow server, a low rate)
+    warmup_s: float = MISSING  # unrecorded traffic before the window
+    drain_s: float = MISSING  # after the window: in-flight requests may finish (else they count as failed)
+    score_every: int = MISSING  # record the returned scores of every Nth request of the window (0: none)
+    seed: int = MISSING
+    requests: RequestsConfig = field(default_factory=RequestsConfig)
+    loadgen: LoadgenConfig = field(default_factory=LoadgenConfig)
+    capacity: CapacityConfig = field(default_factory=CapacityConfig)
+    study: StudyConfig = field(default_factory=StudyConfig)
+
+
+def loadtest_config(node: Any) -> LoadtestConfig:
+    """`node` (LoadtestConfig, DictConfig or dict of the `loadtest` group) as a checked LoadtestConfig."""
+    return typed(node, LoadtestConfig, "loadtest")

@@ -1,0 +1,159 @@
+"""The `serve` config group's schema: every key of conf/serve/default.yaml, typed and documented.
+
+The values (defaults included) live in conf/serve/default.yaml only; the dataclasses hold types and
+meaning. `python -m reco.serve` composes the project config (reco.config.compose) and takes `cfg.serve`;
+worker processes get it as JSON (dataclasses.asdict) and rebuild it with `serve_config`.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any
+
+from omegaconf import MISSING
+
+from reco.config import ConfigError, typed
+
+
+@dataclass
+class RetrievalConfig:
+    """Candidate generation: popular items of the groups a user recently engaged with, then global popularity."""
+
+    user_feature: str | None = (
+        MISSING  # user-side multi-valued feature (recent groups); null: popularity only
+    )
+    item_feature: str | None = MISSING  # item-side feature with the same ids as user_feature
+    share: float = MISSING  # part of the N candidates drawn from the user's groups, in [0, 1]
+
+
+@dataclass
+class BatchingConfig:
+    """Dynamic batching (as Triton's): concurrent requests' candidate blocks in one model call.
+
+    The one place these keys live; a variant's runtime["batching"] overrides them for that variant.
+    """
+
+    enabled: bool = MISSING
+    max_batch: int = MISSING  # candidate ROWS per coalesced call (a larger single request runs alone)
+    max_queue_delay_ms: float = MISSING  # longest a block waits for company before its call goes out
+
+
+@dataclass
+class FaultsConfig:
+    """Test-only fault injection (tests/test_serve_faults.py); every value 0 in production."""
+
+    model_delay_s: float = MISSING  # sleep this long inside each of the first `slow_calls` model calls
+    slow_calls: int = MISSING  # how many model calls after warm-up are slowed
+    batcher_crashes: int = MISSING  # the dynamic batcher task dies on its first N batches
+
+
+@dataclass
+class ServeConfig:
+    """Settings of one `python -m reco.serve` process (all its workers)."""
+
+    host: str = MISSING  # bind address (keep 127.0.0.1 for benchmarks)
+    port: int = MISSING
+    workers: int = MISSING  # worker processes; > 1: each binds its own SO_REUSEPORT socket on `port`
+    intra_op_threads: int = MISSING  # runtime threads per worker for one model call
+    rank_threads: int = MISSING  # threads calling the model; the event loop never does
+    cpu_affinity: list[int] | None = MISSING  # core ids to pin the server to; null = any
+    keep_warm: bool = MISSING  # a SCHED_IDLE spinner per server core (reco/serve/keepwarm.py)
+    log_level: str = MISSING  # uvicorn / reco.serve log level (debug, info, warning, error)
+
+    n_candidates: int = MISSING  # candidates generated per request when the request gives none
+    max_k: int = MISSING  # largest k a request may ask for
+    max_candidates: int = MISSING  # most candidate ids a request may send
+    max_body_bytes: int = MISSING  # larger bodies -> 413
+    body_timeout_s: float = MISSING  # a body not fully received this long after its headers -> 408
+    model_timeout_s: float = MISSING  # a request waiting longer for its model call (queue + call) -> 504
+    warmup_calls: int = MISSING  # model calls at startup so the first request is not the slow one
+
+    retrieval: RetrievalConfig = MISSING
+    batching: BatchingConfig = MISSING
+
+    queue_limit: int = MISSING  # requests admitted at once per worker; beyond it -> 503 + Retry-After
+    retry_after_s: int = MISSING  # the Retry-After of a 503, seconds
+
+    faults: FaultsConfig = MISSING
+
+    def check(self, where: str = "serve") -> ServeConfig:
+        """Range checks the types cannot express.
+
+        Args:
+            where: the key prefix error messages name (e.g. "serve").
+        Returns:
+            self, when every value is in range; raises ConfigError naming `where.<key>` otherwise.
+        """
+        at_least = {
+            "workers": 1,
+            "intra_op_threads": 1,
+            "rank_threads": 1,
+            "n_candidates": 1,
+            "max_k": 1,
+            "max_candidates": 1,
+            "max_body_bytes": 1,
+            "warmup_calls": 0,
+            "queue_limit": 1,
+            "retry_after_s": 0,
+            "batching.max_batch": 1,
+            "faults.slow_calls": 0,
+            "faults.batcher_crashes": 0,
+        }
+        positive = ("body_timeout_s", "model_timeout_s")
+        flat = _flatten(asdict(self))
+        for key, lo in at_least.items():
+            if flat[key] < lo:
+                raise ConfigError(f"{where}.{key}: expected >= {lo}, got {flat[key]}")
+        for key in positive:
+            if not flat[key] > 0:
+                raise ConfigError(f"{where}.{key}: expected > 0 seconds, got {flat[key]}")
+        if self.batching.max_queue_delay_ms < 0 or self.faults.model_delay_s < 0:
+            raise ConfigError(
+                f"{where}.batching.max_queue_delay_ms and {where}.faults.model_delay_s: expected >= 0, got "
+                f"{self.batching.max_queue_delay_ms} and {self.faults.model_delay_s}"
+            )
+        if not 0.0 <= self.retrieval.share <= 1.0:
+            raise ConfigError(f"{where}.retrieval.share: expected in [0, 1], got {self.retrieval.share}")
+        return self
+
+
+def serve_config(node: Any, where: str = "serve") -> ServeConfig:
+    """A serve config section (ServeConfig, DictConfig, dict or its JSON) as a checked ServeConfig.
+
+    Args:
+        node: the section; a str is read as JSON (the form worker processes receive).
+        where: the key prefix error messages name.
+    Returns:
+        The typed, range-checked config; raises ConfigError naming the key otherwise.
+    """
+    if isinstance(node, str):
+        node = json.loads(node)
+    return typed(node, ServeConfig, where).check(where)
+
+
+def serve_overrides(cfg: ServeConfig) -> list[str]:
+    """`cfg` as `key=value` overrides for `python -m reco.serve` (every leaf, so nothing comes from YAML).
+
+    Args:
+        cfg: the settings to pass on.
+    Returns:
+        Overrides such as ["host='127.0.0.1'", "batching.enabled=true", "cpu_affinity=[1]"].
+    """
+    return [f"{k}={_override_value(v)}" for k, v in _flatten(asdict(cfg)).items()]
+
+
+def _override_value(v: Any) -> str:
+    if isinstance(v, str):  # quoted: Hydra's grammar would read 'null', '1' or 'a,b' as other types
+        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
+    return json.dumps(v)
+
+
+def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for k, v in d.items():
+        if isinstance(v, dict):
+            out.update(_flatten(v, f"{prefix}{k}."))
+        else:
+            out[f"{prefix}{k}"] = v
+    return out

@@ -1,0 +1,41 @@
+"""Test-only fault injection (serve.faults): a model that is slow for its first calls.
+
+The service's timeout and recovery paths are tested against a real server; this is how that server's
+model is made slow on purpose. Every serve.faults value is 0 in conf/serve/default.yaml, which leaves
+the scorer untouched.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+
+from reco.runtime import Scorer
+from reco.serve.config import FaultsConfig
+
+
+def slowed(scorer: Scorer, faults: FaultsConfig) -> Scorer:
+    """`scorer`, sleeping faults.model_delay_s inside each of its first faults.slow_calls calls.
+
+    Args:
+        scorer: the model call, (dense [N, D], ids [N, F, L], mask [N, F, L]) -> probs [N].
+        faults: the serve.faults settings.
+    Returns:
+        The scorer itself when no call is to be slowed, else a wrapper.
+    """
+    if faults.slow_calls <= 0 or faults.model_delay_s <= 0:
+        return scorer
+    left = [int(faults.slow_calls)]
+    lock = threading.Lock()
+
+    def call(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        with lock:
+            slow = left[0] > 0
+            left[0] -= slow
+        if slow:
+            time.sleep(faults.model_delay_s)
+        return scorer(dense, ids, mask)
+
+    return call

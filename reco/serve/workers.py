@@ -1,0 +1,122 @@
+"""Several worker processes on one port (serve.workers > 1), and how they stop.
+
+Each worker loads the model and binds its own SO_REUSEPORT listening socket on the same port, so the
+kernel spreads connections over them (uvicorn's own workers share one socket, and on an idle-ish server
+one worker ends up accepting nearly every connection). /metrics aggregates all workers (prometheus_client
+multiprocess mode).
+
+Stopping: SIGTERM/SIGINT to the supervisor is passed on as SIGTERM to every worker (uvicorn finishes
+in-flight requests, at most 5 s) and the supervisor waits for them. A worker that finds its supervisor
+gone -- killed with SIGKILL, which it cannot pass on -- gets SIGTERM from the kernel (PR_SET_PDEATHSIG)
+and exits the same way. A worker dying on its own takes the server down (no silent half capacity).
+"""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import multiprocessing.connection
+import os
+import shutil
+import signal
+import socket
+import tempfile
+from dataclasses import asdict
+
+from reco.children import die_with_parent
+from reco.serve.config import ServeConfig, serve_config
+
+GRACEFUL_S = 5  # uvicorn's limit on finishing in-flight requests at shutdown
+
+
+def uvicorn_options(cfg: ServeConfig) -> dict:
+    """uvicorn.Config keyword arguments shared by the single-process server and the workers.
+
+    Args:
+        cfg: the serve settings (log_level).
+    Returns:
+        The options (uvloop, httptools, no access log, graceful shutdown limit).
+    """
+    return {
+        "loop": "uvloop",
+        "http": "httptools",
+        "access_log": False,
+        "log_level": cfg.log_level,
+        "timeout_graceful_shutdown": GRACEFUL_S,
+    }
+
+
+def serve_worker(spec: str, parent_pid: int) -> None:
+    """One worker process: build the app (model loaded), then bind its own SO_REUSEPORT socket.
+
+    Args:
+        spec: JSON {"variant", "dataset", "serve": dataclasses.asdict(ServeConfig)}.
+        parent_pid: the supervisor's pid (the worker exits when it dies).
+    """
+    import uvicorn
+
+    from reco.serve.app import create_app
+
+    die_with_parent(parent_pid)
+    s = json.loads(spec)
+    cfg = serve_config(s["serve"])
+    app = create_app(s["variant"], s["dataset"], cfg)
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+    sock.bind((cfg.host, cfg.port))
+    sock.listen(2048)
+    uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, **uvicorn_options(cfg))).run(
+        sockets=[sock]
+    )
+
+
+def run_workers(variant: str, dataset: str, cfg: ServeConfig) -> int:
+    """Start cfg.workers worker processes and supervise them until SIGTERM/SIGINT or one dies.
+
+    Args:
+        variant: the variant directory.
+        dataset: the Dataset file.
+        cfg: the serve settings.
+    Returns:
+        0 after a requested stop, 1 when a worker died on its own.
+    """
+    prom_dir = tempfile.mkdtemp(prefix="reco-prom-")
+    # prometheus_client reads this at its first import, which happens in each (spawned) worker.
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
+    spec = json.dumps({"variant": variant, "dataset": dataset, "serve": asdict(cfg)})
+    ctx = mp.get_context("spawn")
+    procs = [
+        ctx.Process(target=serve_worker, args=(spec, os.getpid()), name=f"reco-serve-{i}")
+        for i in range(cfg.workers)
+    ]
+    stopping = False
+
+    def stop(signum: int, frame: object) -> None:
+        nonlocal stopping
+        stopping = True
+        for p in procs:
+            if p.is_alive():
+                p.terminate()  # SIGTERM: uvicorn finishes in-flight requests and exits
+
+    signal.signal(signal.SIGTERM, stop)
+    signal.signal(signal.SIGINT, stop)
+    try:
+        for p in procs:
+            if stopping:
+                break
+            p.start()
+        while all(p.is_alive() for p in procs if p.pid is not None) and not stopping:
+            mp.connection.wait([p.sentinel for p in procs], timeout=1.0)
+        crashed = not stopping
+        stop(signal.SIGTERM, None)
+        for p in procs:
+            if p.pid is None:  # never started: the stop came first
+                continue
+            p.join(GRACEFUL_S + 5)
+            if p.is_alive():
+                p.kill()
+                p.join()
+        return 1 if crashed else 0
+    finally:
+        shutil.rmtree(prom_dir, ignore_errors=True)

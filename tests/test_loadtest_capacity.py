@@ -1,0 +1,217 @@
+"""Statistics of the load test and the capacity search, driven by deterministic fake measurements.
+
+No server, no Locust: the quantile CI against simulated samples of a known distribution, and
+find_capacity against a measure callable whose latency distribution is a known function of the rate.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from pathlib import Path
+
+import numpy as np
+import pytest
+from scipy import stats as sps
+
+from reco.config import ConfigError, compose
+from reco.loadtest.capacity import P99_MIN_N, find_capacity, resolve_slo, step_verdict
+from reco.loadtest.config import CapacityConfig, loadtest_config
+from reco.loadtest.runs import make_run, pool_runs, run_metrics
+from reco.stats import Verdict, quantile_ci
+
+
+@pytest.fixture(scope="module")
+def lt():
+    return loadtest_config(compose([]).loadtest)
+
+
+def cap_cfg(lt, **over) -> CapacityConfig:
+    return dataclasses.replace(lt.capacity, **over)
+
+
+@pytest.mark.parametrize(("q", "n"), [(0.99, 1000), (0.99, P99_MIN_N), (0.5, 200), (0.9, 400)])
+def test_quantile_ci_covers_the_true_quantile(q, n):
+    """Order-statistic CI: >= 95 % coverage whatever the distribution; >= 90 % of 200 trials here."""
+    rng = np.random.default_rng(7)
+    sigma = 0.8
+    true_q = math.exp(sigma * sps.norm.ppf(q))  # lognormal(0, sigma)
+    covered = 0
+    for _ in range(200):
+        e = quantile_ci(rng.lognormal(0.0, sigma, n), q)
+        assert e.value is not None and e.lo <= e.value <= e.hi
+        covered += e.lo <= true_q <= e.hi
+    assert covered >= 180
+
+
+def test_quantile_not_supported_is_none_never_the_max():
+    x = np.arange(1.0, P99_MIN_N)  # n = 367
+    e = quantile_ci(x, 0.99)
+    assert e.value is None and e.fmt() == f"n/a (n={P99_MIN_N - 1})"
+    run = make_run(x, kind="t", offered_qps=None, window_s=1.0)
+    m = run_metrics(run)
+    assert "e2e_p99_ms" not in m and "e2e_p999_ms" not in m  # not logged (MLflow rejects None)
+    assert {"e2e_p50_ms", "e2e_p50_ms_lo", "e2e_p50_ms_hi"} <= set(m) and m["n_requests"] == P99_MIN_N - 1
+
+
+def test_failures_count_as_inf_in_every_quantile():
+    ok = np.linspace(1.0, 10.0, 990)
+    run = make_run(np.r_[ok, np.full(10, np.inf)], kind="t", offered_qps=50.0, window_s=20.0)
+    assert run.n == 1000 and run.n_failed == 10 and run.error_rate == 0.01
+    assert run.qps == 990 / 20.0 and run.mean_ms == pytest.approx(5.5)
+    # 1 % failed: p99 is the 990th latency (finite), its upper CI bound already +inf.
+    assert math.isfinite(run.quantiles["p99"].value) and math.isinf(run.quantiles["p99"].hi)
+    run2 = make_run(np.r_[ok[:980], np.full(20, np.inf)], kind="t", offered_qps=50.0, window_s=20.0)
+    assert math.isinf(run2.quantiles["p99"].value) and math.isinf(run2.quantiles["p99"].lo)
+    assert step_verdict(run2, 1e9, max_error_rate=1.0)[0] == Verdict.FAIL  # the SLO cannot save it
+    nothing = make_run(np.full(5, np.inf), kind="t", offered_qps=None, window_s=1.0)
+    assert not nothing.valid and nothing.invalid_reason == "no request succeeded"
+
+
+def test_pooled_windows_are_one_run():
+    a = make_run(np.r_[np.arange(1.0, 401.0)], kind="capacity", offered_qps=100.0, window_s=4.0)
+    b = make_run(np.r_[np.arange(401.0, 800.0), np.inf], kind="capacity", offered_qps=100.0, window_s=4.0)
+    bad = dataclasses.replace(b, valid=False, invalid_reason="load generator CPU 99%")
+    p = pool_runs([a, b])
+    assert p.n == 800 and p.n_failed == 1 and p.windows == 2 and p.window_s == 8.0 and p.valid
+    assert p.quantiles["p50"].value == 400.0
+    q = pool_runs([a, bad])
+    assert not q.valid and "CPU 99%" in q.invalid_reason
+
+
+class FakeServer:
+    """Latency distribution per rate: lognormal whose true p99 = slo * rate / capacity (so the true
+    capacity at the SLO is `capacity`), sampled deterministically at quantile midpoints."""
+
+    def __init__(
+        self, slo: float, capacity: float, fail_above: float = math.inf, invalid_above: float = math.inf
+    ):
+        self.slo, self.capacity, self.fail_above, self.invalid_above = (
+            slo,
+            capacity,
+            fail_above,
+            invalid_above,
+        )
+        self.calls: list[tuple[float, int]] = []
+
+    def __call__(self, rate: float, n: int, out_dir: Path):
+        self.calls.append((rate, n))
+        u = (np.arange(n) + 0.5) / n
+        z99 = sps.norm.ppf(0.99)
+        lat = self.slo * rate / self.capacity * np.exp(0.5 * (sps.norm.ppf(u) - z99))
+        if rate > self.fail_above:
+            lat[::50] = np.inf  # 2 % errors
+        reasons = (
+            ["load generator CPU 100% > loadtest.loadgen.max_cpu_pct=90"] if rate > self.invalid_above else []
+        )
+        return make_run(lat, kind="capacity", offered_qps=rate, window_s=n / rate, invalid_reasons=reasons)
+
+
+def test_find_capacity_brackets_then_bisects_to_the_resolution(lt, tmp_path):
+    c = cap_cfg(lt, start_rate=50, growth=2.0, min_rate=5, max_rate=5000, steps=20, tolerance=0.05)
+    fake = FakeServer(slo=100.0, capacity=300.0)
+    cap = find_capacity(fake, 100.0, c, tmp_path)
+    rates = [s.rate for s in cap.steps]
+    assert rates[:4] == [50.0, 100.0, 200.0, 400.0]
+    assert 0 < cap.highest_pass <= 300.0 < 400.0 and cap.lowest_fail is not None
+    assert cap.resolution is not None and cap.resolution <= 0.05
+    assert len(cap.steps) < c.steps  # early stop once the bracket is narrow enough
+    for s in cap.steps:
+        p99 = s.run.quantiles["p99"]
+        if s.verdict == Verdict.PASS:
+            assert p99.hi <= 100.0 and s.reason == ""
+        else:
+            assert s.verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE) and p99.hi > 100.0
+        assert s.run.n >= P99_MIN_N
+    # Far from the SLO a step is decided by its first window; only close calls are extended.
+    assert dict(fake.calls[:4]) == {
+        50.0: c.step_requests,
+        100.0: c.step_requests,
+        200.0: c.step_requests,
+        400.0: c.step_requests,
+    }
+
+
+def test_find_capacity_spends_at_most_steps(lt, tmp_path):
+    c = cap_cfg(lt, start_rate=50, steps=3, tolerance=0.001)
+    cap = find_capacity(FakeServer(100.0, 300.0), 100.0, c, tmp_path)
+    assert [s.rate for s in cap.steps] == [50.0, 100.0, 200.0]
+    assert cap.highest_pass == 200.0 and cap.lowest_fail is None and cap.resolution is None
+
+
+def test_find_capacity_stops_at_the_ends(lt, tmp_path):
+    c = cap_cfg(lt, start_rate=50, min_rate=5, max_rate=400, steps=20)
+    cap = find_capacity(FakeServer(100.0, 10_000.0), 100.0, c, tmp_path)
+    assert cap.highest_pass == 400.0 and cap.lowest_fail is None and cap.steps[-1].rate == 400.0
+    cap = find_capacity(FakeServer(100.0, 1.0), 100.0, c, tmp_path)
+    assert cap.highest_pass == 0.0 and cap.lowest_fail == 5.0
+    assert [s.rate for s in cap.steps] == [50.0, 25.0, 12.5, 6.25, 5.0]
+
+
+def test_a_close_step_is_extended_to_the_cap_then_inconclusive(lt, tmp_path):
+    c = cap_cfg(
+        lt, start_rate=300, min_rate=300, max_rate=300, steps=1, step_requests=400, max_step_requests=1600
+    )
+    fake = FakeServer(slo=100.0, capacity=300.0)  # true p99 exactly at the SLO: no n can decide it
+    cap = find_capacity(fake, 100.0, c, tmp_path)
+    (s,) = cap.steps
+    assert s.verdict == Verdict.INCONCLUSIVE and "straddles" in s.reason
+    assert fake.calls == [(300.0, 400), (300.0, 400), (300.0, 800)]  # doubled, pooled, up to the cap
+    assert s.run.n == 1600 and s.run.windows == 3
+    assert cap.highest_pass == 0.0 and cap.lowest_fail == 300.0  # counted as a non-pass, reported as such
+
+
+def test_inconclusive_bounds_the_bracket_but_is_not_a_pass(lt, tmp_path):
+    c = cap_cfg(lt, start_rate=150, growth=2.0, steps=20, tolerance=0.05, max_step_requests=400)
+    cap = find_capacity(FakeServer(100.0, 300.0), 100.0, c, tmp_path)
+    inconclusive = [s.rate for s in cap.steps if s.verdict == Verdict.INCONCLUSIVE]
+    assert inconclusive and cap.highest_pass < min(inconclusive)
+    assert cap.lowest_fail == min(s.rate for s in cap.steps if s.verdict != Verdict.PASS)
+
+
+def test_invalid_steps_are_excluded_and_cap_the_search(lt, tmp_path):
+    c = cap_cfg(lt, start_rate=50, growth=2.0, steps=20, tolerance=0.05)
+    fake = FakeServer(100.0, capacity=1000.0, invalid_above=250.0)
+    cap = find_capacity(fake, 100.0, c, tmp_path)
+    invalid = [s for s in cap.steps if s.verdict == Verdict.INVALID]
+    assert invalid and all("max_cpu_pct" in s.reason for s in invalid)
+    assert all(s.run.windows == 1 for s in invalid)  # never extended: more samples cannot fix the generator
+    assert cap.lowest_fail is None and cap.lowest_invalid == min(s.rate for s in invalid) > 250.0
+    # The server never failed: the bracket is [highest pass, where the generator gave out].
+    assert 200.0 <= cap.highest_pass <= 250.0
+    assert (cap.lowest_invalid - cap.highest_pass) / cap.lowest_invalid <= c.tolerance
+
+
+def test_errors_beyond_the_limit_fail_the_step(lt, tmp_path):
+    c = cap_cfg(lt, start_rate=100, steps=20, max_error_rate=0.01)
+    cap = find_capacity(FakeServer(100.0, 10_000.0, fail_above=150.0), 100.0, c, tmp_path)
+    failed = [s for s in cap.steps if s.verdict == Verdict.FAIL]
+    assert failed and all("error rate 0.0200" in s.reason for s in failed)
+    assert cap.highest_pass <= 150.0 < cap.lowest_fail
+
+
+def test_capacity_config_is_checked(lt, tmp_path):
+    with pytest.raises(ValueError, match="step_requests"):
+        find_capacity(FakeServer(1, 1), 1.0, cap_cfg(lt, step_requests=100), tmp_path)
+    with pytest.raises(ValueError, match="growth > 1"):
+        find_capacity(FakeServer(1, 1), 1.0, cap_cfg(lt, growth=1.0), tmp_path)
+
+
+def test_slo_fixed_or_median_of_reference_runs(lt):
+    fixed = cap_cfg(lt, slo_p99_ms=40.0)
+    assert resolve_slo(fixed, []) == (40.0, "fixed in the config (loadtest.capacity.slo_p99_ms)")
+    rel = cap_cfg(lt, slo_p99_ms=None, slo_factor=3.0, reference_repeats=5)
+    slo, source = resolve_slo(rel, [10.0, 30.0, 11.0, 12.0, 9.0])
+    assert slo == 33.0 and "median" in source and "5 runs" in source  # the median, not the mean nor one run
+    with pytest.raises(ValueError, match="slo_p99_ms is null .* 3 usable .* 5 needed"):
+        resolve_slo(rel, [10.0, None, 11.0, 12.0, math.inf])
+
+
+def test_config_typos_fail_naming_the_key(lt):
+    with pytest.raises(ConfigError, match=r"loadtest: capacity\.stpes"):
+        loadtest_config(
+            {**dataclasses.asdict(lt), "capacity": {**dataclasses.asdict(lt.capacity), "stpes": 3}}
+        )
+    with pytest.raises(ConfigError, match=r"loadtest: mode"):
+        loadtest_config({**dataclasses.asdict(lt), "mode": "opne"})
+    assert compose(["loadtest.capacity.step_requests=500"]).loadtest.capacity.step_requests == 500

@@ -1,0 +1,120 @@
+"""The load study end to end: real servers (one per variant), real Locust processes, offline rescoring."""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import json
+from pathlib import Path
+
+import psutil
+import pytest
+from conftest import make_variant
+
+from reco.config import compose
+from reco.loadtest.config import loadtest_config
+from reco.loadtest.correctness import check_scores
+from reco.serve.config import serve_config
+from reco.stats import Verdict
+from reco.variant import Variant
+
+pytestmark = pytest.mark.timeout(600)
+
+
+def study_cfg(**over) -> dict:
+    lt = loadtest_config(compose([]).loadtest)
+    r = dataclasses.replace
+    # Only the study's bookkeeping is under test: a busy machine must not void its runs.
+    lt = r(
+        lt,
+        warmup_s=0.5,
+        drain_s=2.0,
+        loadgen=r(lt.loadgen, keep_warm=False, max_cpu_pct=1000, max_lag_ms=1000),
+    )
+    cap = {"slo_p99_ms": 5000.0, "start_rate": 150, "min_rate": 150, "max_rate": 150, "steps": 1}
+    cap.update(step_requests=368, max_step_requests=400, **over.pop("capacity", {}))
+    st = {"repeats": 2, "common_rate": 100.0, "equal_util_fraction": 0.5, "unloaded_requests": 100}
+    st.update(load_requests=200, correctness=r(lt.study.correctness, every=10), **over.pop("study", {}))
+    lt = r(lt, capacity=r(lt.capacity, **cap), study=r(lt.study, **st), **over)
+    return {"loadtest": lt, "serve": compose(["serve.n_candidates=200", "serve.keep_warm=false"]).serve}
+
+
+@pytest.fixture(scope="module")
+def built(tiny_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("study")
+    vdir, dpath = make_variant(tiny_data, root)
+    return Variant.load(vdir), dpath
+
+
+def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, built, tmp_path):
+    variant, dpath = built
+    before = copy.deepcopy(variant.__dict__)
+    calls: list[tuple[str, dict, list[Path], str]] = []
+    variants = [("baseline", variant), ("student", variant)]
+    out = run_study_logged(variants, tiny_data, dpath, study_cfg(), tmp_path, calls)
+
+    assert variant.__dict__ == before  # nobody's objects are mutated: everything is in the return value
+    assert out.slo_p99_ms == 5000.0 and out.slo_source.startswith("fixed") and out.reference == "baseline"
+    assert out.common_rate_qps == 100.0 and out.keep_warm is False
+    # Interleaved: every kind of run goes A B A B, never A A B B.
+    for sub in ("unloaded", "capacity", "common", "equal_util"):
+        order = [(name, d) for name, _, _, d in calls if d.startswith(f"loadtest/{sub}/")]
+        assert [name for name, _ in order] == ["baseline", "student", "baseline", "student"], order
+        assert [d for _, d in order][::2] == [f"loadtest/{sub}/r0", f"loadtest/{sub}/r1"]
+    for name in ("baseline", "student"):
+        o = out.outcomes[name]
+        assert o.error == ""
+        assert [len(o.unloaded), len(o.capacity), len(o.common), len(o.equal_util)] == [2, 2, 2, 2]
+        assert all(r.kind == "unloaded" and r.n == 100 and r.offered_qps is None for r in o.unloaded)
+        assert all(r.quantiles["p99"].value is None for r in o.unloaded)  # n=100 cannot support a p99
+        assert all(c.highest_pass == 150.0 and c.steps[0].verdict == Verdict.PASS for c in o.capacity)
+        assert all(r.kind == "common" and r.offered_qps == 100.0 and r.n == 200 for r in o.common)
+        assert all(r.offered_qps == 0.5 * 150.0 for r in o.equal_util)
+        # Every 10th request of both common-load windows, rescored offline: the same scores.
+        c = o.correctness
+        assert c is not None and c.n_requests == 2 * 200 // 10 and c.passed and c.max_abs_diff <= 1e-5
+        final = [m for n, m, _, d in calls if n == name and m][-1]
+        assert final["max_qps_at_slo"] == 150.0 and final["slo_p99_ms"] == 5000.0
+        assert final["correctness_passed"] == 1.0 and final["repeats"] == 2.0
+        assert final["e2e_p50_ms_lo"] <= final["e2e_p50_ms"] <= final["e2e_p50_ms_hi"]
+        assert "unloaded_e2e_p50_ms" in final and "unloaded_e2e_p99_ms" not in final  # n/a: not logged
+    # The servers were stopped.
+    assert not [p for p in psutil.Process().children(recursive=True) if "reco.serve" in " ".join(p.cmdline())]
+
+    # The check can fail: one served score off by 1e-3 is caught.
+    scores = sorted((tmp_path / "student" / "common").glob("r*/latencies.csv.scores.jsonl"))
+    rows = [json.loads(ln) for ln in scores[0].read_text().splitlines()]
+    rows[0]["items"][0][1] += 1e-3
+    bad = tmp_path / "bad.scores.jsonl"
+    bad.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    serve = serve_config(study_cfg()["serve"])
+    check = check_scores(variant, tiny_data, serve, tmp_path / "requests.jsonl", [bad], 1e-5)
+    assert not check.passed and check.max_abs_diff == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_failed_reference_without_a_slo_is_a_clear_error(tiny_data, built, tmp_path):
+    variant, dpath = built
+    broken = Variant("baseline", "train", None, "torch", {}, dir=str(tmp_path / "no-such-variant"))
+    cfg = study_cfg(
+        capacity={"slo_p99_ms": None, "reference_repeats": 5}, study={"repeats": 1, "common_rate": None}
+    )
+    out = run_study_logged([("baseline", broken), ("student", variant)], tiny_data, dpath, cfg, tmp_path, [])
+    assert out.slo_p99_ms is None and out.slo_source.startswith("none: the reference 'baseline' failed")
+    assert "server did not start" in out.outcomes["baseline"].error
+    err = out.outcomes["student"].error
+    assert (
+        "no SLO" in err and "'baseline' failed its load test" in err and "loadtest.capacity.slo_p99_ms" in err
+    )
+    assert "no common load" in err and "loadtest.study.common_rate" in err
+    s = out.outcomes["student"]
+    assert len(s.unloaded) == 1 and not s.capacity and not s.common  # measured what it could, nothing more
+
+
+def run_study_logged(variants, data, dpath, cfg, out_dir, calls):
+    from reco.loadtest.study import run_study
+
+    def log(name: str, metrics: dict, paths: list[Path], subdir: str) -> None:
+        assert all(p.exists() for p in paths)
+        calls.append((name, metrics, paths, subdir))
+
+    return run_study(variants, data, dpath, cfg, out_dir, log)

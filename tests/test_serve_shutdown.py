@@ -1,0 +1,67 @@
+"""Stopping `python -m reco.serve`: SIGINT/SIGTERM stop everything it started; SIGKILL of the supervisor
+leaves no worker behind. Real processes, checked with psutil."""
+
+from __future__ import annotations
+
+import signal
+
+import psutil
+import pytest
+from conftest import make_variant
+from test_serve import Client, serve_settings
+
+from reco.serve.process import start_server
+
+pytestmark = pytest.mark.timeout(240)
+
+
+@pytest.fixture(scope="module")
+def variant(tiny_data, tmp_path_factory):
+    root = tmp_path_factory.mktemp("shutdown")
+    return make_variant(tiny_data, root)
+
+
+def _answering(url: str) -> bool:
+    c = Client(url)
+    status, _, resp = c.recommend({"user_id": 3, "k": 2, "candidates": [5, 17]})
+    c.close()
+    return status == 200 and sorted(it["item_id"] for it in resp["items"]) == [5, 17]
+
+
+def _children(pid: int, workers: int, keep_warm_cores: int) -> list[psutil.Process]:
+    kids = psutil.Process(pid).children(recursive=True)
+    # the spinners (one per core), and the worker processes when there are several
+    assert len(kids) >= keep_warm_cores + (workers if workers > 1 else 0), kids
+    return kids
+
+
+@pytest.mark.parametrize(
+    "workers, sig",
+    [(1, signal.SIGTERM), (1, signal.SIGINT), (2, signal.SIGINT)],
+    ids=["1-TERM", "1-INT", "2-INT"],
+)
+def test_signal_stops_server_workers_and_spinners(variant, tmp_path, workers, sig):
+    vdir, dpath = variant
+    h = start_server(vdir, dpath, serve_settings(f"workers={workers}", "keep_warm=true"), work_dir=tmp_path)
+    assert _answering(h.url)
+    kids = _children(h.pid, workers, len(psutil.Process(h.pid).cpu_affinity()))
+    h.proc.send_signal(sig)
+    assert h.proc.wait(timeout=60) == 0, h.log_tail()
+    _, alive = psutil.wait_procs(kids, timeout=30)
+    assert not [k for k in alive if k.status() != psutil.STATUS_ZOMBIE], alive
+    assert "Traceback" not in h.log_path.read_text()
+
+
+def test_workers_exit_when_the_supervisor_is_killed(variant, tmp_path):
+    vdir, dpath = variant
+    h = start_server(vdir, dpath, serve_settings("workers=2", "keep_warm=true"), work_dir=tmp_path)
+    assert _answering(h.url)
+    kids = _children(h.pid, 2, len(psutil.Process(h.pid).cpu_affinity()))
+    h.proc.send_signal(signal.SIGKILL)  # no chance to pass anything on
+    h.proc.wait(timeout=30)
+    _, alive = psutil.wait_procs(kids, timeout=60)
+    try:
+        assert not [k for k in alive if k.status() != psutil.STATUS_ZOMBIE], alive
+    finally:
+        for k in alive:  # never leave a stray worker behind, even when the test fails
+            k.kill()
