@@ -24,7 +24,7 @@ from reco.measure import evaluate
 from reco.models.dlrm import DLRM, DLRMConfig
 from reco.pipeline import measure_accuracy
 from reco.runtime import load_scorer
-from reco.serve.app import load_settings
+from reco.serve.config import serve_config
 from reco.serve.process import start_server
 from reco.steps import StepError, StepRun, get_step
 from reco.steps.accelerate.export import random_batch, real_batch
@@ -213,7 +213,7 @@ def test_variant_is_served_over_http(torch_q, data, tmp_path):
     v, _ = torch_q
     dpath = tmp_path / "data.pt"
     data.save(str(dpath))
-    h = start_server(Path(v.dir), dpath, load_settings(), wait=False, work_dir=tmp_path / "srv")
+    h = start_server(Path(v.dir), dpath, serve_config(compose().serve), wait=False, work_dir=tmp_path / "srv")
     try:
         h.wait_ready(timeout_s=180)
         u = urlparse(h.url)
