@@ -535,12 +535,16 @@ def test_bad_settings_refuse_to_start_naming_the_key(served, capsys):
 
 def test_variant_runtime_batching_overrides_the_serve_batching_block(served, tmp_path):
     """The batching step writes runtime["batching"]; the service merges it over serve.batching."""
+    from reco.graph import step_config
     from reco.serve.app import RecoService
     from reco.serve.config import BatchingConfig
-    from reco.steps import batching
+    from reco.steps import StepRun, get_step
 
     parent = Variant.load(served["vdir"])
-    child = batching.run(parent, {"max_queue_delay_ms": 7.0}, tmp_path / "batched", "tiny_batched")
+    spec = get_step("batching")
+    step_cfg = step_config(compose(), spec, {"max_queue_delay_ms": 7.0}, "variants.tiny_batched")
+    child = spec.fn(parent, served["data"], step_cfg, StepRun("tiny_batched", tmp_path / "batched", None))
+    child.save()
     cfg = serve_settings("warmup_calls=0")
     svc = RecoService(child.dir, str(served["dpath"]), cfg)
     svc.executor.shutdown()

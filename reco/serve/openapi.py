@@ -123,9 +123,14 @@ def openapi_schema(store: FeatureStore, cfg: ServeConfig, model: str) -> dict:
                     "properties": {
                         "user_id": {**an_id, "description": "encoded user id; unknown -> cold start"},
                         "k": {"type": "integer", "minimum": 1, "maximum": cfg.max_k},
-                        "context": {"type": "object", "additionalProperties": False, "properties": ctx_props},
+                        # null = not given (the server reads a null field as an omitted one)
+                        "context": {
+                            "type": ["object", "null"],
+                            "additionalProperties": False,
+                            "properties": ctx_props,
+                        },
                         "candidates": {
-                            "type": "array",
+                            "type": ["array", "null"],
                             "items": {"type": "integer", "minimum": 1, "maximum": store.item_card - 1},
                             "minItems": 1,
                             "maxItems": cfg.max_candidates,
