@@ -7,6 +7,10 @@ without. A SCHED_IDLE process runs only when nothing else on the core is runnabl
 from the server (or the load generator) but keeps the vCPU busy -- the software form of booting a
 latency-critical host with idle=poll. It costs a whole core of host CPU; switch it off with
 serve.keep_warm=false / loadtest.loadgen.keep_warm=false.
+
+One spinner per core, never more: several SCHED_IDLE spinners on one core do take time from its normal
+tasks (six servers with a spinner each on one core: baseline unloaded p50 191 ms; with one shared
+spinner: 27 ms), so a study of many servers runs one spinner per server core (reco.loadtest.study).
 """
 
 from __future__ import annotations
