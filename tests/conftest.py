@@ -7,8 +7,10 @@ import torch
 from reco.config import compose, typed
 from reco.data.schema import Dataset
 from reco.data.synthetic import SyntheticConfig, generate
+from reco.measure import evaluate
 from reco.models.dlrm import DLRM, DLRMConfig
-from reco.train.loop import TrainConfig
+from reco.runtime import load_scorer
+from reco.train.loop import TrainConfig, train
 from reco.variant import Variant
 
 # ~1 s to generate: 20k rows with the same feature layout as the default synthetic e-commerce data.
@@ -44,3 +46,36 @@ def make_variant(data: Dataset, root: Path) -> tuple[Path, Path]:
     v.save_torch(model)
     v.save()
     return Path(v.dir), data_path
+
+
+# Step tests: a small trainer budget and a trained parent, shared across test modules.
+@pytest.fixture(scope="session")
+def data(tiny_data):
+    return tiny_data
+
+
+@pytest.fixture(scope="session")
+def trainer():
+    return trainer_config(
+        epochs=1,
+        batch_size=512,
+        lr=5e-3,
+        threads=2,
+        progress=False,
+        max_rows_per_epoch=12_000,
+        eval_rows=2_000,
+    )
+
+
+@pytest.fixture(scope="session")
+def parent(data, trainer, tmp_path_factory) -> Variant:
+    """A tiny DLRM (embedding_dim 16) trained on part of one epoch, saved as a baseline variant with its
+    test AUC: the parent the step tests start from (steps never write into it; tests check that)."""
+    torch.manual_seed(0)
+    model = DLRM(DLRMConfig.from_schema(data.schema, embedding_dim=16, bottom=[32, 16], top=[64, 32]))
+    train(model, data, trainer)
+    v = Variant("base", "train", None, "torch", {}, dir=str(tmp_path_factory.mktemp("base")))
+    v.save_torch(model)
+    v.metrics.update(evaluate(load_scorer(v), data.test))
+    v.save()
+    return v

@@ -15,12 +15,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import make_variant, trainer_config
+from conftest import make_variant
 from torchrec.modules.embedding_configs import DataType
 
 from reco.config import ConfigError, compose
 from reco.graph import step_config
-from reco.measure import evaluate
 from reco.models.dlrm import DLRM, DLRMConfig
 from reco.pipeline import measure_accuracy
 from reco.runtime import load_scorer
@@ -30,41 +29,9 @@ from reco.steps import StepError, StepRun, get_step
 from reco.steps.accelerate.export import random_batch, real_batch
 from reco.steps.embed_quant import qmodel
 from reco.steps.embed_quant.rowwise import Precision, quantize_table
-from reco.train.loop import train
 from reco.variant import ArtifactError, Variant
 
 pytestmark = pytest.mark.timeout(240)
-
-
-@pytest.fixture(scope="module")
-def data(tiny_data):
-    return tiny_data
-
-
-@pytest.fixture(scope="module")
-def trainer():
-    return trainer_config(
-        epochs=1,
-        batch_size=512,
-        lr=5e-3,
-        threads=2,
-        progress=False,
-        max_rows_per_epoch=12_000,
-        eval_rows=2_000,
-    )
-
-
-@pytest.fixture(scope="module")
-def parent(data, trainer, tmp_path_factory) -> Variant:
-    """A tiny DLRM (embedding_dim 16) trained on part of one epoch, saved as a baseline variant."""
-    torch.manual_seed(0)
-    model = DLRM(DLRMConfig.from_schema(data.schema, embedding_dim=16, bottom=[32, 16], top=[64, 32]))
-    train(model, data, trainer)
-    v = Variant("base", "train", None, "torch", {}, dir=str(tmp_path_factory.mktemp("base")))
-    v.save_torch(model)
-    v.metrics.update(evaluate(load_scorer(v), data.test))
-    v.save()
-    return v
 
 
 def config(overrides: dict | None = None, cli: list[str] | None = None):

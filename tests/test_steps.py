@@ -12,51 +12,19 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from conftest import make_variant, trainer_config
+from conftest import make_variant
 from onnx import TensorProto, helper, numpy_helper
 
 from reco.config import ConfigError, compose
 from reco.graph import step_config
 from reco.measure import evaluate
-from reco.models.dlrm import DLRM, DLRMConfig, count_params
+from reco.models.dlrm import DLRM, count_params
 from reco.runtime import load_scorer, ort_scorer
 from reco.steps import StepError, StepRun, accelerate, distill, get_step, prune  # noqa: F401 (registers them)
 from reco.steps.accelerate import auc_guard
 from reco.steps.accelerate.export import check_parity, export_onnx, random_batch, real_batch, torch_probs
 from reco.steps.accelerate.quantize import gemm_to_matmul
-from reco.train.loop import train
 from reco.variant import ArtifactError, Variant
-
-
-@pytest.fixture(scope="module")
-def data(tiny_data):
-    return tiny_data
-
-
-@pytest.fixture(scope="module")
-def trainer():
-    return trainer_config(
-        epochs=1,
-        batch_size=512,
-        lr=5e-3,
-        threads=2,
-        progress=False,
-        max_rows_per_epoch=12_000,
-        eval_rows=2_000,
-    )
-
-
-@pytest.fixture(scope="module")
-def parent(data, trainer, tmp_path_factory) -> Variant:
-    """A tiny DLRM trained on part of one epoch, saved as a baseline variant with its test AUC."""
-    torch.manual_seed(0)
-    model = DLRM(DLRMConfig.from_schema(data.schema, embedding_dim=16, bottom=[32, 16], top=[64, 32]))
-    train(model, data, trainer)
-    v = Variant("base", "train", None, "torch", {}, dir=str(tmp_path_factory.mktemp("base")))
-    v.save_torch(model)
-    v.metrics.update(evaluate(load_scorer(v), data.test))
-    v.save()
-    return v
 
 
 @pytest.fixture(scope="module")
