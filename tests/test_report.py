@@ -150,7 +150,7 @@ def make_study():
     ]  # fmt: skip
     study = StudyOutcome(SLO, "fixed in the preset (3 x median unloaded p99)", 10.0, True)
     study.outcomes = {r.variant.name: r.load for r in results if r.load}
-    targets = {"e2e_speedup": 3.4, "qps_gain": 1.4, "prune_params_pct": 30, "distill_size_ratio": 6,
+    targets = {"e2e_speedup": 3.4, "qps_gain": 1.1, "prune_params_pct": 30, "distill_size_ratio": 6,
                "max_auc_drop_pct": 0.5, "bogus": 1}  # fmt: skip
     return results, context(results, study, targets=targets)
 
@@ -288,7 +288,12 @@ def test_capacity_gain_and_slo_sensitivity(figs):
     assert [c.highest_pass for c in base.capacity] == pytest.approx([18, 22, 15])
     assert (base.max_qps.value, base.max_qps.lo, base.max_qps.hi) == pytest.approx((18, 15, 22))
     assert pruned.qps_gain.value == pytest.approx(45 / 20)
-    assert (pruned.qps_gain.lo, pruned.qps_gain.hi) == pytest.approx((0.75 * 45 / 22, 1.1 * 45 / 15))
+    # The interval covers the spread across repeats and each search's resolution (its bracket).
+    pairs = [(c, b) for c in pruned.capacity for b in base.capacity]
+    lo = min(c.highest_pass / b.lowest_fail for c, b in pairs)
+    hi = max(c.lowest_fail / b.highest_pass for c, b in pairs)
+    assert (pruned.qps_gain.lo, pruned.qps_gain.hi) == pytest.approx((lo, hi))
+    assert pruned.qps_gain.lo <= 0.75 * 45 / 22 and pruned.qps_gain.hi >= 1.1 * 45 / 15
     # re-judged at 1x the SLO, the recorded steps give back the search's own result
     assert base.max_qps_at[1.0] == base.max_qps
     # at 0.5x: 0.45, 0.45, 0.25 x knee; at 2x: 1.9, 1.9, 1.5 x knee
@@ -390,7 +395,8 @@ def test_targets_decided_on_the_ci(written):
     md = (written[0] / "report.md").read_text()
     # pruned is 3.4x faster by construction: its CI straddles a 3.4x goal
     assert md_line(md, "speed-up vs baseline ≥ 3.4×").startswith("- **INCONCLUSIVE**")
-    assert md_line(md, "gain vs baseline ≥ 1.4×").startswith("- **MET**")  # range [1.53, 3.3]
+    # the gain interval spans brackets and repeats: [1.12, 4.50] lies above 1.1
+    assert md_line(md, "gain vs baseline ≥ 1.1×").startswith("- **MET**")
     assert md_line(md, "removes ≥ 30%").startswith("- **MET**")  # exactly 30 %
     assert md_line(md, "smaller than its teacher").startswith("- **MISSED**")  # 4x
     assert md_line(md, "AUC drop").startswith("- **MET**")  # drop CI [0, 0.2] %

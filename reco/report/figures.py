@@ -7,7 +7,7 @@
 - **Latency ratios** (baseline / variant, > 1: the variant is faster) get a percentile-bootstrap CI
   over the two pooled request samples, plus the median and range of the per-repeat ratios.
 - **Capacity** is the median of the repeats' highest passing rate with their range; the QPS gain's
-  interval is reco.stats.median_ratio_ci over the repeats.
+  interval spans the capacity brackets and the repeats (_bracket_gain).
 """
 
 from __future__ import annotations
@@ -185,7 +185,7 @@ class VariantFigures:
     capacity: list[Capacity]  # repeats of the capacity search
     max_qps: Estimate | None  # median highest pass, lo/hi = range over repeats
     speedup: dict[tuple[str, str], Ratio]  # (kind, quantile) -> baseline / variant latency
-    qps_gain: Estimate | None  # median_ratio_ci of highest passes vs the baseline's
+    qps_gain: Estimate | None  # median highest pass vs the baseline's; interval: brackets and repeats
     max_qps_at: dict[float, Estimate | None]  # SLO factor -> highest measured passing rate, over repeats
     qps_gain_at: dict[float, Estimate | None]  # SLO factor -> gain vs the baseline at that SLO
     # speedup, qps_gain and qps_gain_at are empty / None for the baseline itself
@@ -234,6 +234,20 @@ def _gain(num: list[float], den: list[float]) -> Estimate | None:
     return est if est.supported else None
 
 
+def _bracket_gain(caps: list[Capacity], base_caps: list[Capacity]) -> Estimate | None:
+    """QPS gain = median highest pass / the baseline's, with an interval that covers both the spread
+    across repeats and each search's resolution: from (highest pass / the baseline's lowest fail) to
+    (lowest fail / the baseline's highest pass) over every pair of repeats. With one repeat the range of
+    ratios alone would be a single number and claim a certainty the search never had."""
+    point = _gain([c.highest_pass for c in caps], [c.highest_pass for c in base_caps])
+    pairs = [(c, b) for c in caps for b in base_caps if b.highest_pass > 0]
+    if point is None or not pairs:
+        return point
+    lo = min(c.highest_pass / (b.lowest_fail or b.highest_pass) for c, b in pairs)
+    hi = max((c.lowest_fail or c.highest_pass) / b.highest_pass for c, b in pairs)
+    return Estimate(point.value, min(lo, point.lo), max(hi, point.hi), point.n)
+
+
 def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[VariantFigures]:
     """Derive every variant's figures, in the order of `results`.
 
@@ -268,9 +282,7 @@ def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[Varia
                 capacity=caps,
                 max_qps=range_estimate(highest),
                 speedup=speedup,
-                qps_gain=_gain(highest, [c.highest_pass for c in base_caps])
-                if caps and not is_base
-                else None,
+                qps_gain=_bracket_gain(caps, base_caps) if caps and not is_base else None,
                 max_qps_at={f: range_estimate(at[f]) for f in SLO_FACTORS},
                 qps_gain_at={
                     f: _gain(at[f], base_at[f]) if at[f] and not is_base else None for f in SLO_FACTORS

@@ -106,7 +106,8 @@ def throughput(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
     return [
         "Max QPS at the SLO = the highest rate whose p99 CI lies within the SLO (median over repeats, range "
         "in parentheses); each repeat's bracket is [highest pass, lowest fail] in req/s. The gain's interval "
-        "is the range of the per-repeat ratios (reco.stats.median_ratio_ci).",
+        "covers every pair of repeats and each search's resolution: from highest pass / the baseline's lowest "
+        "fail to lowest fail / the baseline's highest pass.",
         "",
         *table(["variant", "max QPS @SLO", "brackets per repeat", "QPS gain vs baseline"], rows),
         "",
