@@ -74,13 +74,9 @@ def _max_diff(sample: dict, bodies: list[str], store, scorer, serve: ServeConfig
 
     if sample["items"] is None:
         return math.inf
-    req = parse_request(
-        bodies[sample["payload"]].encode(), store, serve.max_k, serve.max_candidates
-    )
+    req = parse_request(bodies[sample["payload"]].encode(), store, serve.max_k, serve.max_candidates)
     urow = store.user_row(req.user_id)
-    items = (
-        req.candidates if req.candidates is not None else store.candidates(urow, serve.n_candidates)
-    )
+    items = req.candidates if req.candidates is not None else store.candidates(urow, serve.n_candidates)
     probs = scorer(*store.assemble(urow, req, items))  # [N] float32, one request alone: unbatched
     offline = dict(zip(items.tolist(), probs.tolist(), strict=True))
     served = np.array([[i, s] for i, s in sample["items"]], dtype=np.float64).reshape(-1, 2)

@@ -63,7 +63,10 @@ def _qps_gain(figs, gates, ctx) -> Measured | str:
     if not ok:
         return "no passing variant with a capacity at the SLO"
     top = max(ok, key=lambda f: f.qps_gain.value)
-    return Measured(top.qps_gain, f"{short(top.qps_gain, '.2f', '×')} (`{top.name}`; interval from the capacity brackets and repeats)")
+    return Measured(
+        top.qps_gain,
+        f"{short(top.qps_gain, '.2f', '×')} (`{top.name}`; interval from the capacity brackets and repeats)",
+    )
 
 
 def _lineage_best(
