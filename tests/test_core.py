@@ -133,3 +133,27 @@ def test_training_learns_and_early_stopping_restores_best(tmp_path, tiny_data):
     metrics = evaluate(load_scorer(v), tiny_data.test)
     assert metrics["auc"] > 0.6, metrics
     assert metrics["oracle_auc"] > metrics["auc"] - 0.02
+
+
+def test_artifact_names_stay_inside_the_variant_directory(tmp_path, tiny_data):
+    """A variant.json naming '../x' or '/etc/x' as an artifact is refused, not followed."""
+    model = DLRM(DLRMConfig.from_schema(tiny_data.schema, embedding_dim=8, bottom=[8], top=[8]))
+    v = Variant("t", "train", None, "torch", {}, dir=str(tmp_path / "v"))
+    v.save_torch(model)
+    v.save()
+    (tmp_path / "outside.pt").write_bytes((tmp_path / "v" / "model.pt").read_bytes())
+    for bad in ("../outside.pt", str(tmp_path / "outside.pt"), ".."):
+        rec = json.loads((tmp_path / "v" / "variant.json").read_text())
+        rec["artifacts"]["torch"] = bad
+        (tmp_path / "v" / "variant.json").write_text(json.dumps(rec))
+        with pytest.raises(ArtifactError, match="plain file name inside the variant directory"):
+            Variant.load(tmp_path / "v").load_torch()
+
+
+def test_a_damaged_variant_record_is_an_artifact_error(tmp_path):
+    """A kill mid-write used to leave an empty variant.json and a bare JSONDecodeError; now the pipeline
+    gets an ArtifactError naming the file (and rebuilds the variant)."""
+    (tmp_path / "v").mkdir()
+    (tmp_path / "v" / "variant.json").write_text("")
+    with pytest.raises(ArtifactError, match=r"variant\.json: not a valid variant record"):
+        Variant.load(tmp_path / "v")
