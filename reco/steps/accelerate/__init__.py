@@ -31,7 +31,7 @@ from reco.steps.accelerate.export import (
     real_batch,
 )
 from reco.steps.accelerate.quantize import QuantizeConfig, census, quantize
-from reco.steps.accelerate.tuning import TuneConfig, tune
+from reco.steps.accelerate.tuning import TuneConfig, tune_into
 from reco.steps.registry import StepError, StepRun, child_variant, register, require_artifact
 from reco.variant import Variant
 
@@ -146,13 +146,10 @@ def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
     finally:
         shutil.rmtree(work, ignore_errors=True)
     v.add_artifact("onnx", "model.onnx")
-    v.runtime["ort"] = {}
-    if ac.tune is not None:
-        best, table = tune(final, data.val, ac.tune)
-        v.runtime["ort"] = best
-        report["tuning"] = {"n_candidates": ac.tune.n_candidates, "chosen": best, "table": table}
-        p50 = {json.dumps({k: r[k] for k in best}, sort_keys=True): r["rank_p50_ms"] for r in table}
-        v.metrics["tuned_rank_p50_ms"] = p50[json.dumps(best, sort_keys=True)]
+    tuning = tune_into(v, final, data.val, ac.tune)
+    if tuning is not None:
+        report["tuning"] = tuning
+        best = tuning["chosen"]
         if ac.mode is Mode.onnx_fp32:  # graph optimisation levels fuse differently: re-check what will serve
             tuned = check_parity(
                 ort_scorer(final, best), model, batches, ac.parity_tol, f"{what}, tuned {best}"

@@ -10,6 +10,7 @@ another process on the machine hits every point alike instead of one.
 from __future__ import annotations
 
 import itertools
+import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -69,3 +70,22 @@ def tune(path: Path, split: Split, tc: TuneConfig) -> tuple[dict, list[dict]]:
     ]
     best = min(table, key=lambda r: r["rank_p50_ms"])
     return {k: best[k] for k in points[0]}, table
+
+
+def tune_into(v, path: Path, split: Split, tc: TuneConfig | None) -> dict | None:
+    """Tune the session of `v`'s graph at `path` and record the choice: v.runtime["ort"] (the settings
+    serving uses) and v.metrics["tuned_rank_p50_ms"]. tc None keeps the runtime's defaults.
+
+    Returns:
+        The tuning report ({"n_candidates", "chosen", "table"}), or None without tuning.
+    """
+    v.runtime["ort"] = {}
+    if tc is None:
+        return None
+    best, table = tune(path, split, tc)
+    v.runtime["ort"] = best
+    key = json.dumps(best, sort_keys=True)
+    v.metrics["tuned_rank_p50_ms"] = next(
+        r["rank_p50_ms"] for r in table if json.dumps({k: r[k] for k in best}, sort_keys=True) == key
+    )
+    return {"n_candidates": tc.n_candidates, "chosen": best, "table": table}

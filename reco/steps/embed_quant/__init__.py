@@ -36,7 +36,7 @@ from reco.runtime import load_scorer, ort_scorer
 from reco.steps.accelerate import Exporter
 from reco.steps.accelerate.export import export_onnx, max_abs_diff, random_batch, real_batch
 from reco.steps.accelerate.quantize import QuantizeConfig, quantize
-from reco.steps.accelerate.tuning import TuneConfig, tune
+from reco.steps.accelerate.tuning import TuneConfig, tune_into
 from reco.steps.embed_quant import qmodel
 from reco.steps.embed_quant.onnx_tables import replace_tables
 from reco.steps.embed_quant.rowwise import Precision, QTable, unsupported
@@ -252,11 +252,9 @@ def build_onnx(
     finally:
         shutil.rmtree(work, ignore_errors=True)
     v.add_artifact("onnx", "model.onnx")
-    v.runtime["ort"] = {}
-    if cfg.tune is not None:
-        best, table = tune(final, data.val, cfg.tune)
-        v.runtime["ort"] = best
-        report["tuning"] = {"n_candidates": cfg.tune.n_candidates, "chosen": best, "table": table}
+    tuning = tune_into(v, final, data.val, cfg.tune)
+    if tuning is not None:
+        report["tuning"] = tuning
     return report
 
 
