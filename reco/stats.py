@@ -89,14 +89,26 @@ def quantile_ci(x: np.ndarray, q: float, conf: float = CONF) -> Estimate:
     n = len(x)
     if n == 0:
         return Estimate(None, None, None, 0)
-    a = (1 - conf) / 2
-    # B = #samples below the true quantile ~ Binomial(n, q); x_(l) <= Q <= x_(u) when l <= B < u.
-    lo_k = int(sps.binom.ppf(a, n, q))  # 1-based order statistic index of the lower bound
-    hi_k = int(sps.binom.ppf(1 - a, n, q)) + 1
+    lo_k, hi_k = _order_bounds(n, q, conf)
     if lo_k < 1 or hi_k > n:
         return Estimate(None, None, None, n)
     s = np.sort(x)
     return Estimate(nearest_rank(s, q), float(s[lo_k - 1]), float(s[hi_k - 1]), n)
+
+
+def quantile_lower_bound(x: np.ndarray, q: float, conf: float = CONF) -> float | None:
+    """The lower bound of quantile_ci's CI. It exists for any n >= 1 (the upper one needs 368 for a p99),
+    so a short window can show that a quantile is ABOVE a limit. None for an empty sample."""
+    x = np.asarray(x, dtype=np.float64)
+    lo_k = _order_bounds(len(x), q, conf)[0] if len(x) else 0
+    return float(np.partition(x, lo_k - 1)[lo_k - 1]) if lo_k >= 1 else None
+
+
+def _order_bounds(n: int, q: float, conf: float) -> tuple[int, int]:
+    """1-based order-statistic indices (lo, hi) of the two-sided `conf` CI of the q-quantile of n samples."""
+    a = (1 - conf) / 2
+    # B = #samples below the true quantile ~ Binomial(n, q); x_(l) <= Q <= x_(u) when l <= B < u.
+    return int(sps.binom.ppf(a, n, q)), int(sps.binom.ppf(1 - a, n, q)) + 1
 
 
 def verdict_at_most(est: Estimate, limit: float) -> Verdict:

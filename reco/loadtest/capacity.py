@@ -13,6 +13,12 @@ the least n whose p99 CI upper bound is an observed latency). Failed requests co
 
 (the spirit of MLPerf LoadGen's early stopping: more samples only where the answer is close).
 
+**Screening.** Where step_requests would take long at the step's rate (a slow variant at a low rate:
+400 requests at 8 req/s are 50 s), the step first runs a short window of rate x `screen_s` requests. The
+LOWER bound of a p99's CI exists at any n (the upper one needs 368), so a rate far past capacity is shown
+to FAIL from that window alone; otherwise the step goes on to step_requests in all, as above. A PASS always
+rests on >= 368 requests.
+
 **The search** (as MLPerf's FindPeakPerformance): from `start_rate`, multiply by `growth` until a step
 does not pass (or `max_rate` passes), or divide until one passes (or `min_rate` does not); then bisect
 between the highest PASS and the lowest non-pass until (lowest non-pass - highest pass) / lowest non-pass
@@ -39,9 +45,10 @@ from reco.loadtest.config import CapacityConfig, LoadMode, LoadtestConfig, loadt
 from reco.loadtest.outcome import Capacity, CapacityStep, LoadRun
 from reco.loadtest.runner import run_load, with_settings
 from reco.loadtest.runs import pool_runs
-from reco.stats import Verdict, min_n_for_quantile, verdict_at_most
+from reco.stats import Verdict, min_n_for_quantile, quantile_lower_bound, verdict_at_most
 
 P99_MIN_N = min_n_for_quantile(0.99)  # 368
+SCREEN_MIN_N = 50  # a screening window never shorter: a handful of requests is all warm-up transient
 Measure = Callable[[float, int, Path], LoadRun]  # (rate req/s, requests in the window, out dir) -> run
 
 
@@ -90,7 +97,15 @@ def run_step(
     measure: Measure, rate: float, slo_p99_ms: float, c: CapacityConfig, out_dir: Path
 ) -> CapacityStep:
     """Measure one rate until its verdict is decided or max_step_requests is reached (see module doc)."""
-    runs = [measure(rate, int(c.step_requests), out_dir / "w00")]
+    runs: list[LoadRun] = []
+    screen = screen_requests(rate, c)
+    if screen:
+        runs.append(measure(rate, screen, out_dir / "w00"))
+        lo = quantile_lower_bound(runs[0].latencies_ms, 0.99)
+        if runs[0].valid and lo is not None and lo > slo_p99_ms:
+            reason = f"screening window: p99 >= {lo:.2f} ms (95% CI lower bound, n={runs[0].n}) > SLO"
+            return CapacityStep(rate, runs[0], Verdict.FAIL, f"{reason} {slo_p99_ms:.2f} ms")
+    runs.append(measure(rate, int(c.step_requests) - screen, out_dir / f"w{len(runs):02d}"))
     while True:
         pooled = pool_runs(runs)
         verdict, reason = step_verdict(pooled, slo_p99_ms, c.max_error_rate)
@@ -100,8 +115,19 @@ def run_step(
         runs.append(measure(rate, more, out_dir / f"w{len(runs):02d}"))
 
 
+def screen_requests(rate: float, c: CapacityConfig) -> int:
+    """Requests of a step's screening window: rate x screen_s (>= SCREEN_MIN_N) when that is fewer than
+    step_requests, else 0 (no screening: the full window is short anyway)."""
+    n = max(SCREEN_MIN_N, round(rate * float(c.screen_s)))
+    return n if c.screen_s > 0 and n < c.step_requests else 0
+
+
 def find_capacity(
-    measure: Measure, slo_p99_ms: float, capacity: CapacityConfig, out_dir: str | Path
+    measure: Measure,
+    slo_p99_ms: float,
+    capacity: CapacityConfig,
+    out_dir: str | Path,
+    expect_fail: float | None = None,
 ) -> Capacity:
     """Search the highest rate meeting the SLO (see the module docstring).
 
@@ -110,6 +136,9 @@ def find_capacity(
         slo_p99_ms: the SLO.
         capacity: the search settings (loadtest.capacity).
         out_dir: step k's windows go to out_dir/step_KK_<rate>qps/wNN/.
+        expect_fail: a rate expected not to pass (an earlier repeat's lowest fail): tried right after a
+            passing first step instead of start_rate x growth, so a repeat whose bracket has not moved
+            is confirmed in two steps. Each step is still measured and judged on its own.
     Returns:
         Capacity with every step in run order.
     """
@@ -120,10 +149,11 @@ def find_capacity(
             f"loadtest.capacity: expected 0 < min_rate <= max_rate and growth > 1, "
             f"got min_rate={lo}, max_rate={hi}, growth={growth}"
         )
-    if not (P99_MIN_N <= c.step_requests <= c.max_step_requests):
+    if not (P99_MIN_N <= c.step_requests <= c.max_step_requests) or c.screen_s < 0:
         raise ValueError(
             f"loadtest.capacity: expected {P99_MIN_N} <= step_requests <= max_step_requests (a p99 CI needs "
-            f"n >= {P99_MIN_N}), got step_requests={c.step_requests}, max_step_requests={c.max_step_requests}"
+            f"n >= {P99_MIN_N}) and screen_s >= 0, got step_requests={c.step_requests}, "
+            f"max_step_requests={c.max_step_requests}, screen_s={c.screen_s}"
         )
     rate = min(max(float(c.start_rate if c.start_rate is not None else lo), lo), hi)
     best, fail, invalid = 0.0, math.inf, math.inf
@@ -137,6 +167,9 @@ def find_capacity(
             invalid = min(invalid, rate)
         else:  # FAIL, or INCONCLUSIVE: not a rate we can claim
             fail = min(fail, rate)
+        if i == 0 and step.verdict == Verdict.PASS and expect_fail and rate < expect_fail <= hi:
+            rate = expect_fail
+            continue
         rate = _next_rate(rate, best, min(fail, invalid), growth, lo, hi, tol)
         if rate is None:
             break

@@ -62,6 +62,8 @@ class CapacityConfig:
     step_requests: int = MISSING  # requests in a step's first window (>= 368 for a p99 CI)
     max_step_requests: int = MISSING  # extensions double a step's pooled n up to this; then INCONCLUSIVE
     step_warmup_s: float = MISSING  # unrecorded traffic before each window of a step
+    screen_s: float = MISSING  # a step first runs rate x this many seconds of requests when fewer than
+    # step_requests: a clear FAIL (p99's CI lower bound above the SLO) ends it there; 0: no screening
 
 
 @dataclass
@@ -88,7 +90,8 @@ class StudyConfig:
         MISSING  # each variant also at this fraction of its own median capacity (0: skip)
     )
     unloaded_requests: int = MISSING  # requests of an unloaded run (one closed-loop user)
-    load_requests: int = MISSING  # requests of a common-load / equal-utilisation window
+    load_requests: int = MISSING  # requests of a common-load window
+    equal_util_requests: int = MISSING  # requests of an equal-utilisation window
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
 
 

@@ -139,12 +139,19 @@ class _Study:
         p50 = self.rank_p50_ms.get(name)
         return 0.6 * 1000.0 / p50 if p50 else float(self.lt.capacity.min_rate)
 
+    def expect_fail(self, name: str) -> float | None:
+        """Median lowest fail of the earlier repeats: tried second, so an unmoved bracket takes two steps."""
+        fails = [c.lowest_fail for c in self.outcomes[name].capacity if c.lowest_fail is not None]
+        return statistics.median(fails) if fails else None
+
     def capacity(self, name: str, r: int, slo: float) -> None:
         d = self.out / name / "capacity" / f"r{r}"
         cfg = dataclasses.replace(self.lt.capacity, start_rate=self.start_rate(name))
+        hint = self.expect_fail(name)
 
         def go(h: ServerHandle) -> Capacity:
-            return find_capacity(open_loop_measure(h.url, self.lt, self.requests, self.gen_cpus), slo, cfg, d)
+            measure = open_loop_measure(h.url, self.lt, self.requests, self.gen_cpus)
+            return find_capacity(measure, slo, cfg, d, expect_fail=hint)
 
         cap = self.measure(name, f"capacity search {r}", go)
         if cap is not None:
@@ -159,7 +166,9 @@ class _Study:
         s = self.window(
             mode=LoadMode.open,
             rate=rate,
-            window_requests=self.lt.study.load_requests,
+            window_requests=self.lt.study.load_requests
+            if kind == "common"
+            else self.lt.study.equal_util_requests,
             score_every=cor.every if kind == "common" and cor.enabled else 0,
         )
 
