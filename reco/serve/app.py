@@ -6,10 +6,19 @@ Plain Starlette rather than FastAPI: the body is parsed once with orjson and val
 
 Order of work for one request, cheapest refusals first:
     415 wrong Content-Type -> body read (413 too large, 408 not in body_timeout_s) -> admission (503
-    beyond queue_limit) -> parse (400 / 422) -> retrieval, features -> model (504 beyond
-    model_timeout_s; 503 if the batcher died) -> top-k -> JSON.
+    older than max_wait_ms, or beyond queue_limit) -> parse (400 / 422) -> retrieval, features -> model
+    (503 if older than max_wait_ms when its call would start; 504 beyond model_timeout_s; 503 if the
+    batcher died) -> top-k -> JSON.
 The body is read before the request counts against queue_limit, so clients trickling their bodies
 cannot hold the admission slots. Anything unexpected is a 500 with a generic body and one log line.
+
+What a request's age covers (serve.max_wait_ms, reco/serve/admission.py): with an X-Request-Start header,
+everything since that stamp -- the client's or proxy's own delay, the network, the accept backlog and the
+event loop before the handler ran, the body read, and (at the second check) parse, retrieval, features
+and the wait behind other model calls or in the batcher. Without the header (or with a malformed one)
+only the in-server part counts, from handler entry. The model call itself, top-k and the response are
+never cut short: once a call starts, the request is served. Shed requests are counted in
+reco_shed_total{reason}.
 """
 
 from __future__ import annotations
@@ -17,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,6 +44,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reco.config import typed
 from reco.data.schema import Dataset
+from reco.serve.admission import REQUEST_START, Overdue, ShedReason, request_age_s
 from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher
 from reco.serve.config import BatchingConfig, ServeConfig
 from reco.serve.faults import slowed
@@ -107,6 +118,7 @@ class RecoService:
             {**asdict(cfg.batching), **runtime}, BatchingConfig, f"variant {self.name} runtime.batching"
         )
         self.retry_after = str(cfg.retry_after_s)
+        self.max_wait_s = math.inf if cfg.max_wait_ms is None else cfg.max_wait_ms / 1000.0
         self._warm_up()
         self.executor = ThreadPoolExecutor(cfg.rank_threads, thread_name_prefix="rank")
         scorer = slowed(self.scorer, cfg.faults)
@@ -143,21 +155,33 @@ class RecoService:
             return self._count(resp)
         except ClientDisconnect:  # nobody is left to read an answer
             return self._count(_error(400, "body", "body: client disconnected before sending it all"))
+        now = time.perf_counter()
+        age = (
+            0.0
+            if self.cfg.max_wait_ms is None
+            else request_age_s(request.headers.get(REQUEST_START), t0, now)
+        )
+        if age > self.max_wait_s:
+            msg = f"server overloaded: request waited {age * 1000:.0f} ms (max_wait_ms {self.cfg.max_wait_ms:g})"
+            return self._count(self._shed(ShedReason.age_at_admission, msg))
         if self.inflight >= self.cfg.queue_limit:
-            return self._count(
-                _error(
-                    503,
-                    "",
-                    f"server overloaded: {self.inflight} requests in flight (queue_limit {self.cfg.queue_limit})",
-                    {"Retry-After": self.retry_after},
-                )
+            msg = (
+                f"server overloaded: {self.inflight} requests in flight (queue_limit {self.cfg.queue_limit})"
             )
+            return self._count(self._shed(ShedReason.queue_limit, msg))
+        deadline = now - age + self.max_wait_s  # perf_counter time its model call must start by
         self.inflight += 1
         self.inflight_max = max(self.inflight_max, self.inflight)
         self.metrics.inflight.inc()
         self.metrics.inflight_max.set(self.inflight_max)
         try:
-            resp = await self._recommend(body, t0)
+            resp = await self._recommend(body, t0, deadline)
+        except Overdue:
+            resp = self._shed(
+                ShedReason.wait_before_model,
+                f"server overloaded: request waited over max_wait_ms {self.cfg.max_wait_ms:g} before its "
+                "model call could start",
+            )
         except RequestError as e:
             resp = _error(
                 e.status, e.field, e.message, {"Retry-After": self.retry_after} if e.status == 503 else None
@@ -173,7 +197,12 @@ class RecoService:
         self.metrics.requests.labels(status=str(resp.status_code)).inc()
         return resp
 
-    async def _recommend(self, body: bytes, t0: float) -> Response:
+    def _shed(self, reason: ShedReason, message: str) -> Response:
+        """503 + Retry-After for a request refused before any model call (counted by reason)."""
+        self.metrics.shed.labels(reason=reason.value).inc()
+        return _error(503, "", message, {"Retry-After": self.retry_after})
+
+    async def _recommend(self, body: bytes, t0: float, deadline: float) -> Response:
         cfg = self.cfg
         req = parse_request(body, self.store, cfg.max_k, cfg.max_candidates)
         t1 = time.perf_counter()
@@ -186,7 +215,7 @@ class RecoService:
         t3 = time.perf_counter()
         if len(items):
             try:
-                scored = await asyncio.wait_for(self.ranker.score(*block), cfg.model_timeout_s)
+                scored = await asyncio.wait_for(self.ranker.score(*block, deadline), cfg.model_timeout_s)
             except TimeoutError:
                 raise RequestError(
                     504, "", f"model call not finished within serve.model_timeout_s={cfg.model_timeout_s:g} s"
