@@ -7,7 +7,9 @@ call. The slow model comes from serve.faults (test-only settings, 0 in conf/serv
 
 from __future__ import annotations
 
+import asyncio
 import json
+import math
 import threading
 import time
 from dataclasses import replace
@@ -23,7 +25,7 @@ from reco.config import ConfigError, compose
 from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.histogram import read_latencies
 from reco.loadtest.runner import run_load, with_settings
-from reco.serve.admission import request_start_epoch
+from reco.serve.admission import Overdue, WorkGate, request_start_epoch
 from reco.serve.process import start_server
 
 pytestmark = pytest.mark.timeout(240)
@@ -138,14 +140,15 @@ def test_request_start_spellings():
         assert request_start_epoch(v) is None, v
 
 
-def _concurrently(url: str, n: int) -> list[tuple[int, dict, dict]]:
+def _concurrently(url: str, n: int) -> list[tuple[int, dict, dict, float]]:
+    """n requests at once: (status, headers, body, perf_counter time answered) each."""
     out: list = [None] * n
     gate = threading.Barrier(n)
 
     def send(i: int) -> None:
         c = Client(url)
         gate.wait()
-        out[i] = _post(c, None)
+        out[i] = (*_post(c, None), time.perf_counter())
         c.close()
 
     threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
@@ -156,13 +159,14 @@ def _concurrently(url: str, n: int) -> list[tuple[int, dict, dict]]:
     return out
 
 
-def _first_then_queued(url: str, n: int) -> tuple[tuple[int, dict, dict], list[tuple[int, dict, dict]]]:
-    """One request (its model call is the slowed one), then, while that call runs, n more at once."""
+def _first_then_queued(url: str, n: int) -> tuple[tuple, list[tuple]]:
+    """One request (its model call is the slowed one), then, while that call runs, n more at once;
+    (status, headers, body, time answered) of each."""
     first: list = [None]
 
     def send_first() -> None:
         c = Client(url)
-        first[0] = _post(c, None)
+        first[0] = (*_post(c, None), time.perf_counter())
         c.close()
 
     t = threading.Thread(target=send_first)
@@ -176,15 +180,18 @@ def _first_then_queued(url: str, n: int) -> tuple[tuple[int, dict, dict], list[t
 @pytest.mark.parametrize("name", ["slow", "slow_batched"])
 def test_requests_stuck_behind_a_slow_model_call_are_shed_not_queued(servers, name):
     """The slowed call holds the model for DELAY_S; requests admitted meanwhile (no X-Request-Start:
-    their age counts from handler entry) pass max_wait_ms waiting for it and are shed when their call
-    would start -- by the direct ranker's thread or by the batcher -- instead of being served late."""
+    their age counts from handler entry) pass max_wait_ms waiting for it and are shed instead of being
+    served late: unbatched, those waiting at the work gate as soon as their deadline passes, the one
+    already holding the second slot when its call would start; batched, when the next batch is formed."""
     c = Client(servers[name].url)
     shed0, calls0 = _counts(c)
     first, rest = _first_then_queued(servers[name].url, 3)
     assert first[0] == 200, first
-    for status, headers, resp in rest:
+    for status, headers, resp, _ in rest:
         assert status == 503 and headers["retry-after"] == "1", resp
-        assert "before its model call could start" in resp["error"], resp
+        assert "max_wait_ms 500" in resp["error"], resp
+    if name == "slow":  # the two at the gate did not wait for the slowed call to end (DELAY_S - 2 s slack)
+        assert sum(t < first[3] for *_, t in rest) >= 2
     shed1, calls1 = _counts(c)
     assert shed1["wait_before_model"] - shed0["wait_before_model"] == 3
     assert calls1 - calls0 == 1  # only the slowed request's model call
@@ -202,6 +209,35 @@ def test_without_max_wait_the_same_requests_queue_and_are_served_late(servers):
         "age_at_admission": 0,
         "wait_before_model": 0,
     }
+
+
+def test_work_gate_is_fifo_expires_waiters_and_never_leaks_a_slot():
+    async def scenario() -> list[str]:
+        gate, log = WorkGate(1), []
+        await gate.enter(math.inf)  # the one slot, held until released below
+
+        async def waiter(name: str, deadline: float) -> None:
+            try:
+                await gate.enter(deadline)
+            except Overdue:
+                log.append(f"{name} overdue")
+                return
+            log.append(f"{name} in")
+            gate.leave()
+
+        now = time.perf_counter()
+        expired = asyncio.create_task(waiter("expired", now + 0.05))
+        patient = [asyncio.create_task(waiter(f"w{i}", now + 60)) for i in range(3)]
+        cancelled = asyncio.create_task(waiter("cancelled", now + 60))
+        await asyncio.sleep(0.5)  # 10x the short deadline
+        cancelled.cancel()
+        gate.leave()
+        await asyncio.gather(expired, *patient, return_exceptions=True)
+        await asyncio.gather(cancelled, return_exceptions=True)
+        log.append(f"free {gate.free}")
+        return log
+
+    assert asyncio.run(scenario()) == ["expired overdue", "w0 in", "w1 in", "w2 in", "free 1"]
 
 
 def test_max_wait_ms_is_checked():

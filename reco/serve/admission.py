@@ -12,12 +12,19 @@ system (a proxy's receive time, or the load generator's scheduled send time), as
 New Relic use it -- and otherwise from the moment the handler started. The stamp must come from a clock
 in step with the server's (same host, or NTP): a skew shows up as age. It is read leniently: a missing
 or malformed header counts as absent (never a 4xx), a stamp from the future as age 0.
+
+Where the age is checked matters as much as the limit: a request should wait where waiting is free and
+be shed BEFORE its expensive work (retrieval, features), not after it. WorkGate is that place for an
+unbatched model: at most `slots` requests prepare or score at once, the rest wait in a FIFO in front of
+the work, and one whose deadline passes there leaves at once.
 """
 
 from __future__ import annotations
 
+import asyncio
 import math
 import time
+from collections import deque
 from enum import StrEnum
 
 REQUEST_START = "x-request-start"
@@ -84,3 +91,55 @@ def request_age_s(header: str | None, entered_perf: float, now_perf: float) -> f
     if start is None:
         return max(0.0, now_perf - entered_perf)
     return max(0.0, time.time() - start)
+
+
+class WorkGate:
+    """FIFO in front of the expensive part of a request: at most `slots` requests inside at once.
+
+    A waiter whose deadline passes before its turn fails at once with Overdue (it never takes a slot);
+    a waiter cancelled by its task leaves the queue without leaking the slot it may just have been given.
+    """
+
+    def __init__(self, slots: int) -> None:
+        """Args:
+        slots: requests allowed inside at once (>= 1).
+        """
+        if slots < 1:
+            raise ValueError(f"WorkGate: slots must be >= 1, got {slots}")
+        self.free = slots
+        self.waiters: deque[asyncio.Future] = deque()
+
+    async def enter(self, deadline: float) -> None:
+        """Wait for a slot; raises Overdue once `deadline` (time.perf_counter() seconds) has passed."""
+        if self.free > 0 and not self.waiters:
+            self.free -= 1
+            return
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
+        self.waiters.append(fut)
+        timer = None
+        if math.isfinite(deadline):
+            timer = loop.call_later(max(0.0, deadline - time.perf_counter()), _expire, fut, deadline)
+        try:
+            await fut  # None: a slot handed over by leave(); Overdue: the timer fired first
+        except asyncio.CancelledError:
+            if fut.done() and not fut.cancelled() and fut.exception() is None:
+                self.leave()  # the slot arrived as the task was cancelled: pass it on
+            raise
+        finally:
+            if timer is not None:
+                timer.cancel()
+
+    def leave(self) -> None:
+        """Give the slot to the oldest live waiter, or free it."""
+        while self.waiters:
+            fut = self.waiters.popleft()
+            if not fut.done():  # expired or cancelled waiters are skipped
+                fut.set_result(None)
+                return
+        self.free += 1
+
+
+def _expire(fut: asyncio.Future, deadline: float) -> None:
+    if not fut.done():
+        fut.set_exception(Overdue(time.perf_counter() - deadline))

@@ -6,17 +6,18 @@ Plain Starlette rather than FastAPI: the body is parsed once with orjson and val
 
 Order of work for one request, cheapest refusals first:
     415 wrong Content-Type -> body read (413 too large, 408 not in body_timeout_s) -> admission (503
-    older than max_wait_ms, or beyond queue_limit) -> parse (400 / 422) -> retrieval, features -> model
-    (503 if older than max_wait_ms when its call would start; 504 beyond model_timeout_s; 503 if the
-    batcher died) -> top-k -> JSON.
+    older than max_wait_ms, or beyond queue_limit) -> parse (400 / 422) -> [with max_wait_ms and no
+    batcher: the work gate, 503 if its turn has not come before its deadline] -> retrieval, features ->
+    model (503 if older than max_wait_ms when its call would start; 504 beyond model_timeout_s; 503 if
+    the batcher died) -> top-k -> JSON.
 The body is read before the request counts against queue_limit, so clients trickling their bodies
 cannot hold the admission slots. Anything unexpected is a 500 with a generic body and one log line.
 
 What a request's age covers (serve.max_wait_ms, reco/serve/admission.py): with an X-Request-Start header,
 everything since that stamp -- the client's or proxy's own delay, the network, the accept backlog and the
-event loop before the handler ran, the body read, and (at the second check) parse, retrieval, features
-and the wait behind other model calls or in the batcher. Without the header (or with a malformed one)
-only the in-server part counts, from handler entry. The model call itself, top-k and the response are
+event loop before the handler ran, the body read, and (at the later checks) parse, the wait at the work
+gate, retrieval, features and the wait behind other model calls or in the batcher. Without the header
+(or with a malformed one) only the in-server part counts, from handler entry. The model call itself, top-k and the response are
 never cut short: once a call starts, the request is served. Shed requests are counted in
 reco_shed_total{reason}.
 """
@@ -44,14 +45,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reco.config import typed
 from reco.data.schema import Dataset
-from reco.serve.admission import REQUEST_START, Overdue, ShedReason, request_age_s
+from reco.serve.admission import REQUEST_START, Overdue, ShedReason, WorkGate, request_age_s
 from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher
 from reco.serve.config import BatchingConfig, ServeConfig
 from reco.serve.faults import slowed
 from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES, ServeMetrics
 from reco.serve.openapi import openapi_schema
-from reco.serve.request import RequestError, check_content_type, parse_request, read_body
+from reco.serve.request import Request, RequestError, check_content_type, parse_request, read_body
 
 log = logging.getLogger("reco.serve")
 
@@ -119,6 +120,15 @@ class RecoService:
         )
         self.retry_after = str(cfg.retry_after_s)
         self.max_wait_s = math.inf if cfg.max_wait_ms is None else cfg.max_wait_ms / 1000.0
+        # With max_wait_ms and no batcher, requests wait for their turn at the gate, before retrieval and
+        # features, so one that runs out of time there is shed before any work; rank_threads + 1 inside
+        # keeps one request preparing its block while each thread scores. The batcher is its own queue
+        # (checked when a batch is formed). Without max_wait_ms nothing changes.
+        self.gate = (
+            WorkGate(cfg.rank_threads + 1)
+            if cfg.max_wait_ms is not None and not self.batching.enabled
+            else None
+        )
         self._warm_up()
         self.executor = ThreadPoolExecutor(cfg.rank_threads, thread_name_prefix="rank")
         scorer = slowed(self.scorer, cfg.faults)
@@ -206,6 +216,18 @@ class RecoService:
         cfg = self.cfg
         req = parse_request(body, self.store, cfg.max_k, cfg.max_candidates)
         t1 = time.perf_counter()
+        if self.gate is None:
+            return await self._rank(req, t0, t1, t1, deadline)
+        await self.gate.enter(deadline)  # Overdue: its turn did not come before its deadline
+        try:
+            return await self._rank(req, t0, t1, time.perf_counter(), deadline)
+        finally:
+            self.gate.leave()
+
+    async def _rank(self, req: Request, t0: float, t1: float, t1g: float, deadline: float) -> Response:
+        """Retrieval -> features -> model -> top-k -> JSON for a parsed request (parsed at t1, its turn
+        at the gate at t1g)."""
+        cfg = self.cfg
         urow = self.store.user_row(req.user_id)
         items = (
             req.candidates if req.candidates is not None else self.store.candidates(urow, cfg.n_candidates)
@@ -247,9 +269,9 @@ class RecoService:
         t6 = time.perf_counter()
         times = {
             "parse": t1 - t0,
-            "retrieval": t2 - t1,
+            "retrieval": t2 - t1g,
             "features": t3 - t2,
-            "queue": (t4 - t3) - rank_s,
+            "queue": (t1g - t1) + (t4 - t3) - rank_s,  # at the gate + for the model
             "rank": rank_s + (t5 - t4),
             "serialize": t6 - t5,
             "total": t6 - t0,
