@@ -12,6 +12,7 @@ import json
 import math
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
@@ -26,6 +27,7 @@ from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.histogram import read_latencies
 from reco.loadtest.runner import run_load, with_settings
 from reco.serve.admission import Overdue, WorkGate, request_start_epoch
+from reco.serve.batcher import DirectRanker
 from reco.serve.process import start_server
 
 pytestmark = pytest.mark.timeout(240)
@@ -181,23 +183,52 @@ def _first_then_queued(url: str, n: int) -> tuple[tuple, list[tuple]]:
 def test_requests_stuck_behind_a_slow_model_call_are_shed_not_queued(servers, name):
     """The slowed call holds the model for DELAY_S; requests admitted meanwhile (no X-Request-Start:
     their age counts from handler entry) pass max_wait_ms waiting for it and are shed instead of being
-    served late: unbatched, those waiting at the work gate as soon as their deadline passes, the one
-    already holding the second slot when its call would start; batched, when the next batch is formed."""
+    served late. Unbatched, the work gate has rank_threads + 1 = 2 slots: the first of the three takes
+    the second slot (its work has started: it is served once the slowed call ends), the other two wait at
+    the gate and are shed as soon as their deadline passes, without waiting for the slowed call. Batched,
+    all three are shed when the next batch is formed."""
     c = Client(servers[name].url)
     shed0, calls0 = _counts(c)
     first, rest = _first_then_queued(servers[name].url, 3)
     assert first[0] == 200, first
-    for status, headers, resp, _ in rest:
-        assert status == 503 and headers["retry-after"] == "1", resp
-        assert "max_wait_ms 500" in resp["error"], resp
-    if name == "slow":  # the two at the gate did not wait for the slowed call to end (DELAY_S - 2 s slack)
-        assert sum(t < first[3] for *_, t in rest) >= 2
+    shed = [r for r in rest if r[0] == 503]
+    for _, headers, resp, _ in shed:
+        assert headers["retry-after"] == "1" and "max_wait_ms 500" in resp["error"], resp
+    served = 1 if name == "slow" else 0
+    assert len(shed) == 3 - served and sum(r[0] == 200 for r in rest) == served, [r[:3] for r in rest]
+    if name == "slow":  # shed at the gate, not after the slowed call (which ends ~2.5 s after their deadline)
+        assert all(t < first[3] for *_, t in shed)
     shed1, calls1 = _counts(c)
-    assert shed1["wait_before_model"] - shed0["wait_before_model"] == 3
-    assert calls1 - calls0 == 1  # only the slowed request's model call
+    assert shed1["wait_before_model"] - shed0["wait_before_model"] == 3 - served
+    assert calls1 - calls0 == 1 + served  # no model call for a shed request
     assert _post(c, None)[0] == 200  # the model is free again: a fresh request is served
     assert "Traceback" not in servers[name].log_path.read_text()
     c.close()
+
+
+def test_direct_ranker_does_not_score_a_block_past_its_deadline():
+    calls = []
+
+    def scorer(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        calls.append(len(dense))
+        return np.zeros(len(dense), dtype=np.float32)
+
+    async def scenario() -> tuple[float, type]:
+        with ThreadPoolExecutor(1) as pool:
+            ranker = DirectRanker(scorer, pool)
+            block = (
+                np.zeros((4, 3), np.float32),
+                np.zeros((4, 2, 1), np.int64),
+                np.ones((4, 2, 1), np.float32),
+            )
+            ok = await ranker.score(*block, time.perf_counter() + 60)
+            try:
+                await ranker.score(*block, time.perf_counter() - 1)
+            except Overdue as e:
+                return float(ok.probs.sum()), type(e)
+        raise AssertionError("a block past its deadline was scored")
+
+    assert asyncio.run(scenario()) == (0.0, Overdue) and calls == [4]
 
 
 def test_without_max_wait_the_same_requests_queue_and_are_served_late(servers):

@@ -6,20 +6,20 @@ Plain Starlette rather than FastAPI: the body is parsed once with orjson and val
 
 Order of work for one request, cheapest refusals first:
     415 wrong Content-Type -> body read (413 too large, 408 not in body_timeout_s) -> admission (503
-    older than max_wait_ms, or beyond queue_limit) -> parse (400 / 422) -> [with max_wait_ms and no
-    batcher: the work gate, 503 if its turn has not come before its deadline] -> retrieval, features ->
-    model (503 if older than max_wait_ms when its call would start; 504 beyond model_timeout_s; 503 if
-    the batcher died) -> top-k -> JSON.
+    older than max_wait_ms, or beyond queue_limit) -> parse (400 / 422) -> [max_wait_ms, unbatched: the
+    work gate, 503 once older than max_wait_ms while waiting for its turn] -> retrieval, features ->
+    model (max_wait_ms, batched: 503 if older than max_wait_ms when its batch is formed; 504 beyond
+    model_timeout_s; 503 if the batcher died) -> top-k -> JSON.
 The body is read before the request counts against queue_limit, so clients trickling their bodies
 cannot hold the admission slots. Anything unexpected is a 500 with a generic body and one log line.
 
 What a request's age covers (serve.max_wait_ms, reco/serve/admission.py): with an X-Request-Start header,
-everything since that stamp -- the client's or proxy's own delay, the network, the accept backlog and the
-event loop before the handler ran, the body read, and (at the later checks) parse, the wait at the work
-gate, retrieval, features and the wait behind other model calls or in the batcher. Without the header
-(or with a malformed one) only the in-server part counts, from handler entry. The model call itself, top-k and the response are
-never cut short: once a call starts, the request is served. Shed requests are counted in
-reco_shed_total{reason}.
+everything since that stamp -- the client's or proxy's own delay, the network, the accept backlog and
+the event loop before the handler ran, the body read, and at the later check (unbatched: its turn at
+the work gate; batched: its batch being formed) the wait up to there. Without the header (or with a
+malformed one) only the in-server part counts, from handler entry. A request whose work has started is
+never cut short: past the gate it is served (it waits for at most rank_threads calls). Shed requests
+are answered 503 + Retry-After without a model call and counted in reco_shed_total{reason}.
 """
 
 from __future__ import annotations
@@ -220,7 +220,10 @@ class RecoService:
             return await self._rank(req, t0, t1, t1, deadline)
         await self.gate.enter(deadline)  # Overdue: its turn did not come before its deadline
         try:
-            return await self._rank(req, t0, t1, time.perf_counter(), deadline)
+            # Its turn came in time: it is served. Past the gate the wait is bounded (at most rank_threads
+            # calls ahead of it), and shedding it there would throw away the work it has done: under
+            # a standing queue every request passes the gate near its deadline, so that would be most.
+            return await self._rank(req, t0, t1, time.perf_counter(), math.inf)
         finally:
             self.gate.leave()
 
