@@ -74,7 +74,7 @@ class ServeConfig:
 
     queue_limit: int = MISSING  # requests admitted at once per worker; beyond it -> 503 + Retry-After
     # longest a request may have waited (age from its X-Request-Start, else from handler entry) when it is
-    # admitted and when its model call starts; older -> 503 + Retry-After (reco/serve/admission.py); null: off
+    # admitted and before its work starts; older -> 503 + Retry-After (reco/serve/admission.py); null: off
     max_wait_ms: float | None = MISSING
     retry_after_s: int = MISSING  # the Retry-After of a 503, seconds
 
