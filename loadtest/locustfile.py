@@ -29,6 +29,11 @@ schedule lag) and, with --score-every N, `<file>.scores.jsonl`: the items and sc
 Nth request of the window, with the index of its body in --requests-file (the study checks them against
 the variant's offline scores).
 
+Every request carries `X-Request-Start: t=<epoch microseconds>` (the Heroku / New Relic convention): the
+time it was scheduled to be sent (open loop) or sent (closed loop), the origin its latency is timed from.
+A server with serve.max_wait_ms sheds requests already older than that (reco/serve/admission.py), so
+time lost in the generator, the network or the accept backlog counts against their budget too.
+
 Requests come from --requests-file (JSON lines of /recommend bodies, see reco.loadtest.requests); without
 one, random user ids in [1, --random-users] with k=10 and no context.
 
@@ -309,7 +314,9 @@ class RecoUser(FastHttpUser):
         ctx = {"token": token, "start": start, "payload": idx, "seq": seq}
         if in_window and o is not None and o.score_every:
             ctx["score_every"] = o.score_every
-        self.client.post("/recommend", data=PAYLOADS[idx], headers=JSON_HEADERS, context=ctx)
+        stamp_us = round((REC.t0_epoch + (start - REC.t0_perf)) * 1e6)  # `start` on the epoch clock
+        headers = {**JSON_HEADERS, "X-Request-Start": f"t={stamp_us}"}
+        self.client.post("/recommend", data=PAYLOADS[idx], headers=headers, context=ctx)
 
     @task
     def recommend(self) -> None:

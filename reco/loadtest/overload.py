@@ -1,12 +1,15 @@
 """Overload benchmark: a variant offered a multiple of its capacity sheds load instead of collapsing.
 
-    python -m reco.loadtest.overload --variant DIR --dataset DATA.pt --capacity 300 [--factor 2] [--slo-ms 20]
+    python -m reco.loadtest.overload --variant DIR --dataset DATA.pt --capacity 300 --slo-ms 20 [--factor 2] \
+        [max_wait_ms=80] [queue_limit=24]
 
 Open-loop (Poisson) load at `factor` x the given capacity (e.g. the study's max QPS at SLO) against the
-served variant. The server admits at most `serve.queue_limit` requests at once and answers the rest
-503 + Retry-After at once, so the requests it admits keep a bounded latency. Printed: the share shed
-(503), other errors, and the admitted requests' p50/p99 with their 95 % CIs against 2 x the SLO. Serve
-settings are `key=value` overrides of conf/serve (e.g. queue_limit=16 model_timeout_s=0.5).
+served variant. The server answers 503 + Retry-After at once, without a model call, to a request beyond
+`serve.queue_limit` admitted at once or -- with `serve.max_wait_ms` -- already older than that when it
+is admitted or when its model call would start (age from the generator's X-Request-Start stamp: the
+request's scheduled send time; reco/serve/admission.py). Printed: the share shed (503) and by which
+guard, other errors, and the admitted requests' p50/p99 with their 95 % CIs against 2 x the SLO. Serve
+settings are `key=value` overrides of conf/serve (e.g. max_wait_ms=80 queue_limit=16).
 """
 
 from __future__ import annotations
@@ -20,7 +23,8 @@ import numpy as np
 from reco.config import compose
 from reco.loadtest.config import LoadMode
 from reco.loadtest.requests import write_requests
-from reco.loadtest.runner import plan_cpus, run_load, with_settings
+from reco.loadtest.runner import plan_cpus, run_load, scrape, with_settings
+from reco.serve.config import serve_config
 from reco.serve.process import start_server
 from reco.stats import quantile_ci, verdict_at_most
 
@@ -41,8 +45,10 @@ def main(argv: list[str] | None = None) -> None:
     requests = write_requests(args.dataset, work / "requests.jsonl", n=5000, k=10, seed=0)
     rate = args.factor * args.capacity
     lt = with_settings(cfg.loadtest, mode=LoadMode.open, rate=rate, window_requests=args.requests)
-    with start_server(args.variant, args.dataset, cfg.serve, cpus=server_cpus, work_dir=work) as server:
+    serve = serve_config(cfg.serve)
+    with start_server(args.variant, args.dataset, serve, cpus=server_cpus, work_dir=work) as server:
         run = run_load(server.url, lt, work / "overload", requests, gen_cpus)
+        by_reason = _shed_by_reason(scrape(server.url))
     lat = run.latencies_ms
     admitted = lat[np.isfinite(lat)]
     status = _statuses(work / "overload")  # every recorded request, warm-up included: same offered rate
@@ -50,14 +56,28 @@ def main(argv: list[str] | None = None) -> None:
     p50, p99 = quantile_ci(admitted, 0.5), quantile_ci(admitted, 0.99)
     limit = 2 * args.slo_ms
     print(f"offered {rate:.0f} req/s = {args.factor:g} x capacity {args.capacity:g}; window n={run.n:,}")
+    print(f"serve: max_wait_ms={serve.max_wait_ms} queue_limit={serve.queue_limit}")
     print("| figure | value |\n|---|---|")
     print(f"| shed (503 + Retry-After) | {shed:.1%} of {len(status):,} |")
+    reasons = ", ".join(f"{r} {n:,.0f}" for r, n in by_reason.items()) or "n/a"
+    print(f"| shed by guard (whole run, warm-up included) | {reasons} |")
     print(f"| failed in the window (shed, timeouts, errors) | {run.error_rate:.1%} |")
     print(f"| admitted throughput | {run.qps:.0f} req/s |")
     print(f"| admitted p50 | {p50.fmt('.2f', ' ms')} |")
     print(f"| admitted p99 | {p99.fmt('.2f', ' ms')} |")
     print(f"| admitted p99 <= 2 x SLO ({limit:g} ms) | {verdict_at_most(p99, limit).value} |")
     print(f"| generator valid | {run.valid} {run.invalid_reason} |")
+
+
+def _shed_by_reason(metrics_text: str) -> dict[str, float]:
+    """reco_shed_total by reason from a /metrics scrape (empty when the server did not answer)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, float] = {}
+    for fam in text_string_to_metric_families(metrics_text):
+        if fam.name == "reco_shed":
+            out.update({s.labels["reason"]: s.value for s in fam.samples if s.name == "reco_shed_total"})
+    return out
 
 
 def _statuses(out_dir: Path) -> list[int]:

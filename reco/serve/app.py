@@ -6,10 +6,20 @@ Plain Starlette rather than FastAPI: the body is parsed once with orjson and val
 
 Order of work for one request, cheapest refusals first:
     415 wrong Content-Type -> body read (413 too large, 408 not in body_timeout_s) -> admission (503
-    beyond queue_limit) -> parse (400 / 422) -> retrieval, features -> model (504 beyond
+    older than max_wait_ms, or beyond queue_limit) -> parse (400 / 422) -> [max_wait_ms, unbatched: the
+    work gate, 503 once older than max_wait_ms while waiting for its turn] -> retrieval, features ->
+    model (max_wait_ms, batched: 503 if older than max_wait_ms when its batch is formed; 504 beyond
     model_timeout_s; 503 if the batcher died) -> top-k -> JSON.
 The body is read before the request counts against queue_limit, so clients trickling their bodies
 cannot hold the admission slots. Anything unexpected is a 500 with a generic body and one log line.
+
+What a request's age covers (serve.max_wait_ms, reco/serve/admission.py): with an X-Request-Start header,
+everything since that stamp -- the client's or proxy's own delay, the network, the accept backlog and
+the event loop before the handler ran, the body read, and at the later check (unbatched: its turn at
+the work gate; batched: its batch being formed) the wait up to there. Without the header (or with a
+malformed one) only the in-server part counts, from handler entry. A request whose work has started is
+never cut short: past the gate it is served (it waits for at most rank_threads calls). Shed requests
+are answered 503 + Retry-After without a model call and counted in reco_shed_total{reason}.
 """
 
 from __future__ import annotations
@@ -17,6 +27,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -34,13 +45,14 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reco.config import typed
 from reco.data.schema import Dataset
+from reco.serve.admission import REQUEST_START, Overdue, ShedReason, WorkGate, request_age_s
 from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher
 from reco.serve.config import BatchingConfig, ServeConfig
 from reco.serve.faults import slowed
 from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES, ServeMetrics
 from reco.serve.openapi import openapi_schema
-from reco.serve.request import RequestError, check_content_type, parse_request, read_body
+from reco.serve.request import Request, RequestError, check_content_type, parse_request, read_body
 
 log = logging.getLogger("reco.serve")
 
@@ -107,6 +119,16 @@ class RecoService:
             {**asdict(cfg.batching), **runtime}, BatchingConfig, f"variant {self.name} runtime.batching"
         )
         self.retry_after = str(cfg.retry_after_s)
+        self.max_wait_s = math.inf if cfg.max_wait_ms is None else cfg.max_wait_ms / 1000.0
+        # With max_wait_ms and no batcher, requests wait for their turn at the gate, before retrieval and
+        # features, so one that runs out of time there is shed before any work; rank_threads + 1 inside
+        # keeps one request preparing its block while each thread scores. The batcher is its own queue
+        # (checked when a batch is formed). Without max_wait_ms nothing changes.
+        self.gate = (
+            WorkGate(cfg.rank_threads + 1)
+            if cfg.max_wait_ms is not None and not self.batching.enabled
+            else None
+        )
         self._warm_up()
         self.executor = ThreadPoolExecutor(cfg.rank_threads, thread_name_prefix="rank")
         scorer = slowed(self.scorer, cfg.faults)
@@ -143,21 +165,33 @@ class RecoService:
             return self._count(resp)
         except ClientDisconnect:  # nobody is left to read an answer
             return self._count(_error(400, "body", "body: client disconnected before sending it all"))
+        now = time.perf_counter()
+        age = (
+            0.0
+            if self.cfg.max_wait_ms is None
+            else request_age_s(request.headers.get(REQUEST_START), t0, now)
+        )
+        if age > self.max_wait_s:
+            msg = f"server overloaded: request waited {age * 1000:.0f} ms (max_wait_ms {self.cfg.max_wait_ms:g})"
+            return self._count(self._shed(ShedReason.age_at_admission, msg))
         if self.inflight >= self.cfg.queue_limit:
-            return self._count(
-                _error(
-                    503,
-                    "",
-                    f"server overloaded: {self.inflight} requests in flight (queue_limit {self.cfg.queue_limit})",
-                    {"Retry-After": self.retry_after},
-                )
+            msg = (
+                f"server overloaded: {self.inflight} requests in flight (queue_limit {self.cfg.queue_limit})"
             )
+            return self._count(self._shed(ShedReason.queue_limit, msg))
+        deadline = now - age + self.max_wait_s  # perf_counter time its model call must start by
         self.inflight += 1
         self.inflight_max = max(self.inflight_max, self.inflight)
         self.metrics.inflight.inc()
         self.metrics.inflight_max.set(self.inflight_max)
         try:
-            resp = await self._recommend(body, t0)
+            resp = await self._recommend(body, t0, deadline)
+        except Overdue:
+            resp = self._shed(
+                ShedReason.wait_before_model,
+                f"server overloaded: request waited over max_wait_ms {self.cfg.max_wait_ms:g} before its "
+                "model call could start",
+            )
         except RequestError as e:
             resp = _error(
                 e.status, e.field, e.message, {"Retry-After": self.retry_after} if e.status == 503 else None
@@ -173,10 +207,30 @@ class RecoService:
         self.metrics.requests.labels(status=str(resp.status_code)).inc()
         return resp
 
-    async def _recommend(self, body: bytes, t0: float) -> Response:
+    def _shed(self, reason: ShedReason, message: str) -> Response:
+        """503 + Retry-After for a request refused before any model call (counted by reason)."""
+        self.metrics.shed.labels(reason=reason.value).inc()
+        return _error(503, "", message, {"Retry-After": self.retry_after})
+
+    async def _recommend(self, body: bytes, t0: float, deadline: float) -> Response:
         cfg = self.cfg
         req = parse_request(body, self.store, cfg.max_k, cfg.max_candidates)
         t1 = time.perf_counter()
+        if self.gate is None:
+            return await self._rank(req, t0, t1, t1, deadline)
+        await self.gate.enter(deadline)  # Overdue: its turn did not come before its deadline
+        try:
+            # Its turn came in time: it is served. Past the gate the wait is bounded (at most rank_threads
+            # calls ahead of it), and shedding it there would throw away the work it has done: under
+            # a standing queue every request passes the gate near its deadline, so that would be most.
+            return await self._rank(req, t0, t1, time.perf_counter(), math.inf)
+        finally:
+            self.gate.leave()
+
+    async def _rank(self, req: Request, t0: float, t1: float, t1g: float, deadline: float) -> Response:
+        """Retrieval -> features -> model -> top-k -> JSON for a parsed request (parsed at t1, its turn
+        at the gate at t1g)."""
+        cfg = self.cfg
         urow = self.store.user_row(req.user_id)
         items = (
             req.candidates if req.candidates is not None else self.store.candidates(urow, cfg.n_candidates)
@@ -186,7 +240,7 @@ class RecoService:
         t3 = time.perf_counter()
         if len(items):
             try:
-                scored = await asyncio.wait_for(self.ranker.score(*block), cfg.model_timeout_s)
+                scored = await asyncio.wait_for(self.ranker.score(*block, deadline), cfg.model_timeout_s)
             except TimeoutError:
                 raise RequestError(
                     504, "", f"model call not finished within serve.model_timeout_s={cfg.model_timeout_s:g} s"
@@ -218,9 +272,9 @@ class RecoService:
         t6 = time.perf_counter()
         times = {
             "parse": t1 - t0,
-            "retrieval": t2 - t1,
+            "retrieval": t2 - t1g,
             "features": t3 - t2,
-            "queue": (t4 - t3) - rank_s,
+            "queue": (t1g - t1) + (t4 - t3) - rank_s,  # at the gate + for the model
             "rank": rank_s + (t5 - t4),
             "serialize": t6 - t5,
             "total": t6 - t0,

@@ -9,6 +9,9 @@ DynamicBatcher: a block that arrives while no call is being formed opens a batch
 concatenated into one scorer call and the result is split back. A block larger than `max_batch` is
 scored on its own (never split), and a block that would overflow the batch opens the next one.
 
+Every block carries a deadline (perf_counter seconds; inf without serve.max_wait_ms): a block whose
+deadline has passed when its model call would start is not scored but fails with Overdue, so under
+overload the model's time goes to requests that can still be answered in time (reco/serve/admission.py).
 A request that stops waiting (serve.model_timeout_s, or its client left) cancels its block's future; a
 cancelled block still pending is dropped, not scored. If the batcher task itself dies, the requests of
 the batch it held fail at once with BatcherFailed and a new task takes over the pending ones: nothing
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections import deque
 from concurrent.futures import ThreadPoolExecutor
@@ -27,6 +31,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from reco.runtime import Scorer
+from reco.serve.admission import Overdue
 
 log = logging.getLogger("reco.serve")
 
@@ -53,16 +58,28 @@ class DirectRanker:
     def __init__(self, scorer: Scorer, executor: ThreadPoolExecutor) -> None:
         self.scorer, self.executor = scorer, executor
 
-    def _call(self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, t_submit: float) -> Scored:
+    def _call(
+        self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, t_submit: float, deadline: float
+    ) -> Scored:
         t0 = time.perf_counter()
+        if t0 > deadline:  # checked on the model's thread: the wait behind other calls counts
+            raise Overdue(t0 - deadline)
         probs = self.scorer(dense, ids, mask)
         t1 = time.perf_counter()
         return Scored(probs, t0 - t_submit, t1 - t0, len(probs), 1)
 
-    async def score(self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> Scored:
-        """Score one block: dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32 -> Scored (probs [N])."""
+    async def score(
+        self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, deadline: float = math.inf
+    ) -> Scored:
+        """Score one block: dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32 -> Scored (probs [N]).
+
+        Raises Overdue, without calling the model, when the call would start after `deadline`
+        (time.perf_counter() seconds).
+        """
         loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(self.executor, self._call, dense, ids, mask, time.perf_counter())
+        return await loop.run_in_executor(
+            self.executor, self._call, dense, ids, mask, time.perf_counter(), deadline
+        )
 
     async def start(self) -> None:
         pass
@@ -77,6 +94,7 @@ class _Block:
     ids: np.ndarray
     mask: np.ndarray
     fut: asyncio.Future
+    deadline: float = math.inf  # perf_counter seconds; not scored when its call would start later
     t_enqueue: float = field(default_factory=time.perf_counter)
 
     @property
@@ -152,11 +170,14 @@ class DynamicBatcher:
         self._launch()
         self.wakeup.set()
 
-    async def score(self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> Scored:
-        """Queue one block (shapes as DirectRanker.score) for the next coalesced call; await its share."""
+    async def score(
+        self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, deadline: float = math.inf
+    ) -> Scored:
+        """Queue one block (shapes and `deadline` as DirectRanker.score) for the next coalesced call;
+        await its share."""
         if self.task is None or self.task.done():
             raise BatcherFailed("dynamic batcher is not running (server starting or stopping)")
-        block = _Block(dense, ids, mask, asyncio.get_running_loop().create_future())
+        block = _Block(dense, ids, mask, asyncio.get_running_loop().create_future(), deadline)
         self.pending.append(block)
         self.wakeup.set()
         return await block.fut
@@ -166,12 +187,22 @@ class DynamicBatcher:
             self.pending.popleft()
 
     def _take(self) -> list[_Block]:
-        """Pop pending blocks that fit one batch (the first always goes, however large)."""
-        batch = [self.pending.popleft()]
-        rows = batch[0].rows
-        while self.pending and rows + self.pending[0].rows <= self.max_batch:
-            b = self.pending.popleft()
-            if not b.fut.done():
+        """Pop pending blocks that fit one batch (the first live one always goes, however large); blocks
+        past their deadline fail with Overdue on the way. Empty when no live block was pending."""
+        now = time.perf_counter()
+        batch: list[_Block] = []
+        rows = 0
+        while self.pending:
+            b = self.pending[0]
+            if b.fut.done():  # cancelled: its request stopped waiting
+                self.pending.popleft()
+            elif b.deadline < now:
+                self.pending.popleft()
+                b.fut.set_exception(Overdue(now - b.deadline))
+            elif batch and rows + b.rows > self.max_batch:
+                break
+            else:
+                self.pending.popleft()
                 rows += b.rows
                 batch.append(b)
         return batch
@@ -195,10 +226,9 @@ class DynamicBatcher:
                     await asyncio.wait_for(self.wakeup.wait(), left)
                 except TimeoutError:
                     break
-            self._drop_abandoned()
-            if not self.pending:
-                continue
             batch = self.current = self._take()
+            if not batch:
+                continue
             if self.crashes_left > 0:
                 self.crashes_left -= 1
                 raise RuntimeError("injected batcher failure (serve.faults.batcher_crashes)")

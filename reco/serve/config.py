@@ -73,6 +73,9 @@ class ServeConfig:
     batching: BatchingConfig = MISSING
 
     queue_limit: int = MISSING  # requests admitted at once per worker; beyond it -> 503 + Retry-After
+    # longest a request may have waited (age from its X-Request-Start, else from handler entry) when it is
+    # admitted and before its work starts; older -> 503 + Retry-After (reco/serve/admission.py); null: off
+    max_wait_ms: float | None = MISSING
     retry_after_s: int = MISSING  # the Retry-After of a 503, seconds
 
     faults: FaultsConfig = MISSING
@@ -113,6 +116,8 @@ class ServeConfig:
                 f"{where}.batching.max_queue_delay_ms and {where}.faults.model_delay_s: expected >= 0, got "
                 f"{self.batching.max_queue_delay_ms} and {self.faults.model_delay_s}"
             )
+        if self.max_wait_ms is not None and not self.max_wait_ms > 0:
+            raise ConfigError(f"{where}.max_wait_ms: expected > 0 ms or null (off), got {self.max_wait_ms}")
         if not 0.0 <= self.retrieval.share <= 1.0:
             raise ConfigError(f"{where}.retrieval.share: expected in [0, 1], got {self.retrieval.share}")
         return self

@@ -15,6 +15,8 @@ import os
 
 import numpy as np
 
+from reco.serve.admission import ShedReason
+
 STAGES = ("parse", "retrieval", "features", "queue", "rank", "serialize", "total")
 BUCKETS = tuple(float(b) for b in 1e-5 * 1.2 ** np.arange(0, 85)) + (float("inf"),)
 
@@ -34,6 +36,11 @@ class ServeMetrics:
         )
         self._stage = {s: self.stage.labels(stage=s) for s in STAGES}
         self.requests = Counter("reco_requests", "Requests answered, by HTTP status", ["status"], **kw)
+        self.shed = Counter(
+            "reco_shed", "Requests shed (503 + Retry-After, no model call), by reason", ["reason"], **kw
+        )
+        for reason in ShedReason:  # every reason exported from the start, at 0
+            self.shed.labels(reason=reason.value)
         self.batch_rows = Histogram(
             "reco_batch_rows",
             "Candidate rows per model call",

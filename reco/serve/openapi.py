@@ -21,8 +21,13 @@ call, the whole coalesced call under dynamic batching, + top-k), serialize, tota
 Errors, each with a JSON body {"error": message, "field": name}: 400 invalid JSON or Content-Length;
 408 body not received within body_timeout_s; 413 body over max_body_bytes; 415 Content-Type not
 application/json (a missing Content-Type included); 422 a field missing, of the wrong type or out of
-range; 503 overloaded (queue_limit requests admitted) or the batcher failed, with Retry-After; 504 the
-model call did not finish within model_timeout_s; 500 an internal error (generic message, logged).
+range; 503 overloaded (queue_limit requests admitted, or the request older than max_wait_ms when admitted
+or when its model call would start) or the batcher failed, with Retry-After; 504 the model call did not
+finish within model_timeout_s; 500 an internal error (generic message, logged).
+
+Optional request header X-Request-Start: `t=<time the request entered the system>`, since the epoch in
+s, ms, us or ns (New Relic's convention); a request's age for max_wait_ms counts from it (else from
+when the server started handling it). A malformed header is ignored; a future one means age 0.
 Candidate ids outside [1, item cardinality) are a 422; ids inside it but unseen in training are scored
 cold-start. Context ids outside their table are the unknown id 0, as in training. An unknown user is
 served cold-start.
@@ -86,7 +91,9 @@ def openapi_schema(store: FeatureStore, cfg: ServeConfig, model: str) -> dict:
                         "415": error("Content-Type is not application/json"),
                         "422": error("Invalid field (named in `field`)"),
                         "500": error("Internal error (generic message; the server logs one line)"),
-                        "503": error("Overloaded, or the batcher failed; retry after Retry-After s", True),
+                        "503": error(
+                            "Overloaded (shed), or the batcher failed; retry after Retry-After s", True
+                        ),
                         "504": error(f"Model call not finished within {cfg.model_timeout_s:g} s"),
                     },
                 }
