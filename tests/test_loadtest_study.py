@@ -34,7 +34,12 @@ def study_cfg(**over) -> dict:
     cap = {"slo_p99_ms": 5000.0, "start_rate": 150, "min_rate": 150, "max_rate": 150, "steps": 1}
     cap.update(step_requests=368, max_step_requests=400, **over.pop("capacity", {}))
     st = {"repeats": 2, "common_rate": 100.0, "equal_util_fraction": 0.5, "unloaded_requests": 100}
-    st.update(load_requests=200, equal_util_requests=200, correctness=r(lt.study.correctness, every=10), **over.pop("study", {}))
+    st.update(
+        load_requests=200,
+        equal_util_requests=200,
+        correctness=r(lt.study.correctness, every=10),
+        **over.pop("study", {}),
+    )
     lt = r(lt, capacity=r(lt.capacity, **cap), study=r(lt.study, **st), **over)
     return {"loadtest": lt, "serve": compose(["serve.n_candidates=200", "serve.keep_warm=false"]).serve}
 
