@@ -81,6 +81,9 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
             raise TrackingError(f"tracking.uri: cannot create the directory for {db} ({e})") from e
 
 
+EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+
+
 class Tracker:
     def __init__(self, uri: str, experiment: str, artifact_root: str | None = None) -> None:
         check_reachable(uri)
@@ -92,6 +95,10 @@ class Tracker:
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
         else:
             self.experiment_id = exp.experiment_id
+        # MLflow 3's UI opens an untagged experiment in its GenAI overview; this tag makes it open in the
+        # model-training view (the runs table), where a study's runs are compared.
+        if exp is None or exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
+            self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
 
     def start_run(
         self, name: str, parent_id: str | None = None, tags: Mapping[str, str] | None = None
