@@ -104,6 +104,7 @@ def _schemas() -> dict[tuple[str, str], type]:
     # Each module owns its config dataclass (as TorchRec's embedding_configs sits beside its modules);
     # this is only the index. Imported here, not at module top, to keep `import reco.config` light.
     from reco.data.config import DataConfig
+    from reco.export.triton import TritonExportConfig
     from reco.loadtest.config import LoadtestConfig
     from reco.models.dlrm import ModelConfig
     from reco.serve.config import ServeConfig
@@ -113,6 +114,7 @@ def _schemas() -> dict[tuple[str, str], type]:
 
     schemas: dict[tuple[str, str], type] = {
         ("data", "schema"): DataConfig,
+        ("export", "triton_schema"): TritonExportConfig,
         ("loadtest", "schema"): LoadtestConfig,
         ("model", "schema"): ModelConfig,
         ("serve", "schema"): ServeConfig,
