@@ -10,7 +10,7 @@ import time
 
 import pytest
 import torch
-from conftest import make_variant
+from conftest import make_variant, stop_servers
 from test_serve import Client, expected_scores, scores, serve_settings
 
 from reco.serve.process import start_server
@@ -51,8 +51,7 @@ def faulty(tiny_data, tmp_path_factory):
             h.wait_ready(timeout_s=180)
         yield {"handles": handles, "vdir": vdir, "data": tiny_data, "cfg": serve_settings()}
     finally:
-        for h in handles.values():
-            h.stop()
+        stop_servers(handles.values())
 
 
 def _until_ok(c: Client, body: dict, attempts: int = 60) -> tuple[list[int], dict]:
