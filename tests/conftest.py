@@ -1,7 +1,5 @@
 import dataclasses
 import os
-import signal
-import subprocess
 import time
 from pathlib import Path
 
@@ -118,18 +116,3 @@ def marked_alive(mark: str, within_s: float) -> list[str]:
         except psutil.NoSuchProcess:
             pass
     return out
-
-
-def stop_servers(handles) -> None:
-    """Stop several servers side by side: SIGTERM to all first, then wait for each (ServerHandle.stop
-    one after another would wait out every server's graceful shutdown in turn)."""
-    handles = list(handles)
-    for h in handles:
-        if h.proc.poll() is None:
-            h.proc.send_signal(signal.SIGTERM)
-    for h in handles:
-        try:
-            h.proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            pass
-        h.stop()  # SIGKILLs the process group of one still running

@@ -11,7 +11,7 @@ from urllib.parse import urlparse
 
 import numpy as np
 import pytest
-from conftest import make_variant, stop_servers
+from conftest import make_variant
 
 from reco.config import ConfigError, compose
 from reco.data.schema import Dataset
@@ -20,7 +20,7 @@ from reco.serve.__main__ import settings as cli_settings
 from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES, parse_stage_histograms
-from reco.serve.process import start_server
+from reco.serve.process import start_server, stop_servers
 from reco.serve.request import parse_request
 from reco.variant import Variant
 
@@ -60,7 +60,7 @@ def served(tiny_data, tmp_path_factory):
             "settings": serve_settings(),
         }
     finally:
-        stop_servers(handles.values())
+        stop_servers(list(handles.values()))
 
 
 class Client:
