@@ -40,7 +40,7 @@ KILLS = [
     ("[variant 5/5]", 5.0),  # the last step, or the load study starting its servers
     ("[load] unloaded", 3.0),  # Locust running against a server
 ]
-TERM = ("[load] common", 2.0)
+TERM = ("[load] capacity", 2.0)  # Locust stepping through a capacity search
 pytestmark = pytest.mark.timeout(900)
 
 

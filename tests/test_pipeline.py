@@ -78,7 +78,7 @@ def test_smoke_experiment_end_to_end(tmp_path):
     """The smoke preset as `make smoke` runs it, but for the common-load rate: 120 req/s instead of 60
     halves the five 368-request windows (the load study's plumbing is under test, not its numbers).
     That a re-run reuses every finished variant is checked by tests/test_chaos.py after its kills."""
-    proc = run_py(tmp_path, "experiment=smoke", "loadtest.study.common_rate=120")
+    proc = run_py(tmp_path, "experiment=smoke", "loadtest.study.common_rate=120", timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
