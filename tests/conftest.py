@@ -1,6 +1,9 @@
 import dataclasses
+import os
+import time
 from pathlib import Path
 
+import psutil
 import pytest
 import torch
 
@@ -79,3 +82,37 @@ def parent(data, trainer, tmp_path_factory) -> Variant:
     v.metrics.update(evaluate(load_scorer(v), data.test))
     v.save()
     return v
+
+
+# Processes a test started, found by an environment variable every descendant inherits: unlike a list of
+# children taken while the parent lived, this also finds one reparented to init before it was ever seen.
+MARK = "RECO_TEST_PROCESS_MARK"
+
+
+def marked_env(mark: str) -> dict[str, str]:
+    """os.environ + PYTHONPATH of this checkout + the mark every descendant will carry."""
+    return {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), MARK: mark}
+
+
+def marked_alive(mark: str, within_s: float) -> list[str]:
+    """Command lines of processes carrying `mark` still running (not zombies) after up to `within_s`."""
+    deadline = time.monotonic() + within_s
+    while True:
+        alive = []
+        for p in psutil.process_iter():
+            try:
+                if p.environ().get(MARK) == mark and p.status() != psutil.STATUS_ZOMBIE:
+                    alive.append(p)
+            except (psutil.NoSuchProcess, psutil.AccessDenied):
+                continue
+        if not alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.2)
+    out = []
+    for p in alive:  # never leave one behind, even when the test fails
+        try:
+            out.append(f"{p.pid}: {' '.join(p.cmdline())[:120]}")
+            p.kill()
+        except psutil.NoSuchProcess:
+            pass
+    return out

@@ -168,6 +168,9 @@ def test_ort_and_torch_runtimes_agree_on_the_same_tables(mixed, parent, data):
 
 def test_dense_int8_on_top_in_one_variant(mixed, parent, data, trainer, tmp_path):
     v = build(parent, data, trainer, tmp_path / "both", runtime="onnxruntime", tables=MIXED, dense_int8=True)
+    # build() pins tune=null: ORT's default session settings, no choice made by timing, so the scores
+    # below are the same on a busy machine (measured: max diff 0.0022 in every context).
+    assert v.runtime["ort"] == {} and "tuning" not in json.loads(v.verify("report").read_text())
     assert v.metrics["quantized_matmuls"] > 0 and v.metrics["float_matmuls"] == 0
     assert v.size_mb < mixed["onnxruntime"].size_mb
     batch = real_batch(data.test, 1_000)
@@ -180,7 +183,13 @@ def test_variant_is_served_over_http(torch_q, data, tmp_path):
     v, _ = torch_q
     dpath = tmp_path / "data.pt"
     data.save(str(dpath))
-    h = start_server(Path(v.dir), dpath, serve_config(compose().serve), wait=False, work_dir=tmp_path / "srv")
+    h = start_server(
+        Path(v.dir),
+        dpath,
+        serve_config(compose(["serve.keep_warm=false"]).serve),
+        wait=False,
+        work_dir=tmp_path / "srv",
+    )
     try:
         h.wait_ready(timeout_s=180)
         u = urlparse(h.url)

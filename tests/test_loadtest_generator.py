@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import pickle
 import signal
 import socket
 import subprocess
@@ -152,18 +153,21 @@ def test_saturated_generator_gives_valid_0(stub, lt, tmp_path):
     run = run_load(stub.url, cpu, tmp_path / "cpu", reports=False)
     assert not run.valid and "loadtest.loadgen.max_cpu_pct=0" in run.invalid_reason
     lag = with_settings(
-        lt, mode=LoadMode.open, rate=100.0, window_requests=200, loadgen=replace(lt.loadgen, max_lag_ms=0.0)
+        lt, mode=LoadMode.open, rate=200.0, window_requests=200, loadgen=replace(lt.loadgen, max_lag_ms=0.0)
     )
     run = run_load(stub.url, lag, tmp_path / "lag", reports=False)
     assert not run.valid and "loadtest.loadgen.max_lag_ms=0" in run.invalid_reason and run.lag_p99_ms > 0
     # In a capacity search such a step is INVALID, not a pass or a fail, and is never extended.
     c = with_settings(
-        lag, capacity=replace(lag.capacity, start_rate=100, min_rate=100, max_rate=100, steps=1)
+        lag,
+        capacity=replace(
+            lag.capacity, start_rate=200, min_rate=200, max_rate=200, steps=1, step_warmup_s=0.2
+        ),
     )
     cap = find_capacity(open_loop_measure(stub.url, c), 1e6, c.capacity, tmp_path / "cap")
     (step,) = cap.steps
     assert step.verdict == Verdict.INVALID and step.run.windows == 1
-    assert cap.highest_pass == 0.0 and cap.lowest_fail is None and cap.lowest_invalid == 100.0
+    assert cap.highest_pass == 0.0 and cap.lowest_fail is None and cap.lowest_invalid == 200.0
 
 
 def _descendants() -> set[int]:
@@ -186,14 +190,13 @@ def test_spinners_do_not_leak_when_locust_cannot_start(stub, lt, tmp_path):
     assert not [p for p in _descendants() - before if _alive(p)]
 
 
+# The config is composed here and handed over pickled: composing imports every step (torch and all).
 SCRIPT = textwrap.dedent(
     """
-    import sys
-    from reco.config import compose
-    from reco.loadtest.config import loadtest_config
-    from reco.loadtest.runner import run_load, with_settings
-    c = loadtest_config(compose([]).loadtest)
-    c = with_settings(c, duration_s=60.0, warmup_s=0.0, users=1)
+    import pickle, sys
+    from reco.loadtest.runner import run_load
+    with open(sys.argv[3], "rb") as f:
+        c = pickle.load(f)
     run_load(sys.argv[1], c, sys.argv[2], reports=False)
     """
 )
@@ -202,7 +205,10 @@ SCRIPT = textwrap.dedent(
 @pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT])
 def test_signal_stops_locust_and_spinners(stub, tmp_path, sig):
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.Popen([sys.executable, "-c", SCRIPT, stub.url, str(tmp_path)], env=env, cwd=ROOT)
+    c = with_settings(loadtest_config(compose([]).loadtest), duration_s=60.0, warmup_s=0.0, users=1)
+    (tmp_path / "cfg.pkl").write_bytes(pickle.dumps(c))
+    args = [sys.executable, "-c", SCRIPT, stub.url, str(tmp_path), str(tmp_path / "cfg.pkl")]
+    proc = subprocess.Popen(args, env=env, cwd=ROOT)
     try:
         deadline = time.time() + 120
         while not (tmp_path / "latencies.csv.started").exists():

@@ -75,7 +75,10 @@ def test_presets_share_one_variant_graph():
 
 @pytest.mark.timeout(600)
 def test_smoke_experiment_end_to_end(tmp_path):
-    proc = run_py(tmp_path, "experiment=smoke")
+    """The smoke preset as `make smoke` runs it, but for the common-load rate: 120 req/s instead of 60
+    halves the five 368-request windows (the load study's plumbing is under test, not its numbers).
+    That a re-run reuses every finished variant is checked by tests/test_chaos.py after its kills."""
+    proc = run_py(tmp_path, "experiment=smoke", "loadtest.study.common_rate=120", timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
@@ -117,11 +120,6 @@ def test_smoke_experiment_end_to_end(tmp_path):
     assert children["distilled_onnx_int8"].data.params["backend"] == "onnxruntime"
     report = (tmp_path / "report" / "report.md").read_text()
     assert "distilled_onnx_int8" in report and "SLO" in report
-
-    # A re-run reuses every finished variant (content hash) instead of training again.
-    again = run_py(tmp_path, "experiment=smoke", "loadtest.enabled=false")
-    assert again.returncode == 0, again.stderr[-4000:]
-    assert again.stdout.count("reusing finished variant") == 5
 
 
 def test_unreachable_tracking_server_fails_before_training(tmp_path):

@@ -20,7 +20,7 @@ from reco.serve.__main__ import settings as cli_settings
 from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES, parse_stage_histograms
-from reco.serve.process import start_server
+from reco.serve.process import start_server, stop_servers
 from reco.serve.request import parse_request
 from reco.variant import Variant
 
@@ -34,13 +34,15 @@ def serve_settings(*overrides: str) -> ServeConfig:
 
 @pytest.fixture(scope="module")
 def served(tiny_data, tmp_path_factory):
-    """Servers started side by side: plain, dynamic batching, a tiny admission limit, two workers."""
+    """Servers started side by side: plain, dynamic batching, a tiny admission limit, two workers.
+    Keep-warm spinners only for the two workers (whose stop is checked to take them along): several
+    SCHED_IDLE spinners on a core slow its normal tasks (reco/serve/keepwarm.py), i.e. every test here."""
     root = tmp_path_factory.mktemp("serve")
     vdir, dpath = make_variant(tiny_data, root)
     specs = {
-        "plain": [],
-        "batched": ["batching.enabled=true", "batching.max_queue_delay_ms=50.0"],
-        "limited": ["queue_limit=2", "retry_after_s=1", "body_timeout_s=3"],
+        "plain": ["keep_warm=false"],
+        "batched": ["keep_warm=false", "batching.enabled=true", "batching.max_queue_delay_ms=50.0"],
+        "limited": ["keep_warm=false", "queue_limit=2", "retry_after_s=1", "body_timeout_s=3"],
         "workers": ["workers=2"],
     }
     handles = {
@@ -58,8 +60,7 @@ def served(tiny_data, tmp_path_factory):
             "settings": serve_settings(),
         }
     finally:
-        for h in handles.values():
-            h.stop()
+        stop_servers(list(handles.values()))
 
 
 class Client:

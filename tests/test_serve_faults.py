@@ -13,7 +13,7 @@ import torch
 from conftest import make_variant
 from test_serve import Client, expected_scores, scores, serve_settings
 
-from reco.serve.process import start_server
+from reco.serve.process import start_server, stop_servers
 from reco.variant import Variant
 
 pytestmark = pytest.mark.timeout(240)
@@ -51,8 +51,7 @@ def faulty(tiny_data, tmp_path_factory):
             h.wait_ready(timeout_s=180)
         yield {"handles": handles, "vdir": vdir, "data": tiny_data, "cfg": serve_settings()}
     finally:
-        for h in handles.values():
-            h.stop()
+        stop_servers(list(handles.values()))
 
 
 def _until_ok(c: Client, body: dict, attempts: int = 60) -> tuple[list[int], dict]:

@@ -1,13 +1,17 @@
 """Stopping `python -m reco.serve`: SIGINT/SIGTERM stop everything it started; SIGKILL of the supervisor
-leaves no worker behind. Real processes, checked with psutil."""
+leaves no worker behind, and a process SIGKILLed just after starting keep-warm spinners leaves no spinner.
+Real processes, checked with psutil."""
 
 from __future__ import annotations
 
 import signal
+import subprocess
+import sys
+import uuid
 
 import psutil
 import pytest
-from conftest import make_variant
+from conftest import make_variant, marked_alive, marked_env
 from test_serve import Client, serve_settings
 
 from reco.serve.process import start_server
@@ -65,3 +69,19 @@ def test_workers_exit_when_the_supervisor_is_killed(variant, tmp_path):
     finally:
         for k in alive:  # never leave a stray worker behind, even when the test fails
             k.kill()
+
+
+KILLED_AT_ONCE = """
+import os, signal
+from reco.serve.keepwarm import start_keep_warm
+start_keep_warm(sorted(os.sched_getaffinity(0)))
+os.kill(os.getpid(), signal.SIGKILL)  # the spinners' Python has not even started yet
+"""
+
+
+def test_spinners_die_with_a_parent_killed_right_after_starting_them():
+    """PR_SET_PDEATHSIG must be set before the spinner's interpreter starts, or it outlives its parent."""
+    mark = uuid.uuid4().hex
+    for _ in range(3):
+        subprocess.run([sys.executable, "-c", KILLED_AT_ONCE], env=marked_env(mark), timeout=60)
+    assert not marked_alive(mark, within_s=10.0)

@@ -51,7 +51,7 @@ from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_sig
 from reco.loadtest.runs import run_metrics
 from reco.serve.config import ServeConfig, serve_config
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
-from reco.serve.process import ServerHandle, start_server
+from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.variant import Variant
 
 Log = Callable[[str, dict[str, float], list[Path], str], None]
@@ -299,8 +299,7 @@ def _servers(
                 s.fail(n, f"server did not start: {type(e).__name__}: {e}")
         yield
     finally:
-        for h in started.values():
-            h.stop()
+        stop_servers(list(started.values()))
         stop_keep_warm(spinners)
 
 

@@ -15,12 +15,16 @@ spinner: 27 ms), so a study of many servers runs one spinner per server core (re
 
 from __future__ import annotations
 
+import functools
+import os
+import signal
 import subprocess
 import sys
 
+from reco.children import die_with_parent
+
 _SPIN = """
-import ctypes, os, signal
-ctypes.CDLL(None).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG: die with the process that started us
+import os
 os.sched_setaffinity(0, [{cpu}])
 os.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))
 while True:
@@ -36,8 +40,14 @@ def start_keep_warm(cpus: list[int]) -> list[subprocess.Popen]:
     Returns:
         The spinner processes.
     """
+    # PR_SET_PDEATHSIG before exec (not in the script): a parent SIGKILLed while the spinner's Python
+    # was still starting would otherwise leave it spinning forever.
     return [
-        subprocess.Popen([sys.executable, "-c", _SPIN.format(cpu=int(c))], stdin=subprocess.DEVNULL)
+        subprocess.Popen(
+            [sys.executable, "-c", _SPIN.format(cpu=int(c))],
+            stdin=subprocess.DEVNULL,
+            preexec_fn=functools.partial(die_with_parent, os.getpid(), signal.SIGKILL),
+        )
         for c in cpus
     ]
 
