@@ -225,11 +225,6 @@ def test_config_typos_fail_naming_the_key(lt):
 
 
 # -- shortcuts that must not change the answer: screening windows and a prior bracket ----------------
-@pytest.fixture(scope="module")
-def cap(lt):
-    return lt.capacity
-
-
 def test_lower_bound_is_the_two_sided_cis_and_exists_for_small_n():
     x = np.random.default_rng(3).lognormal(size=1000)
     assert quantile_lower_bound(x, 0.99) == quantile_ci(x, 0.99).lo
@@ -245,10 +240,8 @@ def test_lower_bound_coverage_at_a_screening_size():
     assert wrong <= 0.035 * 2000
 
 
-def test_screening_ends_a_step_far_past_capacity_early(cap, tmp_path):
-    c = dataclasses.replace(
-        cap, start_rate=8, growth=2.0, min_rate=1, screen_s=10, step_requests=400, steps=12
-    )
+def test_screening_ends_a_step_far_past_capacity_early(lt, tmp_path):
+    c = cap_cfg(lt, start_rate=8, growth=2.0, min_rate=1, screen_s=10, step_requests=400, steps=12)
     fake = FakeServer(slo=100.0, capacity=5.0)
     res = find_capacity(fake, 100.0, c, tmp_path)
     first = res.steps[0]
@@ -262,30 +255,23 @@ def test_screening_ends_a_step_far_past_capacity_early(cap, tmp_path):
     assert sum(s.run.n for s in full.steps) > sum(s.run.n for s in res.steps)
 
 
-def test_screen_requests_only_where_a_full_window_is_long(cap):
-    c = dataclasses.replace(cap, screen_s=10, step_requests=400)
+def test_screen_requests_only_where_a_full_window_is_long(lt):
+    c = cap_cfg(lt, screen_s=10, step_requests=400)
     assert screen_requests(8.0, c) == 80 and screen_requests(2.0, c) == SCREEN_MIN_N
     assert screen_requests(50.0, c) == 0 and screen_requests(8.0, dataclasses.replace(c, screen_s=0)) == 0
 
 
-def test_a_prior_bracket_is_confirmed_in_two_steps(cap, tmp_path):
-    c = dataclasses.replace(cap, growth=1.5, min_rate=1, tolerance=0.05, screen_s=0, steps=12)
+def test_a_prior_bracket_is_confirmed_in_two_steps(lt, tmp_path):
+    c = cap_cfg(lt, growth=1.5, min_rate=1, tolerance=0.05, screen_s=0, steps=12)
     first = find_capacity(FakeServer(100.0, 300.0), 100.0, dataclasses.replace(c, start_rate=200), tmp_path)
-    again = find_capacity(
-        FakeServer(100.0, 300.0),
-        100.0,
-        dataclasses.replace(c, start_rate=first.highest_pass),
-        tmp_path / "r1",
-        expect_fail=first.lowest_fail,
-    )
+
+    def repeat(capacity: float, out: str):  # a later repeat: starts at the pass, tries the fail second
+        start = dataclasses.replace(c, start_rate=first.highest_pass)
+        return find_capacity(FakeServer(100.0, capacity), 100.0, start, tmp_path / out, first.lowest_fail)
+
+    again = repeat(300.0, "r1")
     assert len(again.steps) == 2 < len(first.steps)
     assert (again.highest_pass, again.lowest_fail) == (first.highest_pass, first.lowest_fail)
     # A bracket that moved is still found: the hint only orders the steps.
-    moved = find_capacity(
-        FakeServer(100.0, 400.0),
-        100.0,
-        dataclasses.replace(c, start_rate=first.highest_pass),
-        tmp_path / "r2",
-        expect_fail=first.lowest_fail,
-    )
+    moved = repeat(400.0, "r2")
     assert first.lowest_fail < moved.highest_pass <= 400.0
