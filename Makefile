@@ -4,7 +4,7 @@ PIP     := .venv/bin/pip
 STAMP   := .venv/.installed
 ML100K  := .cache/data/movielens_100k
 
-.PHONY: venv case-study smoke test lint format movielens-100k mlflow-ui benchmark crosscheck readme-check clean
+.PHONY: venv case-study smoke test lint format movielens-100k mlflow-ui mlflow-server benchmark crosscheck readme-check clean
 
 venv: $(STAMP)
 
@@ -41,6 +41,11 @@ movielens-100k: $(STAMP)
 
 mlflow-ui: $(STAMP)
 	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host 127.0.0.1 --port 5000
+
+# A shared tracking server (sqlite store, proxied artifacts under mlruns/server/) on 127.0.0.1:5000;
+# runs log to it with tracking.uri=http://127.0.0.1:5000. Settings: tracking.server in conf/tracking/.
+mlflow-server: $(STAMP)
+	$(PY) -m reco.tracking_server
 
 benchmark: $(STAMP)
 	$(PY) run.py experiment=optimize_chain

@@ -21,6 +21,8 @@ from mlflow.entities import Metric, Param, RunTag
 from mlflow.tracking import MlflowClient
 from omegaconf import MISSING
 
+from reco.tracking_server import TrackingServerConfig
+
 # MLflow rejects longer param values.
 _MAX_PARAM = 6000
 
@@ -34,8 +36,11 @@ class TrackingConfig:
     """The `tracking` config group (conf/tracking/default.yaml)."""
 
     uri: str = MISSING  # sqlite:///mlruns/mlflow.db (embedded) or http://host:port (a tracking server)
-    artifact_root: str | None = MISSING  # where a new experiment's artifacts go (embedded store)
+    # where a new experiment's artifacts go with the embedded store; a tracking server keeps them in its
+    # own artifact store (tracking.server.artifacts_destination), proxied over HTTP
+    artifact_root: str | None = MISSING
     log_models: bool = MISSING  # copy each variant's model files into its MLflow run
+    server: TrackingServerConfig = MISSING  # what `make mlflow-server` starts (reco.tracking_server)
 
 
 def flatten(d: Mapping, prefix: str = "") -> dict[str, object]:
@@ -58,6 +63,10 @@ def git_commit() -> str:
         return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"
+
+
+def _remote(uri: str) -> bool:
+    return urlparse(uri).scheme in ("http", "https")
 
 
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
@@ -91,7 +100,7 @@ class Tracker:
         self.client = MlflowClient(tracking_uri=uri)
         exp = self.client.get_experiment_by_name(experiment)
         if exp is None:
-            location = Path(artifact_root).resolve().as_uri() if artifact_root else None
+            location = Path(artifact_root).resolve().as_uri() if artifact_root and not _remote(uri) else None
             self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
         else:
             self.experiment_id = exp.experiment_id

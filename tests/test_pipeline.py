@@ -1,7 +1,11 @@
 """End to end: `run.py experiment=smoke` in a subprocess, then the MLflow store and the report are read."""
 
+import os
+import signal
+import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -11,9 +15,35 @@ from omegaconf import OmegaConf
 from reco.config import ConfigError, compose
 from reco.graph import plan
 from reco.steps.registry import plain
+from reco.tracking_server import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
+
+
+@pytest.fixture
+def mlflow_server(tmp_path) -> Iterator[str]:
+    """A real `mlflow server` started as `make mlflow-server` starts it, on a free port, stores in tmp_path."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    proc = subprocess.Popen(
+        [
+            sys.executable, "-m", "reco.tracking_server",
+            f"tracking.server.port={port}",
+            f"tracking.server.backend_store_uri=sqlite:///{tmp_path}/server/mlflow.db",
+            f"tracking.server.artifacts_destination={tmp_path}/server/artifacts",
+            "tracking.server.workers=1",
+        ],
+        cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
+    )  # fmt: skip
+    url = f"http://127.0.0.1:{port}"
+    try:
+        wait_ready(url, timeout_s=120, alive=lambda: proc.poll() is None)
+        yield url
+    finally:
+        os.killpg(proc.pid, signal.SIGTERM)
+        proc.wait(timeout=30)
 
 
 def run_py(tmp_path: Path, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -74,14 +104,17 @@ def test_presets_share_one_variant_graph():
 
 
 @pytest.mark.timeout(600)
-def test_smoke_experiment_end_to_end(tmp_path):
-    """The smoke preset as `make smoke` runs it, but for the common-load rate: 120 req/s instead of 60
-    halves the five 368-request windows (the load study's plumbing is under test, not its numbers).
-    That a re-run reuses every finished variant is checked by tests/test_chaos.py after its kills."""
-    proc = run_py(tmp_path, "experiment=smoke", "loadtest.study.common_rate=120", timeout=540)
+def test_smoke_experiment_end_to_end(tmp_path, mlflow_server):
+    """The smoke preset as `make smoke` runs it, logging over HTTP to a real tracking server (the
+    embedded store is exercised end to end by tests/test_chaos.py, whose re-run also checks that every
+    finished variant is reused); the common-load rate is 120 req/s instead of 60, which halves the five
+    368-request windows (the load study's plumbing is under test, not its numbers)."""
+    proc = run_py(
+        tmp_path, "experiment=smoke", "loadtest.study.common_rate=120", f"tracking.uri={mlflow_server}", timeout=540
+    )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    client = MlflowClient(tracking_uri=mlflow_server)
     exp = client.get_experiment_by_name("smoke")
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
@@ -107,17 +140,24 @@ def test_smoke_experiment_end_to_end(tmp_path):
             "size_mb",
             "rank_p50_ms",
             "e2e_p50_ms",
-            "e2e_p99_ms",
             "qps",
             "max_qps_at_slo",
         ):
             assert key in m, (name, key)
-        assert m["e2e_p99_ms"] >= m["e2e_p50_ms"] > 0
+        # failures count as +inf and MLflow keeps finite values only: with >= 1% failed (a busy machine) the
+        # pooled p99 is +inf and absent
+        assert m.get("e2e_p99_ms", float("inf")) >= m["e2e_p50_ms"] > 0
+        assert "e2e_p99_ms" in m or m["n_failures"] / m["n_requests"] >= 0.01, (name, m)
         assert run.data.tags["parent_variant"] == (
             "" if name == "baseline" else run.data.tags["parent_variant"]
         )
     assert children["pruned"].data.metrics["params"] < 0.75 * base["params"]
     assert children["distilled_onnx_int8"].data.params["backend"] == "onnxruntime"
+    # artifacts went through the server's proxied store, not to a path on this side
+    assert not (tmp_path / "artifacts").exists()
+    manifest = client.download_artifacts(children["distilled"].info.run_id, "variant/variant.json", str(tmp_path))
+    assert '"sha256"' in Path(manifest).read_text()
+    assert list((tmp_path / "server" / "artifacts").rglob("variant.json"))
     report = (tmp_path / "report" / "report.md").read_text()
     assert "distilled_onnx_int8" in report and "SLO" in report
 

@@ -36,7 +36,7 @@ def readme_commands() -> list[str]:
     blocks = re.findall(r"^\s*```[a-z]*\n(.*?)^\s*```", text, flags=re.S | re.M)
     cmds = []
     for block in blocks:
-        for line in block.splitlines():
+        for line in block.replace("\\\n", " ").splitlines():  # join continued lines
             line = line.split("  #")[0].strip()
             if re.match(r"^(python3?(\.11)?|\.venv/bin/\w+|make)\s", line):
                 cmds.append(line)

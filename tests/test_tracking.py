@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
 from mlflow import MlflowClient
 
+from reco.config import compose, typed
 from reco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker
+from reco.tracking_server import TrackingServerConfig, server_command
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_experiments_open_in_the_model_training_view(tmp_path):
@@ -16,3 +25,24 @@ def test_experiments_open_in_the_model_training_view(tmp_path):
     Tracker(uri, "made_before")  # an experiment from before the tag existed is tagged on next use
     for name in ("fresh", "made_before"):
         assert client.get_experiment_by_name(name).tags[EXPERIMENT_KIND_TAG] == EXPERIMENT_KIND
+
+
+def test_tracking_server_refuses_a_taken_port_naming_the_setting():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        s.listen()
+        port = s.getsockname()[1]
+        proc = subprocess.run(
+            [sys.executable, "-m", "reco.tracking_server", f"tracking.server.port={port}"],
+            cwd=ROOT, capture_output=True, text=True, timeout=120,
+        )  # fmt: skip
+    assert proc.returncode != 0
+    assert f"tracking.server.port: 127.0.0.1:{port} is already in use" in proc.stderr
+
+
+def test_tracking_server_command_binds_loopback_and_proxies_artifacts():
+    c = typed(compose().tracking.server, TrackingServerConfig, "tracking.server")
+    cmd = server_command(c)
+    assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
+    assert "--serve-artifacts" in cmd
+    assert Path(cmd[cmd.index("--artifacts-destination") + 1]).is_absolute()

@@ -1,0 +1,101 @@
+"""A local MLflow tracking server (`make mlflow-server`): what a team shares instead of one embedded store.
+
+`python -m reco.tracking_server [tracking.server.port=5001 ...]` runs `mlflow server` with the
+`tracking.server` settings (conf/tracking/default.yaml): a sqlite backend store and a proxied artifact
+store (clients upload artifacts through the server, so they need no access to its disk), bound to
+127.0.0.1. Experiments then log over HTTP with `python run.py ... tracking.uri=http://127.0.0.1:5000`.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from urllib.error import URLError
+from urllib.request import urlopen
+
+from omegaconf import MISSING
+
+
+class TrackingServerError(RuntimeError):
+    pass
+
+
+@dataclass
+class TrackingServerConfig:
+    """`tracking.server`: the server `make mlflow-server` starts."""
+
+    host: str = MISSING  # 127.0.0.1: other machines reach it through an SSH tunnel or a proxy, not directly
+    port: int = MISSING
+    backend_store_uri: str = MISSING  # runs, params, metrics (sqlite here; postgresql://... in production)
+    artifacts_destination: str = MISSING  # where the server stores artifacts (a path here; s3://... in production)
+    workers: int = MISSING  # server worker processes
+
+
+def server_command(c: TrackingServerConfig) -> list[str]:
+    """The `mlflow server` command line for `c` (run with the interpreter's own mlflow)."""
+    dest = c.artifacts_destination
+    if "://" not in dest:  # a local path: absolute, so the server's cwd does not matter
+        dest = str(Path(dest).resolve())
+    return [
+        sys.executable, "-m", "mlflow", "server",
+        "--host", c.host,
+        "--port", str(c.port),
+        "--workers", str(c.workers),
+        "--backend-store-uri", c.backend_store_uri,
+        "--serve-artifacts",
+        "--artifacts-destination", dest,
+    ]  # fmt: skip
+
+
+def check_port_free(host: str, port: int) -> None:
+    """Fail with the setting to change when something already listens on host:port."""
+    with socket.socket() as s:
+        if s.connect_ex((host, port)) == 0:
+            raise TrackingServerError(
+                f"tracking.server.port: {host}:{port} is already in use (an MLflow server already running? "
+                f"then just use tracking.uri=http://{host}:{port}); choose another with tracking.server.port=N"
+            )
+
+
+def wait_ready(url: str, timeout_s: float, alive: Callable[[], bool] = lambda: True) -> None:
+    """Block until the server at `url` answers /health, or raise after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if not alive():
+            raise TrackingServerError(f"MLflow server for {url} exited during start-up")
+        try:
+            with urlopen(f"{url}/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (URLError, OSError):
+            pass
+        time.sleep(0.25)
+    raise TrackingServerError(f"MLflow server at {url} did not answer /health within {timeout_s:.0f} s")
+
+
+def main(argv: list[str]) -> None:
+    if "--help" in argv or "-h" in argv:
+        print(__doc__)
+        return
+    from reco.config import compose, typed
+
+    c = typed(compose(argv).tracking.server, TrackingServerConfig, "tracking.server")
+    check_port_free(c.host, c.port)
+    if c.backend_store_uri.startswith("sqlite:///"):
+        Path(c.backend_store_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
+    cmd = server_command(c)
+    print(f"MLflow tracking server on http://{c.host}:{c.port} (use tracking.uri=http://{c.host}:{c.port})")
+    print(" ".join(cmd), flush=True)
+    os.execv(cmd[0], cmd)
+
+
+if __name__ == "__main__":
+    try:
+        main(sys.argv[1:])
+    except TrackingServerError as e:
+        sys.exit(f"error: {e}")
