@@ -8,6 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from conftest import trainer_config
 from test_pipeline import run_py
 from torch import nn
 from torchrec.models.dlrm import DLRM_DCN
@@ -46,7 +47,11 @@ class NotAModule:
 def dcn_settings(**over) -> DCNSettings:
     """conf/model/dcn.yaml as the pipeline types it, at a test size."""
     node = compose(["model=dcn"]).model
-    merged = {**dict(node), "embedding_dim": 8, "bottom": [16, 8], "top": [32, 16], "low_rank": 8, **over}
+    merged = {
+        **dict(node),
+        **{"embedding_dim": 8, "bottom": [16, 8], "top": [32, 16], "cross_layers": 2, "low_rank": 8},
+        **over,
+    }
     return typed(merged, DCNSettings, "model")
 
 
@@ -78,11 +83,14 @@ def test_protocol_check_names_the_setting_and_what_is_missing():
     with pytest.raises(ConfigError, match=r"missing: a torch.nn.Module subclass, method from_settings\(\)"):
         resolve(target_of(NotAModule), "model._target_", allowed)
     assert resolve("reco.models.dcn.DCN", "model._target_") is DCN  # the shipped ones pass
+    assert resolve("reco.models.dlrm.DLRM", "model._target_") is DLRM
 
 
 def test_unlisted_target_is_refused_at_plan_time():
     """Only classes some conf/model/*.yaml names may be built (or loaded); the plan fails before training."""
-    with pytest.raises(ConfigError, match=r"variants.baseline: model._target_: 'collections.OrderedDict' is not"):
+    with pytest.raises(
+        ConfigError, match=r"variants.baseline: model._target_: 'collections.OrderedDict' is not"
+    ):
         plan(compose(["model._target_=collections.OrderedDict"]))
     with pytest.raises(ConfigError, match=r"model._target_: 'reco.models.dcn.DCNConfig' is not an allowed"):
         plan(compose(["model._target_=reco.models.dcn.DCNConfig"]))
@@ -93,7 +101,8 @@ def test_unlisted_target_is_refused_at_plan_time():
 def test_model_choice_enters_the_cache_key():
     dlrm, dcn = plan(compose())[0], plan(compose(["model=dcn"]))[0]
     assert type(dlrm.config).__name__ == "ModelConfig" and isinstance(dcn.config, DCNSettings)
-    assert cache_key(dlrm, None, "d", None) != cache_key(dcn, None, "d", None)
+    t = trainer_config()
+    assert cache_key(dlrm, None, "d", t) != cache_key(dcn, None, "d", t)
 
 
 # DCN-v2 ------------------------------------------------------------------------------------------
@@ -108,7 +117,10 @@ def test_dcn_forward_shapes_and_equals_torchrec_dlrm_dcn(data):
             EmbeddingBagCollection(
                 [
                     EmbeddingBagConfig(
-                        name=f"t_{t.feature}", embedding_dim=8, num_embeddings=t.num_rows, feature_names=[t.feature]
+                        name=f"t_{t.feature}",
+                        embedding_dim=8,
+                        num_embeddings=t.num_rows,
+                        feature_names=[t.feature],
                     )
                     for t in cfg.tables
                 ]
@@ -210,7 +222,6 @@ def test_dcn_prune_narrows_mlps_and_keeps_the_cross_net(dcn_parent, data, traine
     for k, w in before.cross.state_dict().items():
         torch.testing.assert_close(after.cross.state_dict()[k], w)
     assert count_params(after) <= (1 - cfg.amount) * count_params(before)
-    assert v.metrics["auc" if "auc" in v.metrics else "pruned_val_auc"] > 0.55 or True
 
 
 def test_dcn_distill_builds_a_smaller_dcn_student(dcn_parent, data, trainer, tmp_path):
@@ -231,8 +242,12 @@ def test_dcn_distill_builds_a_smaller_dcn_student(dcn_parent, data, trainer, tmp
 
 
 def test_dcn_student_not_smaller_names_the_setting(dcn_parent, data, trainer, tmp_path):
-    cfg = step_cfg("distill", {"student": {"embedding_dim": 32, "bottom": [64, 32], "top": [64], "min_count": 0}})
-    with pytest.raises(StepError, match=r"not fewer than the teacher.*model reco.models.dcn.DCN.*distill.student"):
+    cfg = step_cfg(
+        "distill", {"student": {"embedding_dim": 32, "bottom": [64, 32], "top": [64], "min_count": 0}}
+    )
+    with pytest.raises(
+        StepError, match=r"not fewer than the teacher.*model reco.models.dcn.DCN.*distill.student"
+    ):
         distill.run(dcn_parent, data, cfg, StepRun("big", tmp_path, trainer))
 
 

@@ -8,8 +8,8 @@ the result to one logit. Unlike DLRM's dot interaction, `bottom[-1]` may differ 
 
 Steps: prune narrows the bottom and top MLPs (and the tables' rows) and keeps the cross net as it is --
 its width is the concatenated input's, so narrowing it would mean dropping embedding dimensions;
-distill's student keeps the teacher's `cross_layers` and `low_rank` and takes its tables and MLP sizes
-from `distill.student`.
+distill's student keeps the teacher's `cross_layers`, caps its `low_rank` at the student's cross width,
+and takes its tables and MLP sizes from `distill.student`.
 """
 
 from __future__ import annotations
