@@ -195,7 +195,7 @@ def test_tampered_manifest_or_weights_are_refused(dcn_parent, tmp_path):
 def test_dcn_onnx_export_matches_torch_in_ort(dcn_parent, data, tmp_path):
     model = dcn_parent.load_torch()
     path = tmp_path / "dcn.onnx"
-    export_onnx(model, path, data.val.take(slice(0, 8)), opset=17, exporter="torchscript")
+    export_onnx(model, path, data.val.take(slice(0, 8)), opset=18, exporter="torchscript")
     batches = {
         "random": random_batch(model, 500, data.val.ids.shape[2], seed=0),
         "real": real_batch(data.val, 500),
