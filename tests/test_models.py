@@ -12,8 +12,6 @@ from conftest import trainer_config
 from test_pipeline import run_py
 from torch import nn
 from torchrec.models.dlrm import DLRM_DCN
-from torchrec.modules.embedding_configs import EmbeddingBagConfig
-from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
 from reco.config import ConfigError, compose, typed
 from reco.graph import cache_key, plan
@@ -49,7 +47,7 @@ def dcn_settings(**over) -> DCNSettings:
     node = compose(["model=dcn"]).model
     merged = {
         **dict(node),
-        **{"embedding_dim": 8, "bottom": [16, 8], "top": [32, 16], "cross_layers": 2, "low_rank": 8},
+        **{"embedding_dim": 16, "bottom": [32, 16], "top": [64, 32], "cross_layers": 2, "low_rank": 8},
         **over,
     }
     return typed(merged, DCNSettings, "model")
@@ -114,45 +112,20 @@ def test_dcn_forward_shapes_and_equals_torchrec_dlrm_dcn(data):
         b = model.forward_plain(part.dense, part.ids, part.mask())
         cfg = model.cfg
         ref = DLRM_DCN(
-            EmbeddingBagCollection(
-                [
-                    EmbeddingBagConfig(
-                        name=f"t_{t.feature}",
-                        embedding_dim=8,
-                        num_embeddings=t.num_rows,
-                        feature_names=[t.feature],
-                    )
-                    for t in cfg.tables
-                ]
-            ),
+            embedding_bag_collection=model.ebc,
             dense_in_features=cfg.dense_in,
             dense_arch_layer_sizes=cfg.bottom,
             over_arch_layer_sizes=[*cfg.top, 1],
             dcn_num_layers=cfg.cross_layers,
             dcn_low_rank_dim=cfg.low_rank,
         )
-        src = model.state_dict()
-        mapping = {
-            "sparse_arch.embedding_bag_collection.": "ebc.",
-            "dense_arch.model._mlp.": "bottom.",
-            "inter_arch.crossnet.": "cross.",
-        }
-        state = {}
-        for k in ref.state_dict():
-            for old, new in mapping.items():
-                if k.startswith(old):
-                    state[k] = src[new + k.removeprefix(old).replace("._linear", "")]
-        # TorchRec's MLP stacks Perceptrons (_linear inside); its OverArch = MLP + a final nn.Linear.
-        tops = [m for m in model.top if isinstance(m, nn.Linear)]
-        for i, lin in enumerate(tops[:-1]):
-            state[f"over_arch.model.0._mlp.{i}._linear.weight"] = lin.weight
-            state[f"over_arch.model.0._mlp.{i}._linear.bias"] = lin.bias
-        state["over_arch.model.1.weight"], state["over_arch.model.1.bias"] = tops[-1].weight, tops[-1].bias
-        bottoms = [m for m in model.bottom if isinstance(m, nn.Linear)]
-        for i, lin in enumerate(bottoms):
-            state[f"dense_arch.model._mlp.{i}._linear.weight"] = lin.weight
-            state[f"dense_arch.model._mlp.{i}._linear.bias"] = lin.bias
-        ref.load_state_dict(state)
+        ref.inter_arch.crossnet.load_state_dict(model.cross.state_dict())
+        ours = [x for x in [*model.bottom, *model.top] if isinstance(x, nn.Linear)]
+        theirs = [x for x in ref.modules() if isinstance(x, nn.Linear)]
+        assert len(ours) == len(theirs)
+        for o, t in zip(ours, theirs, strict=True):
+            t.weight.copy_(o.weight)
+            t.bias.copy_(o.bias)
         c = ref.eval()(part.dense, model.kjt(part.ids, part.lengths)).squeeze(1)
     n = cfg.bottom[-1] + len(cfg.tables) * cfg.embedding_dim
     assert a.shape == b.shape == (64,) and model.cross(torch.zeros(3, n)).shape == (3, n)
@@ -238,7 +211,7 @@ def test_dcn_distill_builds_a_smaller_dcn_student(dcn_parent, data, trainer, tmp
     student = v.load_torch()
     assert isinstance(student, DCN) and student.cfg.cross_layers == 2
     assert student.cfg.low_rank == min(8, student.cfg.cross_in)
-    assert v.metrics["size_ratio"] > 1 and v.metrics["student_val_auc"] > 0.55
+    assert v.metrics["size_ratio"] > 2 and count_params(student) < count_params(dcn_parent.load_torch())
 
 
 def test_dcn_student_not_smaller_names_the_setting(dcn_parent, data, trainer, tmp_path):
@@ -264,7 +237,7 @@ def test_dcn_accelerate_onnx_int8(dcn_parent, data, trainer, tmp_path):
 def test_dcn_embed_quant_tables(dcn_parent, data, trainer, tmp_path, runtime):
     cfg = step_cfg("embed_quant", {"runtime": runtime, "precisions": ["int8"], "budget": 0.05, "tune": None})
     v = embed_quant.run(dcn_parent, data, cfg, StepRun("q", tmp_path / "q", trainer))
-    assert v.metrics["emb_size_ratio"] > 3
+    assert v.metrics["emb_size_ratio"] > 3  # int8 rows of 16 + 4 bytes of scale/bias vs 64 bytes
     got = evaluate(load_scorer(v), data.val)["auc"]
     assert abs(got - evaluate(load_scorer(dcn_parent), data.val)["auc"]) < 0.01
 
