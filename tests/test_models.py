@@ -249,6 +249,6 @@ def test_smoke_experiment_with_dcn(tmp_path: Path):
     proc = run_py(tmp_path, "experiment=smoke", "model=dcn", "loadtest.study.common_rate=120", timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     for name in ("baseline", "pruned", "distilled", "distilled_onnx_int8"):
-        rec = json.loads(next((tmp_path / "cache").rglob(f"{name}/variant.json")).read_text())
+        rec = json.loads(next((tmp_path / "cache" / "variants").glob(f"{name}-*/variant.json")).read_text())
         assert rec["model_target"] == "reco.models.dcn.DCN", name
     assert "distilled_onnx_int8" in (tmp_path / "report" / "report.md").read_text()
