@@ -1,7 +1,8 @@
 """The ranking-model protocol: what a model class must provide so every step can use it.
 
 A model is chosen by `_target_` in conf/model/<name>.yaml (`python run.py model=dcn`); the train step
-resolves that dotted path to a class (Hydra's `get_class`) after two checks, both naming `model._target_`:
+imports that dotted path (importlib, not `hydra.utils.instantiate`, which would import any target
+before it is checked) after two checks, both naming `model._target_`:
 the path is allow-listed (some conf/model/*.yaml names it: adding the YAML is what allows a class, and a
 variant manifest can never name arbitrary code) and the class has every member listed below.
 
