@@ -98,7 +98,7 @@ def register() -> None:
     _registered = True
 
 
-def _schemas() -> dict[tuple[str, str], type]:
+def _schemas() -> dict[tuple[str, str], type | dict]:
     """(group, schema name) -> dataclass. A group YAML lists its schema first in its defaults:
     `defaults: [schema, _self_]` (conf/step/*.yaml: `[prune_schema, _self_]` etc.)."""
     # Each module owns its config dataclass (as TorchRec's embedding_configs sits beside its modules);
@@ -106,17 +106,15 @@ def _schemas() -> dict[tuple[str, str], type]:
     from reco.data.config import DataConfig
     from reco.export.triton import TritonExportConfig
     from reco.loadtest.config import LoadtestConfig
-    from reco.models.dlrm import ModelConfig
     from reco.serve.config import ServeConfig
     from reco.steps import steps
     from reco.tracking import TrackingConfig
     from reco.train.loop import TrainConfig
 
-    schemas: dict[tuple[str, str], type] = {
+    schemas: dict[tuple[str, str], type | dict] = {
         ("data", "schema"): DataConfig,
         ("export", "triton_schema"): TritonExportConfig,
         ("loadtest", "schema"): LoadtestConfig,
-        ("model", "schema"): ModelConfig,
         ("serve", "schema"): ServeConfig,
         ("trainer", "schema"): TrainConfig,
         ("tracking", "schema"): TrackingConfig,
@@ -124,4 +122,21 @@ def _schemas() -> dict[tuple[str, str], type]:
     for s in steps().values():
         if s.config_key == s.name:
             schemas[("step", f"{s.name}_schema")] = s.config
+    schemas.update(_model_schemas())
     return schemas
+
+
+def _model_schemas() -> dict[tuple[str, str], type | dict]:
+    """("model", "<name>_schema") -> the Settings of the class conf/model/<name>.yaml's `_target_` names.
+
+    A class that cannot be resolved gets an open schema, so composing still works and the train step's
+    plan check (reco.models.protocol.resolve) names model._target_ and what is wrong with it."""
+    from reco.models.protocol import allowed_targets, resolve
+
+    out: dict[tuple[str, str], type | dict] = {}
+    for target, file in allowed_targets().items():
+        try:
+            out[("model", f"{Path(file).stem}_schema")] = resolve(target, file).Settings
+        except ConfigError:
+            out[("model", f"{Path(file).stem}_schema")] = {}
+    return out

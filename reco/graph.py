@@ -9,13 +9,16 @@ shapes them (see `cache_key`).
 from __future__ import annotations
 
 import hashlib
+import inspect
 import json
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
 from reco.config import ConfigError, typed
+from reco.models.protocol import resolve
 from reco.steps import StepSpec, steps
 from reco.steps.registry import plain
 
@@ -93,13 +96,22 @@ def step_config(cfg: DictConfig, spec: StepSpec, overrides: dict, where: str) ->
     """
     defaults = OmegaConf.to_container(cfg[spec.config_key], resolve=True)
     merged = OmegaConf.merge(OmegaConf.create(defaults), OmegaConf.create(overrides))
-    config = typed(merged, spec.config, where)
+    schema = spec.config
+    if hasattr(schema, "schema_for"):  # the train step: the schema of the model `_target_` names
+        schema = schema.schema_for(merged, where)
+    config = typed(merged, schema, where)
     if hasattr(config, "validate"):  # range checks before anything slow runs
         try:
             config.validate()
         except ValueError as e:
             raise ConfigError(f"{where}: {e}") from None
     return config
+
+
+def model_code(target: str) -> str:
+    """SHA-256 (12 hex) of the source file of the model class `target` (resolved: allow-listed)."""
+    path = inspect.getsourcefile(resolve(target, "model._target_"))
+    return hashlib.sha256(Path(path or "").read_bytes()).hexdigest()[:12]
 
 
 def cache_key(node: Node, parent_key: str | None, data_fingerprint: str, trainer: Any) -> str:
@@ -113,6 +125,8 @@ def cache_key(node: Node, parent_key: str | None, data_fingerprint: str, trainer
         "parent": parent_key,
         "data": data_fingerprint,
     }
+    if target := getattr(node.config, "_target_", None):  # the model's own code (reco/models/<name>.py)
+        src["model_code"] = model_code(target)
     if node.spec.trains:
         src["trainer"] = {k: v for k, v in plain(trainer).items() if k not in ("progress", "checkpoint_dir")}
     return hashlib.sha256(json.dumps(src, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -14,7 +14,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from reco.models.dlrm import PlainScorer
+from reco.models.protocol import PlainScorer
 from reco.variant import Variant
 
 Scorer = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]

@@ -17,7 +17,8 @@ from typing import Literal
 
 import torch
 
-from reco.models.dlrm import DLRM, DLRMConfig, count_params, flops_per_candidate
+from reco.config import ConfigError
+from reco.models.protocol import RankingModel, count_params, resolve, target_of
 
 Backend = Literal["torch", "torch_compile", "torch_bf16", "onnxruntime", "torchrec_quant"]
 
@@ -68,7 +69,7 @@ class Variant:
     step: str  # "train", "prune", "distill", "accelerate", ...
     parent: str | None  # parent variant name (None for the baseline)
     backend: Backend
-    model_config: dict  # DLRMConfig.to_dict() of the underlying torch model
+    model_config: dict  # model.cfg.to_dict() of the underlying torch model (its Config's fields)
     dir: str = ""
     step_config: dict = field(default_factory=dict)
     artifacts: dict[str, str] = field(default_factory=dict)  # role -> file name inside dir
@@ -82,6 +83,9 @@ class Variant:
     data_fingerprint: str = ""
     cache_key: str = ""  # content hash of (parent cache key, step config, data): see reco.pipeline
     mlflow_run_id: str = ""
+    # The model class (reco.models.protocol), resolved on load through the conf/model/ allow-list. The
+    # default is what every variant written before models were configurable holds.
+    model_target: str = "reco.models.dlrm.DLRM"
 
     @property
     def path(self) -> Path:
@@ -138,17 +142,30 @@ class Variant:
         return v
 
     # Torch weights ------------------------------------------------------------------------------
-    def save_torch(self, model: DLRM) -> None:
+    def save_torch(self, model: RankingModel) -> None:
+        """The state dict (model.pt) plus what rebuilds the module: model_config and model_target."""
         self.path.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), self.path / "model.pt")
         self.model_config = model.cfg.to_dict()
+        self.model_target = target_of(type(model))
         self.params = count_params(model)
-        self.flops_per_candidate = flops_per_candidate(model.cfg)
+        self.flops_per_candidate = model.cfg.flops_per_candidate()
         self.add_artifact("torch", "model.pt")
 
-    def load_torch(self) -> DLRM:
+    def model_class(self) -> type[RankingModel]:
+        """The class `model_target` names, if conf/model/ allows it (a manifest never names arbitrary code)."""
+        try:
+            return resolve(self.model_target, f"variant {self.name!r} model_target")
+        except ConfigError as e:
+            raise ArtifactError(f"{self.path / 'variant.json'}: {e}") from None
+
+    def model_cfg(self):
+        """The model's Config (e.g. DLRMConfig) rebuilt from the recorded model_config."""
+        return self.model_class().Config(**self.model_config)
+
+    def load_torch(self) -> RankingModel:
         """Weights only: no pickled code is executed (torch.load(weights_only=True))."""
-        model = DLRM(DLRMConfig(**self.model_config))
+        model = self.model_class()(self.model_cfg())
         state = torch.load(self.verify("torch"), weights_only=True)
         model.load_state_dict(state)
         return model.eval()

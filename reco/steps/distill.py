@@ -1,4 +1,4 @@
-"""Knowledge distillation into a smaller DLRM, with a control run that shows what the teacher adds.
+"""Knowledge distillation into a smaller model of the teacher's family, with a control run that shows what the teacher adds.
 
 Loss per row, with student logit s, teacher logit t, label y, temperature T:
     alpha * BCE(sigmoid(s), y) + (1 - alpha) * T^2 * BCE(sigmoid(s / T), sigmoid(t / T))
@@ -6,6 +6,8 @@ The T^2 factor keeps the soft term's gradient scale independent of T (Hinton et 
 The control is the same student architecture, initialisation, data, budget and seed trained on the
 labels alone (alpha = 1); `kd_gain_val_auc` = student AUC - control AUC on the validation split, with a
 paired DeLong 95 % CI (`_lo`, `_hi`): both score the same rows, so their noise largely cancels.
+The student is the teacher's class with the teacher's architecture settings and the shapes of
+`distill.student` (the model's `student_config`, reco.models.protocol).
 """
 
 from __future__ import annotations
@@ -20,7 +22,7 @@ from torch import nn
 
 from reco.data.schema import Dataset, Split
 from reco.measure import predict
-from reco.models.dlrm import DLRM, DLRMConfig, PlainScorer, TableSpec, count_params
+from reco.models.protocol import ArchConfig, PlainScorer, RankingModel, TableSpec, count_params
 from reco.runtime import Scorer
 from reco.stats import auc_delta
 from reco.steps.prune import row_counts
@@ -40,7 +42,7 @@ class TableSource(Enum):
 @dataclass
 class StudentConfig:
     embedding_dim: int = MISSING
-    bottom: list[int] = MISSING  # last = embedding_dim (derived in the YAML)
+    bottom: list[int] = MISSING  # last = embedding_dim (derived in the YAML; DLRM's dot interaction needs it)
     top: list[int] = MISSING
     tables: TableSource = MISSING
     min_count: int = MISSING  # rows of ids seen fewer times in train map to row 0 (0: keep every row)
@@ -65,11 +67,8 @@ class DistillConfig:
             raise StepError(f"distill: distill.alpha must be in [0, 1], got {self.alpha}")
         if self.temperature <= 0:
             raise StepError(f"distill: distill.temperature must be > 0, got {self.temperature}")
-        if not self.student.bottom or self.student.bottom[-1] != self.student.embedding_dim:
-            raise StepError(
-                f"distill: distill.student.bottom must end in distill.student.embedding_dim "
-                f"({self.student.embedding_dim}) for the dot interaction, got {self.student.bottom}"
-            )
+        if not self.student.bottom:
+            raise StepError("distill: distill.student.bottom must list at least one layer, got []")
 
 
 @register("distill", DistillConfig, trains=True)
@@ -92,14 +91,15 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
     for p in teacher.parameters():
         p.requires_grad_(False)
     s_cfg, maps = student_config(dc.student, teacher, data)
-    student = build_student(s_cfg, maps, trainer.seed)
+    student = build_student(teacher, s_cfg, maps, trainer.seed)
     n_t, n_s = count_params(teacher), count_params(student)
     if n_s >= n_t:
         raise StepError(
             f"distill: distill.student has {n_s} params, not fewer than the teacher's {n_t} "
-            f"(teacher {parent.name!r}); shrink student.embedding_dim/bottom/top"
+            f"(teacher {parent.name!r}, model {parent.model_target}); shrink distill.student.embedding_dim, "
+            f"distill.student.bottom or distill.student.top"
         )
-    control = build_student(s_cfg, maps, trainer.seed) if dc.control else None
+    control = build_student(teacher, s_cfg, maps, trainer.seed) if dc.control else None
 
     budget = dataclasses.replace(
         trainer,
@@ -143,7 +143,9 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
 class KDLoss:
     """loss_fn for reco.train.loop.train: (student logits [B], batch, train-row indices [B]) -> scalar."""
 
-    def __init__(self, teacher: DLRM, train_split: Split, alpha: float, temperature: float, cache: bool):
+    def __init__(
+        self, teacher: RankingModel, train_split: Split, alpha: float, temperature: float, cache: bool
+    ):
         self.teacher, self.alpha, self.t = teacher.eval(), alpha, temperature
         # NaN = not scored yet; filled lazily, so a row budget smaller than the split costs no more
         # teacher forwards than computing them on the fly.
@@ -171,7 +173,7 @@ class KDLoss:
         return self.alpha * hard + (1 - self.alpha) * self.t**2 * soft
 
 
-def torch_scorer(model: DLRM) -> Scorer:
+def torch_scorer(model: RankingModel) -> Scorer:
     scorer = PlainScorer(model).eval()
 
     @torch.inference_mode()
@@ -183,9 +185,9 @@ def torch_scorer(model: DLRM) -> Scorer:
 
 # Student architecture ---------------------------------------------------------------------------
 def student_config(
-    sc: StudentConfig, teacher: DLRM, data: Dataset
-) -> tuple[DLRMConfig, dict[str, torch.Tensor]]:
-    """The student's DLRMConfig and its id maps ({feature: [cardinality] int32 id -> row}).
+    sc: StudentConfig, teacher: RankingModel, data: Dataset
+) -> tuple[ArchConfig, dict[str, torch.Tensor]]:
+    """The student's Config (the teacher's class's) and its id maps ({feature: [cardinality] int32 id -> row}).
 
     Tables come from the schema (full cardinality) or the teacher (its pruned rows and maps); then
     ids whose row is seen < min_count times in train are folded into row 0.
@@ -210,18 +212,21 @@ def student_config(
         if t.feature in remapped:
             maps[t.feature] = base.to(torch.int32)
     try:
-        cfg = DLRMConfig(
-            len(data.schema.dense), tables, sc.embedding_dim, list(sc.bottom), list(sc.top), remapped
-        )
+        cfg = teacher.student_config(tables, remapped, sc.embedding_dim, list(sc.bottom), list(sc.top))
     except ValueError as e:
-        raise StepError(f"distill: distill.student: {e}") from e
+        raise StepError(
+            f"distill: distill.student cannot build a {type(teacher).__name__} student "
+            f"(embedding_dim {sc.embedding_dim}, bottom {list(sc.bottom)}, top {list(sc.top)}): {e}"
+        ) from e
     return cfg, maps
 
 
-def build_student(cfg: DLRMConfig, maps: dict[str, torch.Tensor], seed: int) -> DLRM:
+def build_student(
+    teacher: RankingModel, cfg: ArchConfig, maps: dict[str, torch.Tensor], seed: int
+) -> RankingModel:
     """Same seed -> same initial weights, so the student and the control start identical."""
     torch.manual_seed(seed)
-    model = DLRM(DLRMConfig(**cfg.to_dict()))
+    model = type(teacher)(type(cfg)(**cfg.to_dict()))
     for f, m in maps.items():
         getattr(model, f"idmap_{f}").copy_(m)
     return model

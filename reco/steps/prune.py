@@ -1,13 +1,14 @@
-"""Structured pruning: a physically smaller DLRM, then fine-tuning.
+"""Structured pruning: a physically smaller model, then fine-tuning.
 
 Two levers, because parameters and latency live in different places:
 - embedding rows (most of the parameters): rows of ids rarely seen in the train split are dropped and
-  their ids mapped to row 0 through the model's id map (`DLRMConfig.remapped`, `idmap_<feature>`);
+  their ids mapped to row 0 through the model's id map (`cfg.remapped`, `idmap_<feature>`);
   the table's `num_rows` shrinks, its `cardinality` (ids accepted) stays;
 - hidden MLP neurons (most of the FLOPs, hence latency): a fixed fraction of each prunable layer's
   neurons is removed by score and the `nn.Linear`s are rebuilt narrower (and the next layer's input
-  columns with them). The bottom MLP's last layer (= embedding_dim, for the dot interaction) and the
-  top MLP's output layer are never pruned.
+  columns with them). The MLPs are the model's `mlps()` (reco.models.protocol); the last layer of each
+  keeps its width (DLRM's bottom output = embedding_dim for the dot interaction, DCN's feeds the cross
+  net, the top's is the logit). Other layers (DCN's cross net) are kept as they are.
 `mlp_fraction` sets the latency cut; embedding rows make up the rest of `amount` (rarest first, with
 `embeddings.min_count` as a floor), so the parameter target is always met.
 Fine-tuning after each round is kept only if it raises validation AUC: on the synthetic default a
@@ -28,7 +29,7 @@ from omegaconf import MISSING
 from torch import nn
 
 from reco.data.schema import Dataset, Split
-from reco.models.dlrm import DLRM, DLRMConfig, TableSpec, count_params, flops_per_candidate
+from reco.models.protocol import ArchConfig, RankingModel, TableSpec, count_params
 from reco.steps.registry import StepError, StepRun, child_variant, register, require_artifact
 from reco.train.loop import TrainConfig, predict_torch, train
 from reco.train.metrics import classification_metrics
@@ -89,7 +90,7 @@ def run(parent: Variant | None, data: Dataset, pc: PruneConfig, ctx: StepRun) ->
     trainer, name = ctx.trainer, ctx.name
     require_artifact(parent, "torch", "prune")
     model = parent.load_torch()
-    p0, f0 = count_params(model), flops_per_candidate(model.cfg)
+    p0, f0 = count_params(model), model.cfg.flops_per_candidate()
     ft = dataclasses.replace(
         trainer, epochs=pc.finetune_epochs, max_rows_per_epoch=pc.finetune_rows, checkpoint_dir=None
     )
@@ -106,7 +107,7 @@ def run(parent: Variant | None, data: Dataset, pc: PruneConfig, ctx: StepRun) ->
             ft_r = dataclasses.replace(ft, seed=trainer.seed + r)
             val = finetune(model, data, ft_r, f"prune[{name}] round {r}/{pc.iterations}")
             kept += int(val["kept"])
-    p1, f1 = count_params(model), flops_per_candidate(model.cfg)
+    p1, f1 = count_params(model), model.cfg.flops_per_candidate()
     if p1 > p0 * (1 - pc.amount):  # invariant of prune_embeddings' budget
         raise StepError(f"prune: could not remove prune.amount={pc.amount} of {p0} params (left {p1})")
 
@@ -117,7 +118,7 @@ def run(parent: Variant | None, data: Dataset, pc: PruneConfig, ctx: StepRun) ->
         params_removed_pct=100.0 * (p0 - p1) / p0,
         flops_removed_pct=100.0 * (f0 - f1) / f0,
         emb_rows_removed=float(rows_removed),
-        mlp_neurons_removed=float(hidden_width(parent_cfg(parent)) - hidden_width(model.cfg)),
+        mlp_neurons_removed=float(hidden_width(parent.model_cfg()) - hidden_width(model.cfg)),
         finetune_rounds_kept=float(kept),
         **{k: float(x) for k, x in val.items() if k != "kept"},
     )
@@ -125,7 +126,7 @@ def run(parent: Variant | None, data: Dataset, pc: PruneConfig, ctx: StepRun) ->
     return v
 
 
-def finetune(model: DLRM, data: Dataset, ft: TrainConfig, desc: str) -> dict[str, float]:
+def finetune(model: RankingModel, data: Dataset, ft: TrainConfig, desc: str) -> dict[str, float]:
     """Train in place; keep the result only if validation AUC (measured as train() does) improved.
 
     Returns {pruned_val_auc, finetune_val_auc, kept}.
@@ -139,11 +140,7 @@ def finetune(model: DLRM, data: Dataset, ft: TrainConfig, desc: str) -> dict[str
     return {"pruned_val_auc": before, "finetune_val_auc": after, "kept": after > before}
 
 
-def parent_cfg(parent: Variant) -> DLRMConfig:
-    return DLRMConfig(**parent.model_config)
-
-
-def hidden_width(cfg: DLRMConfig) -> int:
+def hidden_width(cfg: ArchConfig) -> int:
     return sum(cfg.bottom) + sum(cfg.top)
 
 
@@ -153,7 +150,7 @@ def linears(seq: nn.Sequential) -> list[nn.Linear]:
 
 
 def neuron_scores(
-    model: DLRM, criterion: str, train_split: Split, trainer: TrainConfig, batches: int
+    model: RankingModel, criterion: str, train_split: Split, trainer: TrainConfig, batches: int
 ) -> dict[tuple[str, int], torch.Tensor]:
     """Score of every output neuron of every Linear: {(mlp, layer index): [out_features]}.
 
@@ -162,7 +159,7 @@ def neuron_scores(
     taylor: sum over its incoming weights of |w * dL/dw|, accumulated over `batches` train batches
     (first-order estimate of the loss change when the neuron is removed, Molchanov et al. 2017).
     """
-    layers = {(k, i): lin for k in ("bottom", "top") for i, lin in enumerate(linears(getattr(model, k)))}
+    layers = {(k, i): lin for k, seq in model.mlps().items() for i, lin in enumerate(linears(seq))}
     if criterion in ("l1", "l2"):
         p = 1 if criterion == "l1" else 2
         out = {}
@@ -195,23 +192,28 @@ def neuron_scores(
 
 
 def prune_mlps(
-    model: DLRM, criterion: str, fraction: float, train_split: Split, trainer: TrainConfig, batches: int
-) -> DLRM:
-    """Remove `fraction` of the hidden neurons of every prunable layer; returns a new, narrower DLRM."""
+    model: RankingModel,
+    criterion: str,
+    fraction: float,
+    train_split: Split,
+    trainer: TrainConfig,
+    batches: int,
+) -> RankingModel:
+    """Remove `fraction` of the hidden neurons of every prunable layer; returns a new, narrower model."""
     if fraction <= 0:
         return model
     scores = neuron_scores(model, criterion, train_split, trainer, batches)
+    mlps = model.mlps()
     keep: dict[tuple[str, int], torch.Tensor] = {}
-    for k in ("bottom", "top"):
-        n_lin = len(linears(getattr(model, k)))
+    for k, seq in mlps.items():
+        n_lin = len(linears(seq))
         for i in range(n_lin - 1):  # the last Linear of each MLP keeps its width
             s = scores[(k, i)]
             n_keep = max(1, round(s.numel() * (1 - fraction)))
             keep[(k, i)] = torch.topk(s, n_keep).indices.sort().values
     state = model.state_dict()
     sizes = {}
-    for k in ("bottom", "top"):
-        seq = getattr(model, k)
+    for k, seq in mlps.items():
         lin_pos = [j for j, m in enumerate(seq) if isinstance(m, nn.Linear)]
         for i, j in enumerate(lin_pos):
             w, b = state[f"{k}.{j}.weight"], state[f"{k}.{j}.bias"]
@@ -221,18 +223,18 @@ def prune_mlps(
                 w = w[:, cols]
             state[f"{k}.{j}.weight"], state[f"{k}.{j}.bias"] = w.clone(), b.clone()
         sizes[k] = [int(state[f"{k}.{j}.weight"].shape[0]) for j in lin_pos]
-    cfg = dataclasses.replace(model.cfg, bottom=sizes["bottom"], top=sizes["top"][:-1])
-    return rebuild(cfg, state)
+    return rebuild(model, model.config_with_mlps(sizes), state)
 
 
-def rebuild(cfg: DLRMConfig, state: dict[str, torch.Tensor]) -> DLRM:
-    new = DLRM(cfg)
+def rebuild(model: RankingModel, cfg: ArchConfig, state: dict[str, torch.Tensor]) -> RankingModel:
+    """A new model of `model`'s class with architecture `cfg` holding `state`."""
+    new = type(model)(cfg)
     new.load_state_dict(state, strict=True)
     return new.eval()
 
 
 # Embedding rows ---------------------------------------------------------------------------------
-def id_map(model: DLRM, feature: str) -> torch.Tensor:
+def id_map(model: RankingModel, feature: str) -> torch.Tensor:
     """[cardinality] int64: schema id -> row of this model's table (identity if not remapped)."""
     m = model.id_map(feature)
     if m is not None:
@@ -271,13 +273,13 @@ def rows_to_drop(
     return {f: drop_flat[owner == i] for i, f in enumerate(feats)}
 
 
-def prunable_tables(model: DLRM, min_rows: int) -> list[TableSpec]:
+def prunable_tables(model: RankingModel, min_rows: int) -> list[TableSpec]:
     return [t for t in model.cfg.tables if t.num_rows >= min_rows]
 
 
 def prune_embeddings(
-    model: DLRM, train_split: Split, target_params: int, rule: EmbeddingRule
-) -> tuple[DLRM, int]:
+    model: RankingModel, train_split: Split, target_params: int, rule: EmbeddingRule
+) -> tuple[RankingModel, int]:
     """Drop rare rows so that count_params <= target_params (and all rows below rule.min_count).
 
     Dropped ids map to row 0, re-initialised as the count-weighted mean of the rows it absorbs (a
@@ -321,4 +323,4 @@ def prune_embeddings(
             remapped.append(t.feature)
         n_dropped += int(d.sum())
     cfg = dataclasses.replace(model.cfg, tables=new_tables, remapped=remapped)
-    return rebuild(cfg, state), n_dropped
+    return rebuild(model, cfg, state), n_dropped

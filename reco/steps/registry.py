@@ -78,10 +78,12 @@ def register(
 
 
 def _code_hash(fn: StepFn) -> str:
-    """The step's source (its whole package when it is one) and the model code every step builds on."""
+    """The step's source (its whole package when it is one) and the model code every model shares. The
+    chosen model's own module enters the root variant's key (reco.graph.cache_key), hence every key."""
     src = Path(inspect.getsourcefile(fn) or "")
     files = sorted(src.parent.glob("*.py")) if src.name == "__init__.py" else [src]
-    files.append(Path(__file__).resolve().parents[1] / "models" / "dlrm.py")
+    models = Path(__file__).resolve().parents[1] / "models"
+    files += [models / "protocol.py", models / "embedding.py"]
     h = hashlib.sha256()
     for f in files:
         h.update(f.read_bytes())
@@ -138,7 +140,7 @@ def child_variant(
     if parent is not None and parent.dir and out_dir.resolve() == Path(parent.dir).resolve():
         raise StepError(f"{step}: out_dir {out_dir} is the parent's directory; a step never writes there")
     out_dir.mkdir(parents=True, exist_ok=True)
-    return Variant(
+    v = Variant(
         name=ctx.name,
         step=step,
         parent=parent.name if parent else None,
@@ -148,3 +150,6 @@ def child_variant(
         step_config=plain(cfg),
         data_fingerprint=data.fingerprint,
     )
+    if parent is not None:
+        v.model_target = parent.model_target
+    return v

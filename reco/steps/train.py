@@ -1,26 +1,29 @@
-"""The `train` step: a fresh TorchRec DLRM trained on the dataset -> the baseline Variant (a root)."""
+"""The `train` step: a fresh model of the configured architecture (conf/model/, chosen by its
+`_target_`; see reco.models.protocol) trained on the dataset -> the baseline Variant (a root)."""
 
 from __future__ import annotations
 
 from reco.data.schema import Dataset
-from reco.models.dlrm import DLRM, DLRMConfig, ModelConfig
-from reco.steps.registry import StepRun, child_variant, register
+from reco.models.protocol import ModelSettings, resolve
+from reco.steps.registry import StepError, StepRun, child_variant, register
 from reco.train.loop import train
 from reco.variant import Variant
 
 
-@register("train", ModelConfig, config_key="model", root=True, trains=True)
-def run(parent: Variant | None, data: Dataset, cfg: ModelConfig, ctx: StepRun) -> Variant:
+@register("train", ModelSettings, config_key="model", root=True, trains=True)
+def run(parent: Variant | None, data: Dataset, cfg: ModelSettings, ctx: StepRun) -> Variant:
     """Train the model `cfg` describes on `data` (early stopping on validation AUC, per ctx.trainer).
 
+    Args:
+        cfg: the model's settings, typed by the schema of the class `cfg._target_` names.
     Returns:
         The baseline variant: torch weights, learning curve metrics (best_epoch, best_val_auc).
     """
+    cls = resolve(cfg._target_, "model._target_")
     try:
-        model_cfg = DLRMConfig.from_schema(data.schema, cfg.embedding_dim, cfg.bottom, cfg.top)
+        model = cls.from_settings(data.schema, cfg)
     except ValueError as e:
-        raise ValueError(f"train: {e}") from None
-    model = DLRM(model_cfg)
+        raise StepError(f"train: model {cfg.name!r} ({cfg._target_}): {e}") from None
     result = train(model, data, ctx.trainer, on_epoch=ctx.on_epoch, desc=ctx.name)
     v = child_variant(None, data, cfg, ctx, "train", "torch")
     v.save_torch(model)

@@ -20,7 +20,7 @@ from torch import nn
 from tqdm import tqdm
 
 from reco.data.schema import Dataset, Split
-from reco.models.dlrm import DLRM, PlainScorer
+from reco.models.protocol import PlainScorer, RankingModel
 from reco.train.metrics import classification_metrics
 
 
@@ -66,7 +66,7 @@ def bce_loss(logits: torch.Tensor, part: Split, rows: torch.Tensor) -> torch.Ten
 
 
 @torch.no_grad()
-def predict_torch(model: DLRM, split: Split, batch_size: int = 8192) -> np.ndarray:
+def predict_torch(model: RankingModel, split: Split, batch_size: int = 8192) -> np.ndarray:
     model.eval()
     scorer = PlainScorer(model)
     out = [
@@ -85,7 +85,7 @@ def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
 
 
 def train(
-    model: DLRM,
+    model: RankingModel,
     data: Dataset,
     cfg: TrainConfig,
     loss_fn: LossFn = bce_loss,

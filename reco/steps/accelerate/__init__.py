@@ -20,7 +20,7 @@ from omegaconf import MISSING
 
 from reco.data.schema import Dataset
 from reco.measure import evaluate
-from reco.models.dlrm import count_params, flops_per_candidate
+from reco.models.protocol import count_params
 from reco.runtime import load_scorer, ort_scorer
 from reco.steps.accelerate.export import (
     check_parity,
@@ -89,7 +89,7 @@ def run(parent: Variant | None, data: Dataset, ac: AccelerateConfig, ctx: StepRu
         v.save_torch(model)  # same weights; the backend decides how they run
     else:
         # The graph holds the same parameters; params/FLOPs describe the model, not its runtime.
-        v.params, v.flops_per_candidate = count_params(model), flops_per_candidate(model.cfg)
+        v.params, v.flops_per_candidate = count_params(model), model.cfg.flops_per_candidate()
         report = build_onnx(v, model, data, ac)
         (v.path / "accelerate.json").write_text(json.dumps(report, indent=2))
         v.add_artifact("report", "accelerate.json")

@@ -1,4 +1,4 @@
-"""Export a DLRM's plain-tensor scorer to ONNX and prove the export computes the same probabilities.
+"""Export a model's plain-tensor scorer to ONNX and prove the export computes the same probabilities.
 
 Graph contract (what reco.runtime feeds ONNX Runtime):
     inputs  dense [B, D] float32, ids [B, F, L] int64, mask [B, F, L] float32   (B dynamic)
@@ -20,7 +20,7 @@ import onnx
 import torch
 
 from reco.data.schema import Split
-from reco.models.dlrm import DLRM, PlainScorer
+from reco.models.protocol import PlainScorer, RankingModel
 from reco.steps.registry import StepError
 
 INPUTS = ("dense", "ids", "mask")
@@ -31,7 +31,9 @@ CONTROL_FLOW = ("Loop", "Scan", "If")
 Batch = tuple[np.ndarray, np.ndarray, np.ndarray]  # dense [B, D] f32, ids [B, F, L] i64, mask [B, F, L] f32
 
 
-def export_onnx(model: DLRM, path: Path, example: Split, opset: int, exporter: str) -> onnx.ModelProto:
+def export_onnx(
+    model: RankingModel, path: Path, example: Split, opset: int, exporter: str
+) -> onnx.ModelProto:
     """Write PlainScorer(model) to `path` (weights inside the file) and return the loaded graph."""
     if exporter not in EXPORTERS:
         raise StepError(f"accelerate: accelerate.exporter must be one of {EXPORTERS}, got {exporter!r}")
@@ -85,7 +87,7 @@ def real_batch(split: Split, rows: int) -> Batch:
     return part.dense.numpy(), part.ids.numpy(), part.mask().numpy()
 
 
-def random_batch(model: DLRM, rows: int, max_len: int, seed: int) -> Batch:
+def random_batch(model: RankingModel, rows: int, max_len: int, seed: int) -> Batch:
     """Any valid input, not just data-like ones: random dense values, ids over each table's full
     cardinality (so pruned ids hit row 0 through the id map), random lengths."""
     rng = np.random.default_rng(seed)
@@ -102,16 +104,18 @@ def random_batch(model: DLRM, rows: int, max_len: int, seed: int) -> Batch:
 
 
 @torch.inference_mode()
-def torch_probs(model: DLRM, batch: Batch) -> np.ndarray:
+def torch_probs(model: RankingModel, batch: Batch) -> np.ndarray:
     return PlainScorer(model).eval()(*(torch.from_numpy(a) for a in batch)).numpy()
 
 
-def max_abs_diff(scorer, model: DLRM, batch: Batch) -> float:
+def max_abs_diff(scorer, model: RankingModel, batch: Batch) -> float:
     """max |p_scorer - p_torch| over the batch; scorer(dense, ids, mask) -> [B] probabilities."""
     return float(np.abs(scorer(*batch) - torch_probs(model, batch)).max())
 
 
-def check_parity(scorer, model: DLRM, batches: dict[str, Batch], tol: float, what: str) -> dict[str, float]:
+def check_parity(
+    scorer, model: RankingModel, batches: dict[str, Batch], tol: float, what: str
+) -> dict[str, float]:
     """max |p_scorer - p_torch| per named batch; raises if any exceeds `tol`."""
     diffs = {k: max_abs_diff(scorer, model, b) for k, b in batches.items()}
     if max(diffs.values()) > tol:

@@ -31,7 +31,7 @@ from omegaconf import MISSING
 from reco.config import typed
 from reco.data.schema import Dataset
 from reco.measure import evaluate
-from reco.models.dlrm import DLRM, count_params, flops_per_candidate
+from reco.models.protocol import RankingModel, count_params
 from reco.runtime import load_scorer, ort_scorer
 from reco.steps.accelerate import Exporter
 from reco.steps.accelerate.export import export_onnx, max_abs_diff, random_batch, real_batch
@@ -139,7 +139,7 @@ def run(parent: Variant | None, data: Dataset, cfg: EmbedQuantConfig, ctx: StepR
     ref = dequantized_copy(model, tables)
 
     v = child_variant(parent, data, cfg, ctx, "embed_quant", cfg.runtime.backend)
-    v.params, v.flops_per_candidate = count_params(model), flops_per_candidate(model.cfg)
+    v.params, v.flops_per_candidate = count_params(model), model.cfg.flops_per_candidate()
     v.runtime["embed_quant"] = {"precision": {f: p.value for f, p in choice.precision.items()}}
     batches = {
         "random": random_batch(model, cfg.parity_rows, data.val.ids.shape[2], seed=0),
@@ -170,7 +170,7 @@ def run(parent: Variant | None, data: Dataset, cfg: EmbedQuantConfig, ctx: StepR
     return v
 
 
-def check_tables(model: DLRM, cfg: EmbedQuantConfig) -> None:
+def check_tables(model: RankingModel, cfg: EmbedQuantConfig) -> None:
     """Every fixed table exists and every precision it may get is one FBGEMM's kernels can hold."""
     dim = model.cfg.embedding_dim
     for f, p in cfg.tables.items():
@@ -192,7 +192,7 @@ def check_tables(model: DLRM, cfg: EmbedQuantConfig) -> None:
             )
 
 
-def dequantized_copy(model: DLRM, tables: dict[str, QTable]) -> DLRM:
+def dequantized_copy(model: RankingModel, tables: dict[str, QTable]) -> RankingModel:
     """A float copy of `model` whose tables hold the dequantized values: what every runtime must compute."""
     ref = copy.deepcopy(model)
     with torch.no_grad():
@@ -201,7 +201,9 @@ def dequantized_copy(model: DLRM, tables: dict[str, QTable]) -> DLRM:
     return ref.eval()
 
 
-def check_parity(scorer, ref: DLRM, batches: dict, cfg: EmbedQuantConfig, what: str) -> dict[str, float]:
+def check_parity(
+    scorer, ref: RankingModel, batches: dict, cfg: EmbedQuantConfig, what: str
+) -> dict[str, float]:
     """max |p_runtime - p_reference| per batch; raises if any exceeds embed_quant.parity_tol."""
     diffs = {k: max_abs_diff(scorer, ref, b) for k, b in batches.items()}
     if max(diffs.values()) > cfg.parity_tol:
@@ -214,8 +216,8 @@ def check_parity(scorer, ref: DLRM, batches: dict, cfg: EmbedQuantConfig, what: 
 
 def build_onnx(
     v: Variant,
-    model: DLRM,
-    ref: DLRM,
+    model: RankingModel,
+    ref: RankingModel,
     tables: dict[str, QTable],
     data: Dataset,
     cfg: EmbedQuantConfig,
@@ -261,7 +263,7 @@ def build_onnx(
 def summary(
     parent: Variant,
     v: Variant,
-    model: DLRM,
+    model: RankingModel,
     tables: dict[str, QTable],
     choice: Choice,
     val_rows: int,

@@ -2,14 +2,14 @@
 
 On disk (`model_qemb.pt`) the model is a state dict of plain tensors, loaded with
 torch.load(weights_only=True) after its SHA-256 is checked, so loading executes no pickled code:
-    dense.<key>                the DLRM's non-embedding state (MLPs, id maps), as in model.pt
+    dense.<key>                the model's non-embedding state (MLPs, id maps, ...), as in model.pt
     emb.<feature>.data         fp32/fp16 [N, d] or uint8 [N, d * bits / 8] packed codes (rowwise.QTable)
     emb.<feature>.scale_bias   float16 [N, 2] for the integer formats
 TorchRec's own quantized state dict holds UInt4Tensor subclasses and rows padded to 16 bytes (an INT4 row
 of dim 16 takes as many bytes as an INT8 or fp16 one there), so it is neither loadable weights-only
-nor a fair size figure. At load the DLRM is rebuilt with a TorchRec quantized EmbeddingBagCollection
+nor a fair size figure. At load the model (the variant's allow-listed class) is rebuilt with a TorchRec quantized EmbeddingBagCollection
 (FBGEMM's IntNBitTableBatchedEmbeddingBagsCodegen, CPU kernels) whose tables are these tensors, and
-scores through its KeyedJaggedTensor forward.
+scores through its KeyedJaggedTensor forward (the protocol's `ebc`, reco.models.protocol).
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from torch import nn
 from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 
-from reco.models.dlrm import DLRM, DLRMConfig, TableSpec
+from reco.models.protocol import ArchConfig, RankingModel, TableSpec
 from reco.steps.embed_quant.rowwise import QTable, from_stored
 from reco.variant import ArtifactError, Variant
 
@@ -35,7 +35,7 @@ FILE = "model_qemb.pt"
 ROW_ALIGNMENT = 1
 
 
-def state_dict(model: DLRM, tables: dict[str, QTable]) -> dict[str, torch.Tensor]:
+def state_dict(model: RankingModel, tables: dict[str, QTable]) -> dict[str, torch.Tensor]:
     """The file's content (see the module docstring) for `model`'s dense parts and quantized `tables`."""
     out = {f"dense.{k}": v for k, v in model.state_dict().items() if not k.startswith("ebc.")}
     for f, t in tables.items():
@@ -45,11 +45,11 @@ def state_dict(model: DLRM, tables: dict[str, QTable]) -> dict[str, torch.Tensor
     return out
 
 
-def save(path: Path, model: DLRM, tables: dict[str, QTable]) -> None:
+def save(path: Path, model: RankingModel, tables: dict[str, QTable]) -> None:
     torch.save(state_dict(model, tables), path)
 
 
-def quant_ebc(cfg: DLRMConfig, tables: dict[str, QTable]) -> QuantEmbeddingBagCollection:
+def quant_ebc(cfg: ArchConfig, tables: dict[str, QTable]) -> QuantEmbeddingBagCollection:
     """TorchRec's quantized EmbeddingBagCollection holding `tables` (feature -> QTable), one per table."""
     configs = [
         EmbeddingBagConfig(
@@ -77,8 +77,10 @@ def quant_ebc(cfg: DLRMConfig, tables: dict[str, QTable]) -> QuantEmbeddingBagCo
     )
 
 
-def build(cfg: DLRMConfig, state: dict[str, torch.Tensor], where: str) -> DLRM:
-    """A DLRM whose `ebc` is TorchRec's quantized collection, from a state dict written by `save`.
+def build(
+    cls: type[RankingModel], cfg: ArchConfig, state: dict[str, torch.Tensor], where: str
+) -> RankingModel:
+    """A `cls` model whose `ebc` is TorchRec's quantized collection, from a state dict written by `save`.
 
     Raises:
         ArtifactError naming `where` if the state dict does not match `cfg`.
@@ -88,7 +90,7 @@ def build(cfg: DLRMConfig, state: dict[str, torch.Tensor], where: str) -> DLRM:
     small = dataclasses.replace(
         cfg, tables=[TableSpec(t.feature, 1, t.max_len, t.cardinality) for t in cfg.tables]
     )
-    model = DLRM(small)
+    model = cls(small)
     model.cfg = cfg
     try:
         tables = {
@@ -98,7 +100,7 @@ def build(cfg: DLRMConfig, state: dict[str, torch.Tensor], where: str) -> DLRM:
             for t in cfg.tables
         }
     except (KeyError, ValueError) as e:
-        raise ArtifactError(f"{where}: not an embedding-quantized DLRM state dict ({e})") from None
+        raise ArtifactError(f"{where}: not an embedding-quantized {cls.__name__} state dict ({e})") from None
     for t in cfg.tables:
         if tables[t.feature].rows != t.num_rows:
             raise ArtifactError(
@@ -115,11 +117,11 @@ def build(cfg: DLRMConfig, state: dict[str, torch.Tensor], where: str) -> DLRM:
     return model.eval()
 
 
-def load(variant: Variant) -> DLRM:
+def load(variant: Variant) -> RankingModel:
     """The variant's quantized model; the file's SHA-256 is checked first, nothing pickled is executed."""
     path = variant.verify(ROLE)
     state = torch.load(path, weights_only=True)
-    return build(DLRMConfig(**variant.model_config), state, str(path))
+    return build(variant.model_class(), variant.model_cfg(), state, str(path))
 
 
 class KJTScorer(nn.Module):
@@ -127,7 +129,7 @@ class KJTScorer(nn.Module):
     quantized collection has no per-table weight for `forward_plain`'s Gather). Masks are prefixes
     (the first `length` positions), as every Split and the feature store produce them."""
 
-    def __init__(self, model: DLRM) -> None:
+    def __init__(self, model: RankingModel) -> None:
         super().__init__()
         self.model = model
 

@@ -24,7 +24,7 @@ import torch
 
 from reco.data.schema import Split
 from reco.measure import evaluate
-from reco.models.dlrm import DLRM
+from reco.models.protocol import RankingModel
 from reco.steps.accelerate.export import torch_probs
 from reco.steps.embed_quant.rowwise import Precision, QTable, quantize_table
 
@@ -53,7 +53,7 @@ class Choice:
 class Sweep:
     """Scores `model` on `split` with chosen tables swapped for their quantized values (cached)."""
 
-    def __init__(self, model: DLRM, split: Split) -> None:
+    def __init__(self, model: RankingModel, split: Split) -> None:
         self.model, self.split = model, split
         self._q: dict[tuple[str, Precision], QTable] = {}
         self.parent_auc = self._auc({})
@@ -76,7 +76,7 @@ class Sweep:
 
 
 @contextlib.contextmanager
-def swapped(model: DLRM, values: dict[str, torch.Tensor]) -> Iterator[DLRM]:
+def swapped(model: RankingModel, values: dict[str, torch.Tensor]) -> Iterator[RankingModel]:
     """`model` with the float tables of `values` (feature -> float32 [N, d]) replaced, restored after."""
     tables = model.tables()
     saved = {f: tables[f].data.clone() for f in values}
