@@ -32,7 +32,9 @@ class TrackingServerConfig:
     host: str = MISSING  # 127.0.0.1: other machines reach it through an SSH tunnel or a proxy, not directly
     port: int = MISSING
     backend_store_uri: str = MISSING  # runs, params, metrics (sqlite here; postgresql://... in production)
-    artifacts_destination: str = MISSING  # where the server stores artifacts (a path here; s3://... in production)
+    artifacts_destination: str = (
+        MISSING  # where the server stores artifacts (a path here; s3://... in production)
+    )
     workers: int = MISSING  # server worker processes
 
 

@@ -110,7 +110,11 @@ def test_smoke_experiment_end_to_end(tmp_path, mlflow_server):
     finished variant is reused); the common-load rate is 120 req/s instead of 60, which halves the five
     368-request windows (the load study's plumbing is under test, not its numbers)."""
     proc = run_py(
-        tmp_path, "experiment=smoke", "loadtest.study.common_rate=120", f"tracking.uri={mlflow_server}", timeout=540
+        tmp_path,
+        "experiment=smoke",
+        "loadtest.study.common_rate=120",
+        f"tracking.uri={mlflow_server}",
+        timeout=540,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
@@ -155,7 +159,9 @@ def test_smoke_experiment_end_to_end(tmp_path, mlflow_server):
     assert children["distilled_onnx_int8"].data.params["backend"] == "onnxruntime"
     # artifacts went through the server's proxied store, not to a path on this side
     assert not (tmp_path / "artifacts").exists()
-    manifest = client.download_artifacts(children["distilled"].info.run_id, "variant/variant.json", str(tmp_path))
+    manifest = client.download_artifacts(
+        children["distilled"].info.run_id, "variant/variant.json", str(tmp_path)
+    )
     assert '"sha256"' in Path(manifest).read_text()
     assert list((tmp_path / "server" / "artifacts").rglob("variant.json"))
     report = (tmp_path / "report" / "report.md").read_text()
