@@ -24,6 +24,7 @@ from reco.data import load_dataset
 from reco.data.schema import Dataset
 from reco.graph import Node, cache_key, plan
 from reco.measure import RankLatencyConfig, predict, rank_latency, score_metrics
+from reco.profile import ProfileConfig, profile_rank
 from reco.runtime import load_scorer
 from reco.steps import StepRun
 from reco.tracking import Tracker, TrackingConfig, environment_tags, flatten
@@ -99,6 +100,7 @@ def run(cfg: DictConfig) -> list[Built]:
             | {f"data_padded_{k}": v for k, v in data.padded.items()},
         )
         build_all(nodes, data, cfg, trainer, tracker, parent_run, built)
+        profile_all(built, data, cfg, out_dir / "profile", tracker)
         study = None
         if cfg.loadtest.enabled:
             from reco.loadtest.study import run_study
@@ -201,6 +203,37 @@ def build_all(
             failed = Path(cfg.cache_dir) / "failed"
             failed.mkdir(parents=True, exist_ok=True)
             atomic_write(failed / f"{node.name}.txt", traceback.format_exc())
+
+
+def profile_all(built: list[Built], data: Dataset, cfg: DictConfig, out_dir: Path, tracker: Tracker) -> None:
+    """One request's ranking call of every built variant profiled (reco.profile): stage split metrics
+    (`profile_<stage>_ms`, also in the report) and the runtime's trace as the MLflow artifact `profile/`."""
+    c = typed(cfg.profile, ProfileConfig, "profile")
+    if not c.enabled:
+        return
+    print(
+        f"[profile] where the rank time goes: {c.calls} calls of {cfg.serve.n_candidates} candidates",
+        flush=True,
+    )
+    idx = np.random.default_rng(cfg.seed).integers(0, len(data.val), size=cfg.serve.n_candidates)
+    part = data.val.take(idx)
+    block = (part.dense.numpy(), part.ids.numpy(), part.mask().numpy())
+    for b in built:
+        if b.variant is None:
+            continue
+        try:
+            p = profile_rank(b.variant, block, out_dir / b.name, c, threads=cfg.serve.intra_op_threads)
+        except Exception as e:  # a profile is a diagnostic: it must not fail the variant
+            print(f"  {b.name}: profile failed: {type(e).__name__}: {e}", flush=True)
+            tracker.log(b.run_id, tags={"profile_error": f"{type(e).__name__}: {e}"[:5000]})
+            continue
+        b.variant.metrics.update(p.metrics())
+        tracker.log(b.run_id, metrics=p.metrics())
+        tracker.log_artifacts(b.run_id, [p.trace], "profile")
+        split = (
+            "  ".join(f"{k} {v:.2f}" for k, v in p.stages_ms.items()) or "(no stage split for this backend)"
+        )
+        print(f"  {b.name}: {p.total_ms:.2f} ms/call  {split}", flush=True)
 
 
 def _log_epoch(tracker: Tracker, run_id: str, epoch: int, row: dict[str, float]) -> None:

@@ -125,7 +125,11 @@ def make_study():
         )
     ]
     results = [
-        VariantResult(variant("base", "train", None, oracle_auc=0.82), outcome("base", 20, 20, 0)),
+        VariantResult(
+            variant("base", "train", None, oracle_auc=0.82, profile_rank_ms=10.0, profile_embedding_ms=2.0,
+                    profile_interaction_ms=1.0, profile_mlp_ms=6.5, profile_other_ms=0.5),
+            outcome("base", 20, 20, 0),
+        ),
         # 30 % fewer params, ΔAUC CI [-0.2 %, 0 %]: passes; a 4th, invalid and slow run must be excluded
         VariantResult(
             variant("pruned", "prune", "base", params=70_000, size_mb=3.0),
@@ -389,6 +393,9 @@ def test_report_setup_and_sections(written):
     assert appendix.count("\n| 1 | ") == 4 * 7 and appendix.count("\n| 3 | ") == 4 * 7
     for name in ("latency_cdf", "auc_vs_p99", "qps_vs_p99", "server_stages"):
         assert f"]({name}.png)" in md
+    inside = md.split("### Inside one ranking call")[1].split("##")[0]
+    assert "| `base` | torch | 10.0 | 2.00 (20%) | 1.00 (10%) | 6.50 (65%) | 0.50 (5%) |" in inside
+    assert "`pruned`" not in inside  # not profiled: no row
 
 
 def test_targets_decided_on_the_ci(written):

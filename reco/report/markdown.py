@@ -129,6 +129,7 @@ def report(
     lines += ["## What each step bought", "", *sections.attribution(figs), ""]
     lines += ["## Repeats", "", *sections.repeats(figs), ""]
     lines += ["## Where the time goes", "", *sections.stages(figs), ""]
+    lines += ["### Inside one ranking call", "", *sections.rank_profile(figs), ""]
     lines += ["## Correctness under load", "", *sections.correctness(figs), ""]
     invalid = sections.invalid_runs(figs)
     if invalid:

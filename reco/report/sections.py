@@ -6,6 +6,7 @@ Each returns Markdown lines; every figure carries its CI or range and says which
 
 from __future__ import annotations
 
+from reco.profile import STAGES
 from reco.report.context import StudyContext
 from reco.report.figures import KINDS, SLO_FACTORS, VariantFigures
 from reco.report.fmt import DASH, est, num, one_line, short, spread, table, vs_base
@@ -241,6 +242,35 @@ def stages(figs: list[VariantFigures]) -> list[str]:
         "Prometheus buckets (interpolated), and a difference of p99s is only indicative.",
         "",
         *table(header, rows),
+    ]
+
+
+def rank_profile(figs: list[VariantFigures]) -> list[str]:
+    """The profiled ranking call of each variant split into model stages (reco.profile)."""
+    rows = []
+    for f in figs:
+        m = f.result.variant.metrics
+        total = m.get("profile_rank_ms")
+        if total is None:
+            continue
+        cells = [
+            f"{num(m[f'profile_{s}_ms'])} ({m[f'profile_{s}_ms'] / total:.0%})"
+            if f"profile_{s}_ms" in m
+            else "–"
+            for s in STAGES
+        ]
+        rows.append([f"`{f.name}`", f.result.variant.backend, num(total), *cells])
+    if not rows:
+        return ["Not profiled (profile.enabled=false)."]
+    return [
+        "One request's ranking call (serve.n_candidates candidates, one thread) under the runtime's profiler, "
+        "mean ms per call (share of the call). embedding = id mapping, table gathers and pooling; "
+        "interaction = the model's head besides its MLPs (DLRM's pairwise dots, DCN's cross net); "
+        "mlp = bottom and top MLPs; other = the rest of the call (sigmoid, runtime overhead). Profiling "
+        "adds overhead, so the call is slower than the in-process rank p50. The traces are in each "
+        "variant's MLflow run under `profile/` (chrome://tracing or Perfetto).",
+        "",
+        *table(["variant", "backend", "call ms", *STAGES], rows),
     ]
 
 
