@@ -1,0 +1,130 @@
+"""Parallel jobs sharing the variant cache: two real `run.py` processes, and a real joblib multirun sweep.
+
+Both run the smoke preset cut down to what the cache and the tracking store see (small data, one epoch, no
+load test), writing to one sqlite MLflow store and one cache directory at the same time.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+
+ROOT = Path(__file__).resolve().parents[1]
+# The smoke preset at the size where a baseline still takes seconds to build (so the jobs overlap).
+SMALL = ["experiment=smoke", "loadtest.enabled=false", "data.params.n_rows=20000", "trainer.epochs=1"]
+
+
+def store_args(tmp_path: Path) -> list[str]:
+    return [
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"tracking.artifact_root={tmp_path}/artifacts",
+        f"cache_dir={tmp_path}/cache",
+    ]
+
+
+def child_runs(tmp_path: Path, variant: str) -> list:
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("smoke")
+    return client.search_runs([exp.experiment_id], f"tags.variant = '{variant}'")
+
+
+def recorded_sha256(tmp_path: Path, run_id: str) -> dict[str, str]:
+    """The artifact digests in the variant.json the run logged (what that job served and reported)."""
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    path = client.download_artifacts(run_id, "variant/variant.json", str(tmp_path / "dl" / run_id))
+    return json.loads(Path(path).read_text())["sha256"]
+
+
+def built_dirs(tmp_path: Path, name: str) -> list[Path]:
+    return [p for p in (tmp_path / "cache" / "variants").glob(f"{name}-*") if p.is_dir()]
+
+
+@pytest.mark.timeout(300)
+def test_two_jobs_building_one_variant_build_it_once(tmp_path):
+    """Started together, both jobs need the same baseline: one builds it, the other says it waits for
+    the builder's pid, then reuses the finished variant (same files, same SHA-256)."""
+    procs = [
+        subprocess.Popen(
+            [
+                sys.executable,
+                "run.py",
+                *SMALL,
+                "variants=baseline",
+                *store_args(tmp_path),
+                f"report_dir={tmp_path}/report{i}",
+                f"hydra.run.dir={tmp_path}/out{i}",
+            ],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for i in range(2)
+    ]
+    outs = [p.communicate(timeout=280)[0] for p in procs]
+    for p, out in zip(procs, outs, strict=True):
+        assert p.returncode == 0, out[-4000:]
+
+    reusers = [i for i, out in enumerate(outs) if "reusing finished variant" in out]
+    assert len(reusers) == 1, outs  # without the claim both jobs build (and remove each other's files)
+    reuser, builder = reusers[0], 1 - reusers[0]
+    assert "waiting for variant 'baseline'" in outs[reuser], outs[reuser]
+    assert f"held by pid {procs[builder].pid} " in outs[reuser], outs[reuser]
+    assert "reusing finished variant" not in outs[builder]
+
+    runs = child_runs(tmp_path, "baseline")
+    assert sorted(r.data.tags["cached"] for r in runs) == ["False", "True"]
+    assert all(r.info.status == "FINISHED" for r in runs)
+    assert len(built_dirs(tmp_path, "baseline")) == 1
+    a, b = (recorded_sha256(tmp_path, r.info.run_id) for r in runs)
+    assert a == b and a["torch"]
+
+
+@pytest.mark.timeout(300)
+def test_joblib_sweep_runs_jobs_in_parallel_and_shares_the_baseline(tmp_path):
+    """The README's sweep: two prune amounts as two parallel joblib jobs, one baseline between them."""
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            *SMALL,
+            "variants=prune_sweep",
+            "prune.amount=0.2,0.4",
+            "hydra/launcher=joblib",
+            "hydra.launcher.n_jobs=2",
+            *store_args(tmp_path),
+            f"hydra.sweep.dir={tmp_path}/multirun",
+        ],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=280,
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("smoke")
+    parents = client.search_runs([exp.experiment_id], "tags.`mlflow.parentRunId` IS NULL")
+    assert sorted(r.data.params["prune.amount"] for r in parents) == ["0.2", "0.4"]
+    assert all(r.info.status == "FINISHED" for r in parents)
+    # In parallel: separate worker processes, and each job started before the other ended.
+    assert len({r.data.tags["reco.owner"] for r in parents}) == 2
+    a, b = parents
+    assert a.info.start_time < b.info.end_time and b.info.start_time < a.info.end_time
+
+    base = child_runs(tmp_path, "baseline")
+    assert sorted(r.data.tags["cached"] for r in base) == ["False", "True"]
+    assert len(built_dirs(tmp_path, "baseline")) == 1
+    pruned = child_runs(tmp_path, "pruned")
+    assert sorted(r.data.params["step_config.amount"] for r in pruned) == ["0.2", "0.4"]
+    assert all(r.info.status == "FINISHED" and r.data.tags["cached"] == "False" for r in pruned)
+    assert len(built_dirs(tmp_path, "pruned")) == 2
+    assert pruned[0].data.metrics["params"] != pruned[1].data.metrics["params"]
+    for job in (0, 1):  # each job's own report, inside its own sweep directory
+        assert (tmp_path / "multirun" / str(job) / "report" / "report.md").exists()
