@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 from mlflow.tracking import MlflowClient
 
+from reco.tracking import Tracker
+
 ROOT = Path(__file__).resolve().parents[1]
 # The smoke preset at the size where a baseline still takes seconds to build (so the jobs overlap).
 SMALL = ["experiment=smoke", "loadtest.enabled=false", "data.params.n_rows=20000", "trainer.epochs=1"]
@@ -25,6 +27,32 @@ def store_args(tmp_path: Path) -> list[str]:
         f"tracking.artifact_root={tmp_path}/artifacts",
         f"cache_dir={tmp_path}/cache",
     ]
+
+
+@pytest.mark.timeout(120)
+def test_jobs_opening_a_new_sqlite_store_at_once_share_it(tmp_path):
+    """MLflow creates a fresh sqlite store's tables without a lock of its own: two jobs opening it at once
+    failed here ('duplicate column name', 'table ... already exists') until Tracker claimed the store."""
+    for attempt in range(2):  # the race does not fire every time; two fresh stores make a miss unlikely
+        uri = f"sqlite:///{tmp_path}/{attempt}/mlflow.db"
+        code = f"from reco.tracking import Tracker; print('experiment', Tracker({uri!r}, 'x').experiment_id)"
+        procs = [
+            subprocess.Popen(
+                [sys.executable, "-c", code],
+                cwd=tmp_path,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+            )
+            for _ in range(2)
+        ]
+        outs = [p.communicate(timeout=100)[0] for p in procs]
+        for p, out in zip(procs, outs, strict=True):
+            assert p.returncode == 0, out[-3000:]
+        ids = {
+            line.split()[-1] for out in outs for line in out.splitlines() if line.startswith("experiment ")
+        }
+        assert len(ids) == 1, outs
 
 
 def child_runs(tmp_path: Path, variant: str) -> list:
@@ -48,6 +76,9 @@ def built_dirs(tmp_path: Path, name: str) -> list[Path]:
 def test_two_jobs_building_one_variant_build_it_once(tmp_path):
     """Started together, both jobs need the same baseline: one builds it, the other says it waits for
     the builder's pid, then reuses the finished variant (same files, same SHA-256)."""
+    # The store exists already (as it does after a first run), so neither job is held up creating it and
+    # both reach the baseline while the other is still building it.
+    Tracker(f"sqlite:///{tmp_path}/mlflow.db", "smoke", str(tmp_path / "artifacts"))
     procs = [
         subprocess.Popen(
             [
