@@ -1,7 +1,8 @@
-"""Parallel jobs sharing the variant cache: two real `run.py` processes, and a real joblib multirun sweep.
+"""Parallel jobs sharing one machine: the variant cache (two real `run.py` processes, and a real joblib
+multirun sweep), a fresh sqlite MLflow store, and a server port.
 
-Both run the smoke preset cut down to what the cache and the tracking store see (small data, one epoch, no
-load test), writing to one sqlite MLflow store and one cache directory at the same time.
+The runs use the smoke preset cut down to what the cache and the tracking store see (small data, one
+epoch, no load test), writing to one sqlite MLflow store and one cache directory at the same time.
 """
 
 from __future__ import annotations
@@ -12,8 +13,12 @@ import sys
 from pathlib import Path
 
 import pytest
+from conftest import make_variant
 from mlflow.tracking import MlflowClient
 
+from reco.config import compose
+from reco.serve.config import serve_config
+from reco.serve.process import ServerStartError, start_server
 from reco.tracking import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -159,3 +164,48 @@ def test_joblib_sweep_runs_jobs_in_parallel_and_shares_the_baseline(tmp_path):
     assert pruned[0].data.metrics["params"] != pruned[1].data.metrics["params"]
     for job in (0, 1):  # each job's own report, inside its own sweep directory
         assert (tmp_path / "multirun" / str(job) / "report" / "report.md").exists()
+
+
+# Another job's server on a port: answers /healthz with its own pid, its socket bound with SO_REUSEPORT
+# (as reco's workers bind theirs), until its stdin closes.
+FOREIGN_SERVER = """
+import json, os, socket, sys, threading
+from http.server import BaseHTTPRequestHandler, HTTPServer
+
+class Health(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = json.dumps({"pid": os.getpid()}).encode()
+        self.send_response(200)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+class Server(HTTPServer):
+    def server_bind(self):
+        self.socket.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
+        super().server_bind()
+
+s = Server(("127.0.0.1", 0), Health)
+print(s.server_address[1], flush=True)
+threading.Thread(target=s.serve_forever, daemon=True).start()
+sys.stdin.read()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_port_another_process_serves_is_refused_not_measured(tiny_data, tmp_path):
+    """Two jobs' servers on one port (the OS handed both the same free port): the one that finds the
+    other answering its /healthz stops with a message naming that pid, instead of reporting ready and
+    having the other server's latency measured as its own."""
+    foreign = subprocess.Popen(
+        [sys.executable, "-c", FOREIGN_SERVER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        port = int(foreign.stdout.readline())
+        vdir, dpath = make_variant(tiny_data, tmp_path)
+        settings = serve_config(compose(["serve.keep_warm=false"]).serve)
+        with pytest.raises(ServerStartError, match=rf"answered by pid {foreign.pid}, not by this server"):
+            start_server(vdir, dpath, settings, port=port, work_dir=tmp_path / "server")
+    finally:
+        foreign.stdin.close()
+        foreign.wait(10)
