@@ -10,12 +10,14 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import threading
 from pathlib import Path
 
 import pytest
 from conftest import make_variant
 from mlflow.tracking import MlflowClient
 
+from reco.claim import claim, lock_path
 from reco.config import compose
 from reco.serve.config import serve_config
 from reco.serve.process import ServerStartError, start_server
@@ -58,6 +60,47 @@ def test_jobs_opening_a_new_sqlite_store_at_once_share_it(tmp_path):
             line.split()[-1] for out in outs for line in out.splitlines() if line.startswith("experiment ")
         }
         assert len(ids) == 1, outs
+
+
+HOLDER = """
+import sys
+import threading
+from pathlib import Path
+from reco.claim import claim
+with claim(Path(sys.argv[1]), "entry"):
+    print("holding", flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_a_claim_held_by_a_killed_job_is_released(tmp_path, capsys):
+    """The waiter names the holder's pid; SIGKILL on the holder (no clean-up code runs) frees the claim."""
+    entry = tmp_path / "variants" / "baseline-0123"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", HOLDER, str(entry)], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True
+    )
+    try:
+        assert holder.stdout.readline().strip() == "holding"
+        acquired = threading.Event()
+
+        def wait_for_it() -> None:
+            with claim(entry, "variant 'baseline'"):
+                acquired.set()
+
+        waiter = threading.Thread(target=wait_for_it, daemon=True)
+        waiter.start()
+        assert not acquired.wait(1.0)  # the holder is alive: no claim for the waiter
+        holder.kill()
+        holder.wait(10)
+        assert acquired.wait(30)
+        waiter.join(10)
+    finally:
+        if holder.poll() is None:
+            holder.kill()
+    out = capsys.readouterr().out
+    assert f"waiting for variant 'baseline', held by pid {holder.pid} on " in out, out
+    assert lock_path(entry).exists()  # left in place (see reco/claim.py)
 
 
 def child_runs(tmp_path: Path, variant: str) -> list:
