@@ -3,7 +3,9 @@
 Finished variants are cached by content hash (reco.graph.cache_key), so an interrupted experiment re-run
 redoes only what changed or never finished. A variant counts as finished only when its `FINISHED` marker
 exists (written last, after variant.json); anything else in its directory is rebuilt. A failed variant
-is marked failed in MLflow and in the report; the rest go on.
+is marked failed in MLflow and in the report; the rest go on. Parallel jobs (a Hydra multirun with
+`hydra/launcher=joblib`) share the cache: a variant is built under its claim (reco.claim), so jobs that
+share a parent build it once and the others wait for it.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from pathlib import Path
 import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
+from reco.claim import claim
 from reco.config import typed
 from reco.data import load_dataset
 from reco.data.schema import Dataset
@@ -166,26 +169,30 @@ def build_all(
         out_dir = Path(cfg.cache_dir) / "variants" / f"{node.name}-{key}"
         t0 = time.time()
         try:
-            v, b.cached = _reuse(out_dir), True
-            if v is None:
-                b.cached = False
-                shutil.rmtree(out_dir, ignore_errors=True)  # an unfinished build: start clean
-                ctx = StepRun(node.name, out_dir, trainer, functools.partial(_log_epoch, tracker, run_id))
-                v = node.spec.fn(parent.variant if parent else None, data, node.config, ctx)
-                v.cache_key, v.data_fingerprint = key, data.fingerprint
-                measure_accuracy(v, data, trainer.threads)
-            v.metrics.update(
-                rank_latency(
-                    load_scorer(v, threads=cfg.serve.intra_op_threads),
-                    data.val,  # timing only; the test split is the accuracy report's
-                    n_candidates=cfg.serve.n_candidates,
-                    cfg=typed(cfg.rank_latency, RankLatencyConfig, "rank_latency"),
-                    seed=cfg.seed,
+            # Parallel jobs sharing this variant (a sweep's common baseline): one builds, the others wait
+            # here and then find it FINISHED. Held until FINISHED is rewritten, so no job ever sees (or
+            # removes) another's half-built directory.
+            with claim(out_dir, f"variant {node.name!r} ({out_dir})"):
+                v, b.cached = _reuse(out_dir), True
+                if v is None:
+                    b.cached = False
+                    shutil.rmtree(out_dir, ignore_errors=True)  # an unfinished build: start clean
+                    ctx = StepRun(node.name, out_dir, trainer, functools.partial(_log_epoch, tracker, run_id))
+                    v = node.spec.fn(parent.variant if parent else None, data, node.config, ctx)
+                    v.cache_key, v.data_fingerprint = key, data.fingerprint
+                    measure_accuracy(v, data, trainer.threads)
+                v.metrics.update(
+                    rank_latency(
+                        load_scorer(v, threads=cfg.serve.intra_op_threads),
+                        data.val,  # timing only; the test split is the accuracy report's
+                        n_candidates=cfg.serve.n_candidates,
+                        cfg=typed(cfg.rank_latency, RankLatencyConfig, "rank_latency"),
+                        seed=cfg.seed,
+                    )
                 )
-            )
-            v.mlflow_run_id = run_id
-            v.save()
-            atomic_write(out_dir / FINISHED, key)
+                v.mlflow_run_id = run_id
+                v.save()
+                atomic_write(out_dir / FINISHED, key)
             b.variant = v
             _log_variant(tracker, run_id, v, cfg.tracking.log_models)
             tracker.log(run_id, tags={"status": "ok", "cached": str(b.cached)})

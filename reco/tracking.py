@@ -12,15 +12,18 @@ import os
 import socket
 import subprocess
 from collections.abc import Iterable, Mapping
+from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
 import psutil
 from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 from omegaconf import MISSING
 
+from reco.claim import claim
 from reco.tracking_server import TrackingServerConfig
 
 # MLflow rejects longer param values.
@@ -97,13 +100,23 @@ class Tracker:
     def __init__(self, uri: str, experiment: str, artifact_root: str | None = None) -> None:
         check_reachable(uri)
         self.uri = uri
-        self.client = MlflowClient(tracking_uri=uri)
-        exp = self.client.get_experiment_by_name(experiment)
-        if exp is None:
-            location = Path(artifact_root).resolve().as_uri() if artifact_root and not _remote(uri) else None
-            self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
-        else:
-            self.experiment_id = exp.experiment_id
+        # Parallel jobs (a multirun sweep) open one store at once. MLflow creates a fresh sqlite store's
+        # tables, and every store's experiment, check-then-create without a lock: so for sqlite the first
+        # job does both alone, and a lost create race on a server reads the winner's experiment.
+        db = Path(uri.removeprefix("sqlite:///")) if uri.startswith("sqlite:///") else None
+        with claim(db, f"MLflow store {db}") if db else nullcontext():
+            self.client = MlflowClient(tracking_uri=uri)
+            exp = self.client.get_experiment_by_name(experiment)
+            if exp is None:
+                location = Path(artifact_root).resolve().as_uri() if artifact_root and not _remote(uri) else None
+                try:
+                    self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
+                except MlflowException:
+                    exp = self.client.get_experiment_by_name(experiment)
+                    if exp is None:
+                        raise
+            if exp is not None:
+                self.experiment_id = exp.experiment_id
         # MLflow 3's UI opens an untagged experiment in its GenAI overview; this tag makes it open in the
         # model-training view (the runs table), where a study's runs are compared.
         if exp is None or exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:

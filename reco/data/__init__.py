@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from reco.claim import claim
 from reco.data.config import DataConfig
 
 if TYPE_CHECKING:
@@ -72,13 +73,18 @@ def load_dataset(
     path = Path(cache_dir) / f"{cfg.loader}-{key}.pt"
     if path.exists():
         return Dataset.load(str(path)), path
-    ds = build_dataset(cfg)
-    if not ds.fingerprint:
-        ds.compute_fingerprint()
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    ds.save(str(tmp))
-    tmp.replace(path)
+    # Parallel jobs (a multirun sweep) needing the same dataset build it once: the first claims it, the
+    # others wait and load its file.
+    with claim(path, f"dataset {path}"):
+        if path.exists():
+            return Dataset.load(str(path)), path
+        ds = build_dataset(cfg)
+        if not ds.fingerprint:
+            ds.compute_fingerprint()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        ds.save(str(tmp))
+        tmp.replace(path)  # atomic: a reader sees no file or the whole file
     return ds, path
 
 

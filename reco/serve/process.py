@@ -29,6 +29,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from reco.children import die_with_parent
 from reco.serve.config import ServeConfig, serve_config, serve_overrides
 
@@ -104,7 +106,15 @@ class ServerHandle:
                     f"log {self.log_path}:\n{self.log_tail()}"
                 )
             try:
-                seen.add(self.health(timeout_s=1.0)["pid"])
+                pid = self.health(timeout_s=1.0)["pid"]
+                if pid not in self._own_pids():
+                    self.stop()
+                    raise ServerStartError(
+                        f"{self.url}: /healthz answered by pid {pid}, not by this server (pid {self.pid}) or its "
+                        "workers: another process serves the same port with SO_REUSEPORT (a parallel sweep job "
+                        "whose server took the same free port); the port's traffic would be split between them"
+                    )
+                seen.add(pid)
                 if len(seen) >= workers:
                     return self
                 time.sleep(0.02)
@@ -116,6 +126,13 @@ class ServerHandle:
             f"server for {self.url} did not answer /healthz within {timeout_s:.0f} s; "
             f"log {self.log_path}:\n{self.log_tail()}"
         )
+
+    def _own_pids(self) -> set[int]:
+        """This server's process and its worker processes."""
+        try:
+            return {self.pid} | {c.pid for c in psutil.Process(self.pid).children(recursive=True)}
+        except psutil.Error:
+            return {self.pid}
 
     def stop(self, timeout_s: float = 10.0) -> int | None:
         """SIGTERM (uvicorn drains and stops its workers), SIGKILL to the process group after timeout_s.
