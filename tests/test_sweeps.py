@@ -21,7 +21,6 @@ from reco.claim import claim, lock_path
 from reco.config import compose
 from reco.serve.config import serve_config
 from reco.serve.process import ServerStartError, start_server
-from reco.tracking import Tracker
 
 ROOT = Path(__file__).resolve().parents[1]
 # The smoke preset at the size where a baseline still takes seconds to build (so the jobs overlap).
@@ -121,52 +120,11 @@ def built_dirs(tmp_path: Path, name: str) -> list[Path]:
 
 
 @pytest.mark.timeout(300)
-def test_two_jobs_building_one_variant_build_it_once(tmp_path):
-    """Started together, both jobs need the same baseline: one builds it, the other says it waits for
-    the builder's pid, then reuses the finished variant (same files, same SHA-256)."""
-    # The store exists already (as it does after a first run), so neither job is held up creating it and
-    # both reach the baseline while the other is still building it.
-    Tracker(f"sqlite:///{tmp_path}/mlflow.db", "smoke", str(tmp_path / "artifacts"))
-    procs = [
-        subprocess.Popen(
-            [
-                sys.executable,
-                "run.py",
-                *SMALL,
-                "variants=baseline",
-                *store_args(tmp_path),
-                f"report_dir={tmp_path}/report{i}",
-                f"hydra.run.dir={tmp_path}/out{i}",
-            ],
-            cwd=ROOT,
-            stdout=subprocess.PIPE,
-            stderr=subprocess.STDOUT,
-            text=True,
-        )
-        for i in range(2)
-    ]
-    outs = [p.communicate(timeout=280)[0] for p in procs]
-    for p, out in zip(procs, outs, strict=True):
-        assert p.returncode == 0, out[-4000:]
-
-    reusers = [i for i, out in enumerate(outs) if "reusing finished variant" in out]
-    assert len(reusers) == 1, outs  # without the claim both jobs build (and remove each other's files)
-    reuser, builder = reusers[0], 1 - reusers[0]
-    assert "waiting for variant 'baseline'" in outs[reuser], outs[reuser]
-    assert f"held by pid {procs[builder].pid} " in outs[reuser], outs[reuser]
-    assert "reusing finished variant" not in outs[builder]
-
-    runs = child_runs(tmp_path, "baseline")
-    assert sorted(r.data.tags["cached"] for r in runs) == ["False", "True"]
-    assert all(r.info.status == "FINISHED" for r in runs)
-    assert len(built_dirs(tmp_path, "baseline")) == 1
-    a, b = (recorded_sha256(tmp_path, r.info.run_id) for r in runs)
-    assert a == b and a["torch"]
-
-
-@pytest.mark.timeout(300)
 def test_joblib_sweep_runs_jobs_in_parallel_and_shares_the_baseline(tmp_path):
-    """The README's sweep: two prune amounts as two parallel joblib jobs, one baseline between them."""
+    """The README's sweep: two prune amounts as two parallel joblib jobs on a fresh store, one baseline
+    between them: one job builds it while the other waits on its claim and then reuses the finished variant
+    (same files, same SHA-256). Without the claim both jobs build it and remove each other's files. (The
+    waiting message itself is checked by test_a_claim_held_by_a_killed_job_is_released.)"""
     proc = subprocess.run(
         [
             sys.executable,
@@ -199,7 +157,10 @@ def test_joblib_sweep_runs_jobs_in_parallel_and_shares_the_baseline(tmp_path):
 
     base = child_runs(tmp_path, "baseline")
     assert sorted(r.data.tags["cached"] for r in base) == ["False", "True"]
+    assert all(r.info.status == "FINISHED" for r in base)
     assert len(built_dirs(tmp_path, "baseline")) == 1
+    sha = [recorded_sha256(tmp_path, r.info.run_id) for r in base]
+    assert sha[0] == sha[1] and sha[0]["torch"]
     pruned = child_runs(tmp_path, "pruned")
     assert sorted(r.data.params["step_config.amount"] for r in pruned) == ["0.2", "0.4"]
     assert all(r.info.status == "FINISHED" and r.data.tags["cached"] == "False" for r in pruned)
