@@ -108,7 +108,9 @@ class Tracker:
             self.client = MlflowClient(tracking_uri=uri)
             exp = self.client.get_experiment_by_name(experiment)
             if exp is None:
-                location = Path(artifact_root).resolve().as_uri() if artifact_root and not _remote(uri) else None
+                location = (
+                    Path(artifact_root).resolve().as_uri() if artifact_root and not _remote(uri) else None
+                )
                 try:
                     self.experiment_id = self.client.create_experiment(experiment, artifact_location=location)
                 except MlflowException:
