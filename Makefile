@@ -27,7 +27,10 @@ $(STAMP): pyproject.toml requirements.lock
 # serve.backend=triton (PyTriton): its Python-backend stub links the system libpython3.11, and models load
 # only when the venv is made from that same interpreter; from another 3.11 build (pyenv's 3.11.7, what
 # `python3` may be) loading fails with "'_thread.RLock' object has no attribute '_recursion_count'".
-# The same pinned stack as `venv`, plus nvidia-pytriton (pyproject extra `triton`).
+# The same pinned stack as `venv`, then PyTriton and its run-time dependencies (pinned in requirements.lock)
+# without pip's resolver, and NumPy 1.26: the stub (built against NumPy 1.x) misreads every BYTES input
+# under NumPy 2 (tests/test_serve_triton.py fails then). Locked packages whose metadata asks for NumPy 2
+# (pandas, ml_dtypes) are not imported by the server; tritonclient's caps clash with Locust's pins.
 triton-venv: $(TSTAMP)
 
 $(TSTAMP): pyproject.toml requirements.lock
@@ -38,7 +41,11 @@ $(TSTAMP): pyproject.toml requirements.lock
 	$(TPIP) install -q --upgrade pip
 	$(TPIP) install -q -c requirements.lock torch==2.13.0 fbgemm-gpu-cpu==1.8.0
 	$(TPIP) install -q -c requirements.lock --no-deps torchrec==1.8.0
-	$(TPIP) install -q -c requirements.lock -e '.[triton]'
+	$(TPIP) install -q -c requirements.lock -e .
+	$(TPIP) install -q -c requirements.lock --no-deps nvidia-pytriton tritonclient grpcio python-rapidjson \
+	  sh wrapt typer shellingham
+	$(TPIP) install -q --no-deps numpy==1.26.4
+	$(TPY) -c "import pytriton.triton, tritonclient.grpc.model_config_pb2, tritonclient.http"
 	touch $(TSTAMP)
 
 case-study: $(STAMP)

@@ -282,13 +282,18 @@ def _run(args: argparse.Namespace) -> int:
     ) as e:
         print(f"reco.serve.triton_backend: cannot start: {type(e).__name__}: {e}", file=sys.stderr)
         return 2
-    from pytriton.triton import Triton
+    from pytriton.triton import DEFAULT_PROTECTED_ENDPOINTS, Triton, TritonSecurityConfig
 
     from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 
     spinners = start_keep_warm(sorted(os.sched_getaffinity(0))) if cfg.keep_warm else []
     try:
-        with Triton(config=triton_config(cfg)) as triton:
+        # PyTriton guards the statistics endpoint with a random token by default; the load runner reads it
+        # (reco.loadtest.triton_stats), and the server listens on serve.host only. The rest stays guarded.
+        open_stats = TritonSecurityConfig(
+            restricted_endpoints=[e for e in DEFAULT_PROTECTED_ENDPOINTS if e != "statistics"]
+        )
+        with Triton(config=triton_config(cfg), security_config=open_stats) as triton:
             bind_model(triton, loaded, cfg)
             try:
                 triton.run()
