@@ -211,15 +211,18 @@ def answer(content: bytes) -> dict:
     return obj
 
 
-def _check_triton(response, ctx: dict) -> None:
-    """Fail a Triton answer (HTTP 200) whose "response" is reco's error; its status goes to the CSV."""
+def _check_triton(response) -> None:
+    """Fail a Triton answer (HTTP 200) whose "response" is reco's error (its status: triton_status)."""
     if response.status_code == 200 and b'\\"error\\":' in (response.content or b""):
-        try:
-            inner = answer(response.content)
-            ctx["status"] = int(inner.get("status", 0))
-            response.failure(f"{ctx['status']} {inner.get('field')}: {inner.get('error')}")
-        except (ValueError, KeyError, TypeError, StopIteration):
-            response.failure("unreadable Triton response")
+        response.failure(f"{triton_status(response)} {response.content[:200]!r}")
+
+
+def triton_status(response) -> int:
+    """The HTTP status reco's server would have answered for a Triton answer holding its error (0: unreadable)."""
+    try:
+        return int(answer(response.content).get("status", 0))
+    except (ValueError, KeyError, TypeError, StopIteration):
+        return 0
 
 
 def _compact(line: str, path: Path, lineno: int) -> bytes:
@@ -275,7 +278,9 @@ def _on_request(request_type, name, response_time, response_length, response=Non
         return
     now = time.perf_counter()
     latency_ms = (now - ctx["start"]) * 1000.0  # open loop: start is the scheduled send time
-    status = int(ctx.get("status") or getattr(response, "status_code", 0) or 0)
+    status = int(getattr(response, "status_code", 0) or 0)
+    if exception is not None and status == 200 and PATH[0] != "/recommend":
+        status = triton_status(response)  # reco's error inside Triton's 200: its own status in the CSV
     ok = int(exception is None)
     in_window = REC.outstanding.pop(ctx["token"], False)
     REC.n_all += 1
@@ -361,7 +366,7 @@ class RecoUser(FastHttpUser):
         with self.client.post(
             PATH[0], data=PAYLOADS[idx], headers=headers, context=ctx, catch_response=True
         ) as r:
-            _check_triton(r, ctx)
+            _check_triton(r)
 
     @task
     def recommend(self) -> None:
