@@ -221,6 +221,7 @@ def triton_config(cfg: ServeConfig):
         allow_gpu_metrics=False,
         allow_cpu_metrics=False,
         exit_on_error=True,
+        exit_timeout_secs=5,  # in-flight requests at shutdown; ServerHandle.stop SIGKILLs after 10 s
         log_verbose=0,
     )
 
