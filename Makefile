@@ -3,8 +3,13 @@ PY      := .venv/bin/python
 PIP     := .venv/bin/pip
 STAMP   := .venv/.installed
 ML100K  := .cache/data/movielens_100k
+# serve.backend=triton runs in its own venv made from the SYSTEM interpreter (see triton-venv below).
+SYSPY   := /usr/bin/python3.11
+TPY     := .venv-triton/bin/python
+TPIP    := .venv-triton/bin/pip
+TSTAMP  := .venv-triton/.installed
 
-.PHONY: venv case-study smoke test lint format movielens-100k mlflow-ui mlflow-server benchmark crosscheck readme-check clean
+.PHONY: venv triton-venv case-study smoke test lint format movielens-100k mlflow-ui mlflow-server benchmark crosscheck readme-check clean
 
 venv: $(STAMP)
 
@@ -18,6 +23,30 @@ $(STAMP): pyproject.toml requirements.lock
 	$(PIP) install -q -c requirements.lock --no-deps torchrec==1.8.0
 	$(PIP) install -q -c requirements.lock -e '.[dev]'
 	touch $(STAMP)
+
+# serve.backend=triton (PyTriton): its Python-backend stub links the system libpython3.11, and models load
+# only when the venv is made from that same interpreter; from another 3.11 build (pyenv's 3.11.7, what
+# `python3` may be) loading fails with "'_thread.RLock' object has no attribute '_recursion_count'".
+# The same pinned stack as `venv`, then PyTriton and its run-time dependencies (pinned in requirements.lock)
+# without pip's resolver, and NumPy 1.26: the stub (built against NumPy 1.x) misreads every BYTES input
+# under NumPy 2 (tests/test_serve_triton.py fails then). Locked packages whose metadata asks for NumPy 2
+# (pandas, ml_dtypes) are not imported by the server; tritonclient's caps clash with Locust's pins.
+triton-venv: $(TSTAMP)
+
+$(TSTAMP): pyproject.toml requirements.lock
+	@test -x $(SYSPY) || { echo "make triton-venv: $(SYSPY) not found: serve.backend=triton needs the system \
+	Python 3.11 (PyTriton's stub links its libpython3.11); Debian/Ubuntu: apt-get install python3.11 \
+	python3.11-venv libpython3.11" >&2; exit 1; }
+	test -x $(TPY) || $(SYSPY) -m venv .venv-triton
+	$(TPIP) install -q --upgrade pip
+	$(TPIP) install -q -c requirements.lock torch==2.13.0 fbgemm-gpu-cpu==1.8.0
+	$(TPIP) install -q -c requirements.lock --no-deps torchrec==1.8.0
+	$(TPIP) install -q -c requirements.lock -e .
+	$(TPIP) install -q -c requirements.lock --no-deps nvidia-pytriton tritonclient grpcio python-rapidjson \
+	  sh wrapt typer shellingham
+	$(TPIP) install -q --no-deps numpy==1.26.4
+	$(TPY) -c "import pytriton.triton, tritonclient.grpc.model_config_pb2, tritonclient.http"
+	touch $(TSTAMP)
 
 case-study: $(STAMP)
 	$(PY) run.py experiment=ecommerce_case_study

@@ -37,6 +37,10 @@ time lost in the generator, the network or the accept backlog counts against the
 Requests come from --requests-file (JSON lines of /recommend bodies, see reco.loadtest.requests); without
 one, random user ids in [1, --random-users] with k=10 and no context.
 
+With --triton-model NAME (serve.backend=triton, reco/serve/triton_backend.py) every body is sent in Triton's
+HTTP/REST (KServe v2) protocol instead: POST /v2/models/NAME/infer with the body as the one element of the
+BYTES input "request"; an answer whose "response" holds an error counts as failed with the status in it.
+
 Web UI: a "reco" tab shows the exact end-to-end percentiles of the running test with their 95 % CIs
 and n (reco.stats; failures count as +inf) and the server's per-stage times scraped from its /metrics
 since the test started -- the figures the study records.
@@ -104,6 +108,12 @@ def _args(parser) -> None:
         "--random-users", env_var="RECO_RANDOM_USERS", type=int, default=1000, help="fallback users"
     )
     g.add_argument("--seed", env_var="RECO_SEED", type=int, default=0)
+    g.add_argument(
+        "--triton-model",
+        env_var="RECO_TRITON_MODEL",
+        default="",
+        help="speak KServe v2 to this Triton model (serve.backend=triton); empty: POST /recommend",
+    )
 
 
 class Recorder:
@@ -155,6 +165,7 @@ class Recorder:
 
 REC = Recorder()
 PAYLOADS: list[bytes] = []
+PATH = ["/recommend"]  # where bodies go (a Triton model's infer endpoint with --triton-model)
 USER_SEQ = [0]  # users draw payloads from their own seeded stream (reproducible request mix)
 METRICS_AT_START = [""]  # the server's /metrics when the test started (web UI: stage times since then)
 
@@ -179,8 +190,39 @@ def _init(environment, **_kw) -> None:
         PAYLOADS[:] = [
             json.dumps({"user_id": rng.randint(1, o.random_users), "k": 10}).encode() for _ in range(10_000)
         ]
+    if o.triton_model:
+        PATH[0] = f"/v2/models/{o.triton_model}/infer"
+        PAYLOADS[:] = [triton_request(p) for p in PAYLOADS]
     if environment.web_ui is not None:
         _extend_web_ui(environment)
+
+
+def triton_request(body: bytes) -> bytes:
+    """A /recommend body as a KServe v2 infer request of reco's Triton model (its BYTES input "request")."""
+    inp = {"name": "request", "shape": [1, 1], "datatype": "BYTES", "data": [body.decode()]}
+    return json.dumps({"inputs": [inp]}, separators=(",", ":")).encode()
+
+
+def answer(content: bytes) -> dict:
+    """The /recommend answer in a response body (a Triton infer response: the "response" output's element)."""
+    obj = json.loads(content)
+    if PATH[0] != "/recommend":
+        obj = json.loads(next(o for o in obj["outputs"] if o["name"] == "response")["data"][0])
+    return obj
+
+
+def _check_triton(response) -> None:
+    """Fail a Triton answer (HTTP 200) whose "response" is reco's error (its status: triton_status)."""
+    if response.status_code == 200 and b'\\"error\\":' in (response.content or b""):
+        response.failure(f"{triton_status(response)} {response.content[:200]!r}")
+
+
+def triton_status(response) -> int:
+    """The HTTP status reco's server would have answered for a Triton answer holding its error (0: unreadable)."""
+    try:
+        return int(answer(response.content).get("status", 0))
+    except (ValueError, KeyError, TypeError, StopIteration):
+        return 0
 
 
 def _compact(line: str, path: Path, lineno: int) -> bytes:
@@ -237,6 +279,8 @@ def _on_request(request_type, name, response_time, response_length, response=Non
     now = time.perf_counter()
     latency_ms = (now - ctx["start"]) * 1000.0  # open loop: start is the scheduled send time
     status = int(getattr(response, "status_code", 0) or 0)
+    if exception is not None and status == 200 and PATH[0] != "/recommend":
+        status = triton_status(response)  # reco's error inside Triton's 200: its own status in the CSV
     ok = int(exception is None)
     in_window = REC.outstanding.pop(ctx["token"], False)
     REC.n_all += 1
@@ -247,11 +291,11 @@ def _on_request(request_type, name, response_time, response_length, response=Non
     every = ctx.get("score_every", 0)
     if every and ok and ctx["seq"] % every == 0:
         try:
-            items = json.loads(response.content)["items"]
+            items = answer(response.content)["items"]
             REC.scores.append(
                 {"payload": ctx["payload"], "items": [[i["item_id"], i["score"]] for i in items]}
             )
-        except (ValueError, KeyError, TypeError):
+        except (ValueError, KeyError, TypeError, StopIteration):
             REC.scores.append({"payload": ctx["payload"], "items": None})  # an unreadable answer: a mismatch
 
 
@@ -316,7 +360,13 @@ class RecoUser(FastHttpUser):
             ctx["score_every"] = o.score_every
         stamp_us = round((REC.t0_epoch + (start - REC.t0_perf)) * 1e6)  # `start` on the epoch clock
         headers = {**JSON_HEADERS, "X-Request-Start": f"t={stamp_us}"}
-        self.client.post("/recommend", data=PAYLOADS[idx], headers=headers, context=ctx)
+        if PATH[0] == "/recommend":
+            self.client.post(PATH[0], data=PAYLOADS[idx], headers=headers, context=ctx)
+            return
+        with self.client.post(
+            PATH[0], data=PAYLOADS[idx], headers=headers, context=ctx, catch_response=True
+        ) as r:
+            _check_triton(r)
 
     @task
     def recommend(self) -> None:

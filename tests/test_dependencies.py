@@ -12,6 +12,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 # Installed by the Makefile before pyproject (torchrec --no-deps would otherwise pull CUDA FBGEMM).
 MAKEFILE_INSTALLED = {"torchrec", "fbgemm-gpu-cpu"}
+# Imported by reco but installed only in another venv (`make triton-venv`): module -> distribution.
+OTHER_VENV = {"pytriton": "nvidia-pytriton"}
 # Declared without a direct import, each for a reason.
 NOT_IMPORTED = {
     "tensordict": "torchrec's run-time dependency (torchrec is installed --no-deps)",
@@ -53,7 +55,8 @@ def imported_distributions(paths: list[Path]) -> dict[str, str]:
                     top = m.split(".")[0]
                     if top in sys.stdlib_module_names or top in local or top in ("reco", "__future__"):
                         continue
-                    key = "|".join(sorted({_norm(d) for d in dists.get(top, [top])}))
+                    names = dists.get(top) or [OTHER_VENV.get(top, top)]
+                    key = "|".join(sorted({_norm(d) for d in names}))
                     found.setdefault(key, str(f.relative_to(ROOT)))
     return found
 

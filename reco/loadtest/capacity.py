@@ -204,16 +204,20 @@ def open_loop_measure(
     requests_path: str | Path | None = None,
     cpus: list[int] | None = None,
     kind: str = "capacity",
+    triton_model: str | None = None,
 ) -> Measure:
     """A Measure running one open-loop Locust window of exactly n requests at the rate (run_load),
-    after capacity.step_warmup_s of unrecorded traffic, capped at max_window_s."""
+    after capacity.step_warmup_s of unrecorded traffic, capped at max_window_s (KServe v2 requests to
+    `triton_model` when the server is Triton)."""
     c = loadtest_config(cfg)
 
     def measure(rate: float, n: int, out_dir: Path) -> LoadRun:
         s = with_settings(
             c, mode=LoadMode.open, rate=rate, window_requests=n, warmup_s=c.capacity.step_warmup_s
         )
-        return run_load(url, s, out_dir, requests_path, cpus, kind=kind, reports=False)
+        return run_load(
+            url, s, out_dir, requests_path, cpus, kind=kind, reports=False, triton_model=triton_model
+        )
 
     return measure
 

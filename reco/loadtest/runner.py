@@ -12,6 +12,9 @@ pinned to `cpus` (give it cores the server is not on). The server's /metrics is 
 opens and when it closes (the generator writes both times), so warm-up requests are in neither the
 client's nor the server's figures.
 
+A Triton server (serve.backend=triton, `triton_model=handle.triton_model`) is sent KServe v2 requests,
+and its statistics endpoint is scraped instead of /metrics (reco.loadtest.triton_stats).
+
 Every quantile is over ALL requests of the window, failed / shed / timed-out / unsent / unanswered ones
 as +inf (reco.stats.with_failures); a quantile that n cannot support is None. A run is valid=False
 (with invalid_reason) when the generator itself may have been the bottleneck: its CPU over the window
@@ -49,6 +52,7 @@ from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
 from reco.loadtest.histogram import plot_cdf, read_latencies
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.runs import make_run
+from reco.loadtest.triton_stats import scrape_stats, stats_summary
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import log_tail
 
@@ -82,9 +86,14 @@ def _window_cap_s(c: LoadtestConfig) -> float:
 
 
 def locust_command(
-    url: str, c: LoadtestConfig, out_dir: Path, requests_path: Path | None, reports: bool = True
+    url: str,
+    c: LoadtestConfig,
+    out_dir: Path,
+    requests_path: Path | None,
+    reports: bool = True,
+    triton_model: str | None = None,
 ) -> list[str]:
-    """The headless Locust command line of one load test."""
+    """The headless Locust command line of one load test (KServe v2 to `triton_model` when given)."""
     if c.window_requests is None and c.duration_s <= 0:
         raise ValueError(
             f"loadtest.duration_s: expected > 0 when window_requests is null, got {c.duration_s}"
@@ -119,6 +128,8 @@ def locust_command(
     ]  # fmt: skip
     if requests_path is not None:
         cmd += ["--requests-file", str(requests_path)]
+    if triton_model:
+        cmd += ["--triton-model", triton_model]
     if reports:
         cmd += ["--csv", str(out_dir / "locust"), "--html", str(out_dir / "locust_report.html")]
         cmd += ["--json-file", str(out_dir / "locust_stats")]
@@ -187,6 +198,7 @@ def run_load(
     *,
     kind: str = "load",
     reports: bool = True,
+    triton_model: str | None = None,
 ) -> LoadRun:
     """One load test of the server at `url` (see the module docstring).
 
@@ -198,6 +210,7 @@ def run_load(
         cpus: cores for the generator (and its keep-warm spinners).
         kind: LoadRun.kind ("unloaded", "common", "equal_util", "capacity", ...).
         reports: also Locust's CSV/HTML/JSON reports and the CDF plot (~2 s; capacity windows skip them).
+        triton_model: the server is Triton serving this model (ServerHandle.triton_model); None: reco's.
     Returns:
         The LoadRun of the measured window. Raises LoadTestError when Locust does not start or writes no
         latency file.
@@ -211,7 +224,8 @@ def run_load(
     (out / "latency_cdf.png").unlink(missing_ok=True)
     if requests_path is not None and not Path(requests_path).exists():
         raise FileNotFoundError(f"{requests_path}: request file not found (see reco.loadtest.requests)")
-    cmd = locust_command(url, c, out, Path(requests_path) if requests_path else None, reports)
+    cmd = locust_command(url, c, out, Path(requests_path) if requests_path else None, reports, triton_model)
+    figures = functools.partial(scrape_stats, model=triton_model) if triton_model else scrape
     log_path = out / "locust.log"
     lg = c.loadgen
 
@@ -237,9 +251,9 @@ def run_load(
             t0 = float(started.read_text())
             ps = psutil.Process(proc.pid)
             _sleep_until(t0 + c.warmup_s, proc)
-            cpu_a, wall_a, before = _cpu_s(ps), time.time(), scrape(url)
+            cpu_a, wall_a, before = _cpu_s(ps), time.time(), figures(url)
             _wait_for(Path(f"{lat_path}.window_end"), proc, t0 + c.warmup_s + _window_cap_s(c) + 30)
-            cpu_b, wall_b, after = _cpu_s(ps), time.time(), scrape(url)
+            cpu_b, wall_b, after = _cpu_s(ps), time.time(), figures(url)
             proc.wait(timeout=c.drain_s + 60)
             if cpu_a is None or cpu_b is None:
                 # Locust ended before a window sample (a starved runner overslept): fall back to its CPU
@@ -268,7 +282,9 @@ def run_load(
     if lag > lg.max_lag_ms:
         reasons.append(f"open-loop send lag p99 {lag:.1f} ms > loadtest.loadgen.max_lag_ms={lg.max_lag_ms:g}")
     stages = {}
-    if before and after:
+    if before and after and triton_model:
+        stages = stats_summary(before, after)
+    elif before and after:
         from reco.serve.metrics import stage_summary
 
         stages = stage_summary(before, after)

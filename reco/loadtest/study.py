@@ -119,6 +119,7 @@ class _Study:
                 self.requests,
                 self.gen_cpus,
                 kind="unloaded",
+                triton_model=h.triton_model,
             )
 
         run = self.measure(name, f"unloaded run {r}", go)
@@ -150,7 +151,9 @@ class _Study:
         hint = self.expect_fail(name)
 
         def go(h: ServerHandle) -> Capacity:
-            measure = open_loop_measure(h.url, self.lt, self.requests, self.gen_cpus)
+            measure = open_loop_measure(
+                h.url, self.lt, self.requests, self.gen_cpus, triton_model=h.triton_model
+            )
             return find_capacity(measure, slo, cfg, d, expect_fail=hint)
 
         cap = self.measure(name, f"capacity search {r}", go)
@@ -174,7 +177,13 @@ class _Study:
 
         def go(h: ServerHandle) -> LoadRun:
             return run_load(
-                h.url, s, self.out / name / kind / f"r{r}", self.requests, self.gen_cpus, kind=kind
+                h.url,
+                s,
+                self.out / name / kind / f"r{r}",
+                self.requests,
+                self.gen_cpus,
+                kind=kind,
+                triton_model=h.triton_model,
             )
 
         run = self.measure(name, f"{kind} run {r} at {rate:.1f} req/s", go)

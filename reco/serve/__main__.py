@@ -21,9 +21,9 @@ import sys
 from hydra.errors import HydraException
 
 from reco.config import ConfigError, compose
-from reco.serve.app import check_same_data
 from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import ServeConfigError
+from reco.serve.recommend import check_same_data
 
 
 def check_servable(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> None:

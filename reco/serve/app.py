@@ -43,37 +43,18 @@ from starlette.responses import Response
 from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
-from reco.config import typed
-from reco.data.schema import Dataset
 from reco.serve.admission import REQUEST_START, Overdue, ShedReason, WorkGate, request_age_s
 from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher
-from reco.serve.config import BatchingConfig, ServeConfig
+from reco.serve.config import ServeConfig
 from reco.serve.faults import slowed
-from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES, ServeMetrics
 from reco.serve.openapi import openapi_schema
+from reco.serve.recommend import candidate_items, load_variant, response_body, top_k
 from reco.serve.request import Request, RequestError, check_content_type, parse_request, read_body
 
 log = logging.getLogger("reco.serve")
 
 CLOSE = {"Connection": "close"}  # the rest of the body was not read: do not reuse the connection
-
-
-def check_same_data(variant, data: Dataset, dataset_path: str) -> None:
-    """Refuse a variant built on other data (it would index its tables out of range or score nonsense).
-
-    Args:
-        variant: the loaded Variant.
-        data: the dataset to serve from.
-        dataset_path: its path, for the message.
-    Raises:
-        ServeConfigError naming --dataset when the fingerprints differ.
-    """
-    if variant.data_fingerprint and data.fingerprint and variant.data_fingerprint != data.fingerprint:
-        raise ServeConfigError(
-            f"--dataset {dataset_path}: data fingerprint {data.fingerprint} differs from the one variant "
-            f"{variant.name!r} was built on ({variant.data_fingerprint}); pass that variant's dataset"
-        )
 
 
 def _json(obj: object, status: int = 200, headers: dict | None = None) -> Response:
@@ -102,22 +83,10 @@ class RecoService:
             dataset_path: the Dataset file whose train split feeds the feature store.
             cfg: the serve settings.
         """
-        from reco.runtime import load_scorer
-        from reco.variant import Variant
-
         self.cfg = cfg
-        variant = Variant.load(variant_dir)
-        data = Dataset.load(str(dataset_path))
-        check_same_data(variant, data, dataset_path)
-        self.store = FeatureStore(data, cfg.retrieval)
-        del data
-        self.name = variant.name
-        self.backend = variant.backend
-        self.scorer = load_scorer(variant, threads=cfg.intra_op_threads)
-        runtime = variant.runtime.get("batching", {})
-        self.batching = typed(
-            {**asdict(cfg.batching), **runtime}, BatchingConfig, f"variant {self.name} runtime.batching"
-        )
+        loaded = load_variant(variant_dir, dataset_path, cfg)  # warmed up
+        self.store, self.scorer, self.batching = loaded.store, loaded.scorer, loaded.batching
+        self.name, self.backend = loaded.name, loaded.backend
         self.retry_after = str(cfg.retry_after_s)
         self.max_wait_s = math.inf if cfg.max_wait_ms is None else cfg.max_wait_ms / 1000.0
         # With max_wait_ms and no batcher, requests wait for their turn at the gate, before retrieval and
@@ -129,7 +98,6 @@ class RecoService:
             if cfg.max_wait_ms is not None and not self.batching.enabled
             else None
         )
-        self._warm_up()
         self.executor = ThreadPoolExecutor(cfg.rank_threads, thread_name_prefix="rank")
         scorer = slowed(self.scorer, cfg.faults)
         if self.batching.enabled:
@@ -145,14 +113,6 @@ class RecoService:
         self.metrics = ServeMetrics()
         self.inflight = 0
         self.inflight_max = 0
-
-    def _warm_up(self) -> None:
-        """First calls of a runtime allocate and pick kernels; do them before accepting traffic."""
-        s = self.store
-        req = parse_request(b'{"user_id": 0, "k": 1}', s, self.cfg.max_k, self.cfg.max_candidates)
-        block = s.assemble(s.users.cold, req, s.candidates(s.users.cold, self.cfg.n_candidates))
-        for _ in range(self.cfg.warmup_calls):
-            self.scorer(*block)
 
     async def recommend(self, request: HttpRequest) -> Response:
         """POST /recommend (see the module docstring for the order of checks)."""
@@ -232,9 +192,7 @@ class RecoService:
         at the gate at t1g)."""
         cfg = self.cfg
         urow = self.store.user_row(req.user_id)
-        items = (
-            req.candidates if req.candidates is not None else self.store.candidates(urow, cfg.n_candidates)
-        )
+        items = candidate_items(self.store, urow, req, cfg.n_candidates)
         t2 = time.perf_counter()
         block = self.store.assemble(urow, req, items)
         t3 = time.perf_counter()
@@ -254,21 +212,9 @@ class RecoService:
         else:
             probs, rank_s = np.empty(0, dtype=np.float32), 0.0
         t4 = time.perf_counter()
-        k = min(req.k, len(items))
-        top = np.argpartition(-probs, k - 1)[:k] if 0 < k < len(items) else np.arange(k)
-        top = top[np.argsort(-probs[top], kind="stable")]
-        if not np.isfinite(probs[top]).all():  # orjson would write NaN/inf as null
-            raise RuntimeError(f"model {self.name} returned non-finite scores")
+        ids, scores = top_k(self.name, items, probs, req.k)
         t5 = time.perf_counter()
-        payload = orjson.dumps(
-            {
-                "items": [
-                    {"item_id": i, "score": p}
-                    for i, p in zip(items[top].tolist(), probs[top].tolist(), strict=True)
-                ],
-                "model": self.name,
-            }
-        )
+        payload = response_body(self.name, ids, scores)
         t6 = time.perf_counter()
         times = {
             "parse": t1 - t0,

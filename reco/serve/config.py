@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
+from enum import StrEnum
 from typing import Any
 
 from omegaconf import MISSING
@@ -39,6 +40,25 @@ class BatchingConfig:
     max_queue_delay_ms: float = MISSING  # longest a block waits for company before its call goes out
 
 
+class ServeBackend(StrEnum):
+    """Which server runs the variant (member names equal their values so YAML can say `backend: triton`)."""
+
+    reco = "reco"  # reco.serve: Starlette on uvicorn (reco/serve/app.py)
+    triton = "triton"  # Triton Inference Server through PyTriton (reco/serve/triton_backend.py)
+
+
+@dataclass
+class TritonConfig:
+    """serve.backend=triton: the Triton model the request pipeline is bound as, and its server process."""
+
+    python: str = MISSING  # interpreter of the Triton server process; relative: to the project root
+    model_name: str = MISSING  # POST /v2/models/<model_name>/infer
+    instances: int = MISSING  # model instances (Triton instance_group count): executions at once
+    max_batch_size: int = MISSING  # most requests in one execution (Triton max_batch_size)
+    preferred_batch_sizes: list[int] = MISSING  # with batching.enabled: sizes the dynamic batcher aims for
+    http_threads: int = MISSING  # Triton HTTP front-end threads
+
+
 @dataclass
 class FaultsConfig:
     """Test-only fault injection (tests/test_serve_faults.py); every value 0 in production."""
@@ -60,6 +80,8 @@ class ServeConfig:
     cpu_affinity: list[int] | None = MISSING  # core ids to pin the server to; null = any
     keep_warm: bool = MISSING  # a SCHED_IDLE spinner per server core (reco/serve/keepwarm.py)
     log_level: str = MISSING  # uvicorn / reco.serve log level (debug, info, warning, error)
+    backend: ServeBackend = MISSING  # reco (Starlette) or triton (PyTriton)
+    triton: TritonConfig = MISSING  # backend=triton only
 
     n_candidates: int = MISSING  # candidates generated per request when the request gives none
     max_k: int = MISSING  # largest k a request may ask for
@@ -102,6 +124,9 @@ class ServeConfig:
             "batching.max_batch": 1,
             "faults.slow_calls": 0,
             "faults.batcher_crashes": 0,
+            "triton.instances": 1,
+            "triton.max_batch_size": 1,
+            "triton.http_threads": 1,
         }
         positive = ("body_timeout_s", "model_timeout_s")
         flat = _flatten(asdict(self))
@@ -118,6 +143,12 @@ class ServeConfig:
             )
         if self.max_wait_ms is not None and not self.max_wait_ms > 0:
             raise ConfigError(f"{where}.max_wait_ms: expected > 0 ms or null (off), got {self.max_wait_ms}")
+        sizes = self.triton.preferred_batch_sizes
+        if not all(1 <= b <= self.triton.max_batch_size for b in sizes):
+            raise ConfigError(
+                f"{where}.triton.preferred_batch_sizes: expected sizes in [1, triton.max_batch_size="
+                f"{self.triton.max_batch_size}], got {sizes}"
+            )
         if not 0.0 <= self.retrieval.share <= 1.0:
             raise ConfigError(f"{where}.retrieval.share: expected in [0, 1], got {self.retrieval.share}")
         return self

@@ -16,6 +16,7 @@ for out-of-vocabulary and pruned ids.
 
 from __future__ import annotations
 
+import copy
 import logging
 import math
 from dataclasses import dataclass
@@ -126,7 +127,7 @@ class FeatureStore:
         self.popular = known[np.lexsort((known, -counts[known]))]
         self.share = float(retrieval.share) if retrieval else 0.0
         self.groups = self._group_index(retrieval, counts, known)
-        self._seen = np.zeros(self.item_card, dtype=bool)  # scratch for de-duplication (event loop only)
+        self._seen = np.zeros(self.item_card, dtype=bool)  # scratch for de-duplication (one thread only)
 
         # Whole-row item templates: item columns filled, user/context columns 0, so a request's input is
         # one gather plus one broadcast add of its user+context row (see assemble).
@@ -168,6 +169,16 @@ class FeatureStore:
             "card": card,
             "feature": f"{uf}->{itf}",
         }
+
+    def for_thread(self) -> FeatureStore:
+        """A view of this store for another thread: the tables shared, the candidates() scratch its own.
+
+        Returns:
+            A shallow copy with a fresh de-duplication scratch array.
+        """
+        view = copy.copy(self)
+        view._seen = np.zeros_like(self._seen)
+        return view
 
     @property
     def retrieval_name(self) -> str:

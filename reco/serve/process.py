@@ -8,6 +8,10 @@
 gets every value as a `key=value` override, so it runs with exactly these settings. It writes its
 output to `server-{port}.log` in `work_dir` (a fresh temporary directory by default); a server that
 exits or does not answer GET /healthz in time raises ServerStartError with the log's tail.
+
+serve.backend=triton starts `python -m reco.serve.triton_backend` with serve.triton.python (the
+interpreter of `.venv-triton`, `make triton-venv`) instead; it is ready when Triton reports the model
+ready (GET /v2/models/<serve.triton.model_name>/ready), and `handle.triton_model` names the model.
 """
 
 from __future__ import annotations
@@ -32,7 +36,9 @@ from typing import Any
 import psutil
 
 from reco.children import die_with_parent
-from reco.serve.config import ServeConfig, serve_config, serve_overrides
+from reco.serve.config import ServeBackend, ServeConfig, serve_config, serve_overrides
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
 
 class ServerStartError(RuntimeError):
@@ -81,8 +87,18 @@ class ServerHandle:
         """The last `lines` lines of the server's log."""
         return log_tail(self.log_path, lines)
 
+    @property
+    def triton_model(self) -> str | None:
+        """The Triton model serving the variant (POST /v2/models/<it>/infer); None for reco's server."""
+        return self.settings.triton.model_name if self.settings.backend == ServeBackend.triton else None
+
     def health(self, timeout_s: float = 2.0) -> dict:
-        """GET /healthz of whichever worker answers the new connection, as a dict."""
+        """GET /healthz of whichever worker answers the new connection, as a dict (Triton: its model's
+        ready endpoint, answered as {"status": "ok", "model", "pid"})."""
+        if self.triton_model is not None:
+            url = f"{self.url}/v2/models/{self.triton_model}/ready"
+            with urllib.request.urlopen(url, timeout=timeout_s):  # non-200: HTTPError (a URLError)
+                return {"status": "ok", "model": self.triton_model, "pid": self.pid}
         with urllib.request.urlopen(self.url + "/healthz", timeout=timeout_s) as r:
             return json.loads(r.read())
 
@@ -98,7 +114,8 @@ class ServerHandle:
             self; ServerStartError (with the log's tail) otherwise.
         """
         deadline = time.monotonic() + timeout_s
-        workers, seen = self.settings.workers, set()
+        workers = self.settings.workers if self.triton_model is None else 1
+        seen: set[int] = set()
         while time.monotonic() < deadline:
             if self.proc.poll() is not None:
                 raise ServerStartError(
@@ -204,13 +221,18 @@ def start_server(
     cfg = dataclasses.replace(cfg, port=port or free_port(cfg.host))
     if cpus:
         cfg = dataclasses.replace(cfg, cpu_affinity=[int(c) for c in cpus])
+    python, module = (
+        (str(triton_python(cfg)), "reco.serve.triton_backend")
+        if cfg.backend == ServeBackend.triton
+        else (sys.executable, "reco.serve")
+    )
     wd = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="reco-serve-"))
     wd.mkdir(parents=True, exist_ok=True)
     log_path = wd / f"server-{cfg.port}.log"
     cmd = [
-        sys.executable,
+        python,
         "-m",
-        "reco.serve",
+        module,
         "--variant",
         str(variant_dir),
         "--dataset",
@@ -233,3 +255,22 @@ def start_server(
     if wait:
         handle.wait_ready(timeout_s)
     return handle
+
+
+def triton_python(cfg: ServeConfig) -> Path:
+    """The interpreter serve.backend=triton runs (serve.triton.python; relative: to the project root).
+
+    Args:
+        cfg: the serve settings.
+    Returns:
+        Its path; ServerStartError naming the setting and `make triton-venv` when it does not exist.
+    """
+    path = Path(cfg.triton.python)
+    path = path if path.is_absolute() else PROJECT_ROOT / path
+    if not (path.is_file() and os.access(path, os.X_OK)):
+        raise ServerStartError(
+            f"serve.backend=triton: serve.triton.python={cfg.triton.python} ({path}) is not an executable; "
+            "build it with `make triton-venv` (a venv of /usr/bin/python3.11 with nvidia-pytriton: PyTriton "
+            "loads models only under the system interpreter) or point serve.triton.python at one"
+        )
+    return path
