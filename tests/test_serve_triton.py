@@ -3,7 +3,7 @@
 Answers over KServe v2 are checked against reco's own server and against offline scoring; a real Locust
 window runs against it; a taken port, a missing interpreter and the wrong interpreter are refused with
 messages naming the setting. The server runs in .venv-triton; when it is missing the module builds it
-with `make triton-venv` (a few minutes on a fresh machine, see README "Serving with Triton").
+with `make triton-venv` (~30 s, see README "Serving with Triton").
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ from reco.serve.request import parse_request
 from reco.variant import Variant
 
 ROOT = Path(__file__).resolve().parents[1]
-# Building .venv-triton the first time (make triton-venv) takes minutes; every test after that, seconds.
+# Building .venv-triton the first time (make triton-venv) takes ~30 s; every test after that, seconds.
 pytestmark = pytest.mark.timeout(1500)
 
 
