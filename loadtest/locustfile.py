@@ -231,7 +231,8 @@ def _test_start(environment, **_kw) -> None:
         return
     if isinstance(environment.runner, MasterRunner):
         DONE.clear()
-        Path(o.latency_file + ".failed").unlink(missing_ok=True)
+        if o.latency_file:
+            Path(o.latency_file + ".failed").unlink(missing_ok=True)
         gevent.spawn(_master_watch, environment, o)
         return
     REC.window_requests, REC.path = o.window_requests, o.latency_file

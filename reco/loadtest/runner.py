@@ -208,12 +208,17 @@ def _check_alive(gens: list[_Gen], done: list[Path], failed: Path) -> None:
     if len(gens) < 2 or all(p.exists() for p in done):
         return
     for g in gens:
-        if g.proc.poll() is not None:
-            why = failed.read_text().strip() + "\n" if failed.exists() else ""
+        if g.proc.poll() is None:
+            continue
+        if failed.exists():  # the master saw a worker go (missed heartbeats, a remote worker) first
             raise LoadTestError(
-                f"{g.name} (pid {g.proc.pid}) exited with code {g.proc.returncode} before every worker had "
-                f"finished its window; the window is not counted.\n{why}{g.log}:\n{log_tail(g.log)}"
+                f"{failed.read_text().strip()} (reported by the Locust master); the window is not "
+                f"counted. {gens[0].log}:\n{log_tail(gens[0].log)}"
             )
+        raise LoadTestError(
+            f"{g.name} (pid {g.proc.pid}) exited with code {g.proc.returncode} before every worker had "
+            f"finished its window; the window is not counted. {g.log}:\n{log_tail(g.log)}"
+        )
 
 
 def _wait_for(paths: list[Path], gens: list[_Gen], deadline: float, check=lambda: None) -> bool:
