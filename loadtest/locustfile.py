@@ -418,8 +418,8 @@ class RecoUser(FastHttpUser):
         o = self.environment.parsed_options
         if o is not None and o.load_mode == "open":
             self.open_loop(o)
-        elif REC.window_closed and o is not None and o.headless:
-            gevent.sleep(0.05)  # the window is over: nothing more to measure
+        elif REC.window_closed and o is not None and (o.headless or REC.index >= 0):
+            gevent.sleep(0.05)  # the window is over: nothing more to measure (a worker's: ever)
         else:
             now = time.perf_counter()
             in_window = REC.assign(now, o) if o is not None else False
