@@ -44,8 +44,12 @@ RESPONSE = (
 )
 
 
+NOT_FOUND = b"HTTP/1.1 404 Not Found\r\nContent-Length: 0\r\n\r\n"
+
+
 class _Trivial(asyncio.Protocol):
-    """Keep-alive HTTP/1.1: every complete request (headers + Content-Length body) gets RESPONSE."""
+    """Keep-alive HTTP/1.1: every complete POST (headers + Content-Length body) gets RESPONSE, anything
+    else (the runner's GET /metrics) a 404."""
 
     delay_s = 0.0
 
@@ -59,8 +63,10 @@ class _Trivial(asyncio.Protocol):
             size = end + 4 + (int(m.group(1)) if m else 0)
             if len(self.buf) < size:
                 return
-            self.buf = self.buf[size:]
-            if self.delay_s:
+            post, self.buf = self.buf.startswith(b"POST"), self.buf[size:]
+            if not post:
+                self.t.write(NOT_FOUND)
+            elif self.delay_s:
                 asyncio.get_running_loop().call_later(self.delay_s, self._answer)
             else:
                 self.t.write(RESPONSE)
