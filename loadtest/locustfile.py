@@ -41,6 +41,14 @@ With --triton-model NAME (serve.backend=triton, reco/serve/triton_backend.py) ev
 HTTP/REST (KServe v2) protocol instead: POST /v2/models/NAME/infer with the body as the one element of the
 BYTES input "request"; an answer whose "response" holds an error counts as failed with the status in it.
 
+Distributed (--master / --worker, reco.loadtest.distributed): the master only dispatches users and
+ends the test; each worker is one Poisson scheduler at --rate / (users x workers) per user (open loop;
+the superposition of independent Poisson processes is Poisson at --rate), owns its share of
+--window-requests and writes its own record, named by its worker index, beside --latency-file
+(`latencies.w<i>.csv`, ...; its summary adds its CPU over its window). When it has drained, it tells
+the master ("reco_done"); once all --expect-workers have, the master quits. A worker lost before then
+ends the test with an error (and `<latency file>.failed`): the window is not valid.
+
 Web UI: a "reco" tab shows the exact end-to-end percentiles of the running test with their 95 % CIs
 and n (reco.stats; failures count as +inf) and the server's per-stage times scraped from its /metrics
 since the test started -- the figures the study records.
@@ -50,14 +58,20 @@ from __future__ import annotations
 
 import itertools
 import json
+import logging
 import math
+import os
 import random
+import resource
 import time
 import urllib.request
 from pathlib import Path
 
 import gevent
 from locust import FastHttpUser, events, task
+from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
+
+from reco.loadtest.distributed import lag_p99, window_share, worker_file
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -135,6 +149,12 @@ class Recorder:
         self.outstanding: dict[int, bool] = {}  # token -> in the window; sent, not yet answered
         self.scores: list[dict] = []
         self.tokens = itertools.count()
+        self.window_requests = 0  # this process's share of --window-requests (0: window by duration)
+        self.n_workers = 1  # processes sharing the load (--expect-workers on a Locust worker)
+        self.index = -1  # Locust worker index (-1: not a worker)
+        self.path = ""  # where this process writes its record
+        self.written = False
+        self.cpu0 = self.cpu1 = (_cpu_s(), self.t0_perf)  # (CPU s, perf s) at the window's open / close
 
     def assign(self, now_perf: float, opts) -> bool:
         """Whether a request sent (open loop: scheduled) at `now_perf` belongs to the window; counts it."""
@@ -147,7 +167,7 @@ class Recorder:
             self.close_window()
             return False
         self.n_window += 1
-        if opts.window_requests > 0 and self.n_window >= opts.window_requests:
+        if self.window_requests > 0 and self.n_window >= self.window_requests:
             self.close_window()
         return True
 
@@ -161,6 +181,16 @@ class Recorder:
         if not self.window_closed:
             self.window_closed = True
             self.window_end_epoch = time.time()
+            self.cpu1 = (_cpu_s(), time.perf_counter())
+
+    def cpu_pct(self) -> float:
+        """This process's CPU over the window, % of one core (every thread: gevent's and ZeroMQ's)."""
+        return 100.0 * (self.cpu1[0] - self.cpu0[0]) / max(self.cpu1[1] - self.cpu0[1], 1e-9)
+
+
+def _cpu_s() -> float:
+    r = resource.getrusage(resource.RUSAGE_SELF)
+    return r.ru_utime + r.ru_stime
 
 
 REC = Recorder()
@@ -168,6 +198,7 @@ PAYLOADS: list[bytes] = []
 PATH = ["/recommend"]  # where bodies go (a Triton model's infer endpoint with --triton-model)
 USER_SEQ = [0]  # users draw payloads from their own seeded stream (reproducible request mix)
 METRICS_AT_START = [""]  # the server's /metrics when the test started (web UI: stage times since then)
+DONE: set[int] = set()  # master: indices of the workers whose window has drained ("reco_done")
 
 
 @events.init.add_listener
@@ -195,6 +226,8 @@ def _init(environment, **_kw) -> None:
         PAYLOADS[:] = [triton_request(p) for p in PAYLOADS]
     if environment.web_ui is not None:
         _extend_web_ui(environment)
+    if isinstance(environment.runner, MasterRunner):
+        environment.runner.register_message("reco_done", lambda msg, **_kw: DONE.add(int(msg.data["index"])))
 
 
 def triton_request(body: bytes) -> bytes:
@@ -238,16 +271,31 @@ def _test_start(environment, **_kw) -> None:
     o = environment.parsed_options
     if o is None:
         return
+    if isinstance(environment.runner, MasterRunner):
+        DONE.clear()
+        if o.latency_file:
+            Path(o.latency_file + ".failed").unlink(missing_ok=True)
+        gevent.spawn(_master_watch, environment, o)
+        return
+    REC.window_requests, REC.path = o.window_requests, o.latency_file
+    if isinstance(environment.runner, WorkerRunner):
+        # Custom options (ours) arrive from the master: every worker holds the master's values.
+        REC.index, REC.n_workers = environment.runner.worker_index, max(1, o.expect_workers)
+        REC.window_requests = window_share(o.window_requests, REC.index, REC.n_workers)
+        if o.window_requests > 0 and REC.window_requests == 0:  # more workers than requests
+            REC.close_window()
+        if o.latency_file:
+            REC.path = str(worker_file(o.latency_file, REC.index))
     # One connection per outstanding request in open loop; users are created after this event, and
     # FastHttpUser reads it then (the web UI can switch --load-mode between runs).
     RecoUser.concurrency = max(1, o.max_inflight) if o.load_mode == "open" else 1
     if environment.web_ui is not None and environment.host:
         METRICS_AT_START[0] = _scrape(environment.host)
-    if o.latency_file:
-        Path(o.latency_file).parent.mkdir(parents=True, exist_ok=True)
+    if REC.path:
+        Path(REC.path).parent.mkdir(parents=True, exist_ok=True)
         for suffix in (".window_end", ".summary.json", ".scores.jsonl"):
-            Path(o.latency_file + suffix).unlink(missing_ok=True)
-        Path(o.latency_file + ".started").write_text(repr(REC.t0_epoch))
+            Path(REC.path + suffix).unlink(missing_ok=True)
+        Path(REC.path + ".started").write_text(repr(REC.t0_epoch))
     if o.duration_s > 0 or o.window_requests > 0:
         gevent.spawn(_end_window, environment, o)
 
@@ -255,16 +303,24 @@ def _test_start(environment, **_kw) -> None:
 def _end_window(environment, o) -> None:
     """Close the window on time (duration, or the cap), let its requests drain, then stop the test."""
     end = REC.t0_perf + o.warmup_s + o.duration_s if o.duration_s > 0 else math.inf
+    opened = False
     while not REC.window_closed:
-        if time.perf_counter() >= end:
+        now = time.perf_counter()
+        if not opened and now >= REC.t0_perf + o.warmup_s:
+            REC.cpu0, opened = (_cpu_s(), now), True
+        if now >= end:
             REC.close_window()
             break
         gevent.sleep(0.005)
-    if o.latency_file:
-        Path(o.latency_file + ".window_end").write_text(repr(REC.window_end_epoch))
+    if REC.path:
+        Path(REC.path + ".window_end").write_text(repr(REC.window_end_epoch))
     deadline = time.perf_counter() + o.drain_s
     while any(REC.outstanding.values()) and time.perf_counter() < deadline:
         gevent.sleep(0.005)
+    if isinstance(environment.runner, WorkerRunner):  # the master ends the test once every worker is done
+        _write_record(o)
+        environment.runner.send_message("reco_done", {"index": REC.index})
+        return
     if o.headless:
         environment.runner.quit()
     else:
@@ -299,42 +355,79 @@ def _on_request(request_type, name, response_time, response_length, response=Non
             REC.scores.append({"payload": ctx["payload"], "items": None})  # an unreadable answer: a mismatch
 
 
+def _master_watch(environment, o) -> None:
+    """Master: end the test once every expected worker's window has drained; a worker lost before
+    then (killed, hung, disconnected) fails the test, naming it, so no partial window passes as valid."""
+    runner = environment.runner
+    expected = max(1, o.expect_workers)
+    while len(DONE) < expected:
+        gevent.sleep(0.05)
+        live = {runner.get_worker_index(c.id) for c in runner.clients.all if c.state != STATE_MISSING}
+        lost = sorted(set(range(expected)) - live - DONE)
+        if lost:
+            msg = (
+                f"Locust worker(s) {lost} lost mid-run ({len(live)} of {expected} still connected, "
+                f"finished: {sorted(DONE)}): the window is incomplete and not valid"
+            )
+            logging.error(msg)
+            if o.latency_file:
+                Path(o.latency_file + ".failed").write_text(msg + "\n")
+            environment.process_exit_code = 1
+            break
+    if o.headless:
+        runner.quit()
+    else:
+        runner.stop()
+
+
 @events.test_stop.add_listener
 def _test_stop(environment, **_kw) -> None:
     o = environment.parsed_options
     REC.close_window()
-    if o is None or not o.latency_file:
+    if o is None or isinstance(environment.runner, MasterRunner) or REC.written:
         return
-    out = Path(o.latency_file)
+    _write_record(o)
+
+
+def _write_record(o) -> None:
+    """This process's record of the window: the latency file, its summary and the recorded scores."""
+    REC.close_window()
+    REC.written = True
+    if not REC.path:
+        return
+    out = Path(REC.path)
     with open(out, "w") as f:
         f.write("start_s,latency_ms,ok,status\n")
         f.writelines(f"{s:.6f},{lat:.4f},{ok},{st}\n" for s, lat, ok, st in REC.rows)
     if o.score_every:
-        with open(o.latency_file + ".scores.jsonl", "w") as f:
+        with open(REC.path + ".scores.jsonl", "w") as f:
             f.writelines(json.dumps(s) + "\n" for s in REC.scores)
     lags = sorted(REC.lags_ms)
     summary = {
+        "index": REC.index,  # Locust worker index (-1: a single process)
+        "pid": os.getpid(),
+        "cpu_pct": REC.cpu_pct(),
         "mode": o.load_mode,
         "t0_epoch": REC.t0_epoch,
         "window_end_epoch": REC.window_end_epoch,
         "warmup_s": o.warmup_s,
         "duration_s": o.duration_s,
-        "window_requests": o.window_requests,
+        "window_requests": REC.window_requests,
         "n_window": REC.n_window,  # assigned to the window: recorded rows + unanswered
         "n_recorded": len(REC.rows),
         "unanswered": sum(REC.outstanding.values()),  # sent in the window, no answer when the test stopped
         "n_all": REC.n_all,
         "payloads": len(PAYLOADS),
         "open": {
-            "rate": o.rate,
+            "rate": o.rate / REC.n_workers,
             "overflow": sum(1 for r in REC.rows if r[3] == -1),
-            "lag_p99_ms": lags[min(len(lags) - 1, math.ceil(0.99 * len(lags)) - 1)] if lags else 0.0,
+            "lag_p99_ms": lag_p99(lags),
             "lag_max_ms": lags[-1] if lags else 0.0,
         }
         if o.load_mode == "open"
         else None,
     }
-    Path(o.latency_file + ".summary.json").write_text(json.dumps(summary, indent=2))
+    Path(REC.path + ".summary.json").write_text(json.dumps(summary, indent=2))
 
 
 class RecoUser(FastHttpUser):
@@ -347,7 +440,9 @@ class RecoUser(FastHttpUser):
     def on_start(self) -> None:
         USER_SEQ[0] += 1
         seed = self.environment.parsed_options.seed if self.environment.parsed_options else 0
-        self.rng = random.Random(seed * 1_000_003 + USER_SEQ[0])
+        stream = seed * 1_000_003 + USER_SEQ[0]
+        # Workers draw independent streams (identical ones would send the same schedule twice).
+        self.rng = random.Random(stream if REC.index < 0 else f"{stream}/w{REC.index}")
 
     def post(self, start: float, in_window: bool, seq: int, token: int) -> None:
         """One /recommend request; `start` is its send time (open loop: its scheduled send time), `seq`
@@ -373,8 +468,8 @@ class RecoUser(FastHttpUser):
         o = self.environment.parsed_options
         if o is not None and o.load_mode == "open":
             self.open_loop(o)
-        elif REC.window_closed and o is not None and o.headless:
-            gevent.sleep(0.05)  # the window is over: nothing more to measure
+        elif REC.window_closed and o is not None and (o.headless or REC.index >= 0):
+            gevent.sleep(0.05)  # the window is over: nothing more to measure (a worker's: ever)
         else:
             now = time.perf_counter()
             in_window = REC.assign(now, o) if o is not None else False
@@ -383,8 +478,8 @@ class RecoUser(FastHttpUser):
     def open_loop(self, o) -> None:
         """Schedule Poisson arrivals; each request in its own greenlet, timed from its scheduled send."""
         runner = self.environment.runner
-        n_users = max(1, int(getattr(runner, "target_user_count", 0) or 1))
-        rate = o.rate / n_users
+        n_users = max(1, int(getattr(runner, "target_user_count", 0) or 1))  # on a worker: its own users
+        rate = o.rate / (n_users * REC.n_workers)
         if rate <= 0:
             raise SystemExit(f"--rate must be > 0 in open loop, got {o.rate}")
         t = time.perf_counter()

@@ -113,6 +113,9 @@ class LoadtestConfig:
     drain_s: float = MISSING  # after the window: in-flight requests may finish (else they count as failed)
     score_every: int = MISSING  # record the returned scores of every Nth request of the window (0: none)
     seed: int = MISSING
+    # generator processes: 1 = one Locust process; N > 1 = Locust master + N workers, the open-loop rate,
+    # closed-loop users and window_requests split across them (reco.loadtest.distributed)
+    workers: int = MISSING
     requests: RequestsConfig = field(default_factory=RequestsConfig)
     loadgen: LoadgenConfig = field(default_factory=LoadgenConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)

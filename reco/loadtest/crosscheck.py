@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 from reco.config import compose
@@ -27,14 +28,31 @@ from reco.serve.process import start_server
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def wrk_qps(url: str, requests: Path, connections: int, seconds: int, cpus: list[int] | None) -> float:
+@dataclass
+class WrkResult:
+    """wrk's own summary of one closed-loop run."""
+
+    qps: float  # Requests/sec
+    n: int  # requests completed
+    percentiles_ms: dict[str, float]  # "p50", "p75", "p90", "p99" (wrk's --latency distribution)
+
+
+_UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
+
+
+def wrk_run(
+    url: str, requests: Path, connections: int, seconds: int, cpus: list[int] | None, threads: int = 1
+) -> WrkResult:
+    """wrk closed loop: `connections` connections over `threads` threads for `seconds`, replaying the
+    request file (loadtest/wrk_requests.lua), pinned to `cpus`. Exits on any non-2xx answer."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk not found: apt-get install wrk (Debian) or run `make crosscheck`")
     cmd = [
         "wrk",
-        "-t1",
+        f"-t{threads}",
         f"-c{connections}",
         f"-d{seconds}s",
+        "--latency",
         "-s",
         str(ROOT / "loadtest" / "wrk_requests.lua"),
         url,
@@ -47,7 +65,15 @@ def wrk_qps(url: str, requests: Path, connections: int, seconds: int, cpus: list
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if non2xx:
         raise SystemExit(f"wrk saw {non2xx.group(1)} error responses:\n{out}")
-    return float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1))
+    pcts = {
+        f"p{q}": float(v) * _UNIT_MS[u]
+        for q, v, u in re.findall(r"^\s+(\d+)%\s+([\d.]+)(us|ms|s|m)\s*$", out, re.M)
+    }
+    return WrkResult(
+        qps=float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
+        n=int(re.search(r"(\d+) requests in", out).group(1)),
+        percentiles_ms=pcts,
+    )
 
 
 def main() -> None:
@@ -67,7 +93,7 @@ def main() -> None:
         locust = run_load(
             server.url, with_settings(lt, duration_s=args.seconds), work / "locust", requests, gen_cpus
         ).qps
-        wrk = wrk_qps(server.url, requests, args.connections, args.seconds, gen_cpus)
+        wrk = wrk_run(server.url, requests, args.connections, args.seconds, gen_cpus).qps
     print("| generator | connections | seconds | req/s |\n|---|---|---|---|")
     print(f"| Locust (reco) | {args.connections} | {args.seconds} | {locust:.1f} |")
     print(f"| wrk | {args.connections} | {args.seconds} | {wrk:.1f} |")

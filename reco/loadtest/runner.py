@@ -21,6 +21,13 @@ as +inf (reco.stats.with_failures); a quantile that n cannot support is None. A 
 above loadgen.max_cpu_pct of one core, or, in open loop, sends lagging their schedule by more than
 loadgen.max_lag_ms at p99; or when no request succeeded.
 
+With loadtest.workers = N > 1 the generator is Locust's own distributed engine on this machine: a
+master (`--master --expect-workers N`, bound to 127.0.0.1) and N worker processes, worker i pinned to
+cpus[i % len(cpus)]; the rate, users and window split across them (reco.loadtest.distributed), their
+exact records are merged into latencies.csv, and the validity check covers every worker (its own CPU
+over its window and its send lag) and the master. A worker or master that exits before every worker
+has finished its window raises LoadTestError naming it; every process is then stopped.
+
 SIGINT / SIGTERM of the calling process while a test runs stop Locust and the keep-warm spinners before
 the process exits (and both die with the caller even on SIGKILL: PR_SET_PDEATHSIG).
 """
@@ -34,6 +41,7 @@ import math
 import os
 import resource
 import signal
+import socket
 import subprocess
 import sys
 import threading
@@ -42,6 +50,7 @@ import urllib.error
 import urllib.request
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -49,6 +58,7 @@ import psutil
 
 from reco.children import die_with_parent
 from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
+from reco.loadtest.distributed import merge_records, worker_file
 from reco.loadtest.histogram import plot_cdf, read_latencies
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.runs import make_run
@@ -63,13 +73,19 @@ class LoadTestError(RuntimeError):
     pass
 
 
-def plan_cpus() -> tuple[list[int] | None, list[int] | None]:
-    """(server cores, load generator cores): the generator on one core of its own, the server on the
-    rest, so neither steals the other's CPU; (None, None) on a single core."""
+def plan_cpus(workers: int = 1) -> tuple[list[int] | None, list[int] | None]:
+    """(server cores, load generator cores): the generator on cores of its own (one per Locust worker
+    while at least one core is left for the server), the server on the rest, so neither steals the
+    other's CPU; (None, None) on a single core.
+
+    Args:
+        workers: loadtest.workers; with fewer spare cores than workers, workers share the generator's.
+    """
     cores = sorted(os.sched_getaffinity(0))
     if len(cores) < 2:
         return None, None
-    return cores[1:], cores[:1]
+    k = max(1, min(workers, len(cores) - 1))
+    return cores[k:], cores[:k]
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> str:
@@ -100,7 +116,9 @@ def locust_command(
         )
     if c.window_requests is not None and c.window_requests < 1:
         raise ValueError(f"loadtest.window_requests: expected >= 1 or null, got {c.window_requests}")
-    users = int(c.users) if c.mode == LoadMode.closed else 1
+    _check_workers(c)
+    # Open loop: one Poisson scheduler per process (Locust gives each worker one user).
+    users = int(c.users) if c.mode == LoadMode.closed else c.workers
     # A safety net only: the locustfile stops the test itself once the window has drained.
     run_time = math.ceil(c.warmup_s + _window_cap_s(c) + c.drain_s + 30)
     cmd = [
@@ -136,17 +154,102 @@ def locust_command(
     return cmd
 
 
-def _wait_for(path: Path, proc: subprocess.Popen, deadline: float) -> bool:
-    """Until `path` exists (True), the process exits or the deadline passes (False)."""
-    while not path.exists():
-        if proc.poll() is not None or time.time() > deadline:
-            return path.exists()
+def _check_workers(c: LoadtestConfig) -> None:
+    if c.workers < 1:
+        raise ValueError(f"loadtest.workers: expected >= 1, got {c.workers}")
+    if c.workers > 1 and c.mode == LoadMode.closed and c.users % c.workers:
+        raise ValueError(
+            f"loadtest.users={c.users} with loadtest.workers={c.workers}: closed-loop users must split "
+            f"evenly across the workers (a multiple of {c.workers})"
+        )
+    if c.window_requests is not None and c.window_requests < c.workers:
+        raise ValueError(
+            f"loadtest.window_requests={c.window_requests}: expected >= loadtest.workers={c.workers}"
+        )
+
+
+def master_command(cmd: list[str], workers: int, port: int) -> list[str]:
+    """`cmd` (locust_command's) as the master of `workers` local workers, on 127.0.0.1:`port`."""
+    return [
+        *cmd, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+        "--expect-workers", str(workers),
+    ]  # fmt: skip
+
+
+def worker_command(
+    c: LoadtestConfig, requests_path: Path | None, port: int, triton_model: str | None = None
+) -> list[str]:
+    """A Locust worker of the master on 127.0.0.1:`port`. Only what its init reads is given here; the
+    test's options (rate, window, files) arrive from the master."""
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker",
+        "--master-host", "127.0.0.1", "--master-port", str(port),
+        "--loglevel", "WARNING", "--seed", str(int(c.seed)),
+    ]  # fmt: skip
+    if requests_path is not None:
+        cmd += ["--requests-file", str(requests_path)]
+    if triton_model:  # read at the worker's init, like the request file
+        cmd += ["--triton-model", triton_model]
+    return cmd
+
+
+def free_port() -> int:
+    """A TCP port free on 127.0.0.1 now (for the Locust master)."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@dataclass
+class _Gen:
+    """One load generator process."""
+
+    name: str  # "Locust", "Locust master", "Locust worker 2 of 2"
+    proc: subprocess.Popen
+    log: Path
+
+
+def _spawn(name: str, cmd: list[str], log_path: Path, cwd: Path, cpus: list[int] | None) -> _Gen:
+    with open(log_path, "wb") as log:
+        proc = subprocess.Popen(
+            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+            preexec_fn=functools.partial(_child_setup, os.getpid(), cpus),
+        )  # fmt: skip
+    return _Gen(name, proc, log_path)
+
+
+def _check_alive(gens: list[_Gen], done: list[Path], failed: Path) -> None:
+    """Distributed: any generator process gone before every worker's record exists fails the run."""
+    if len(gens) < 2 or all(p.exists() for p in done):
+        return
+    for g in gens:
+        if g.proc.poll() is None:
+            continue
+        if failed.exists():  # the master saw a worker go (missed heartbeats, a remote worker) first
+            raise LoadTestError(
+                f"{failed.read_text().strip()} (reported by the Locust master); the window is not "
+                f"counted. {gens[0].log}:\n{log_tail(gens[0].log)}"
+            )
+        raise LoadTestError(
+            f"{g.name} (pid {g.proc.pid}) exited with code {g.proc.returncode} before every worker had "
+            f"finished its window; the window is not counted. {g.log}:\n{log_tail(g.log)}"
+        )
+
+
+def _wait_for(paths: list[Path], gens: list[_Gen], deadline: float, check=lambda: None) -> bool:
+    """Until every path exists (True), the first process exits or the deadline passes (False);
+    `check()` runs on every poll (it may raise)."""
+    while not all(p.exists() for p in paths):
+        check()
+        if gens[0].proc.poll() is not None or time.time() > deadline:
+            return all(p.exists() for p in paths)
         time.sleep(0.02)
     return True
 
 
-def _sleep_until(t_epoch: float, proc: subprocess.Popen) -> None:
+def _sleep_until(t_epoch: float, proc: subprocess.Popen, check=lambda: None) -> None:
     while (left := t_epoch - time.time()) > 0 and proc.poll() is None:
+        check()
         time.sleep(min(left, 0.05))
 
 
@@ -204,7 +307,7 @@ def run_load(
 
     Args:
         cfg: the `loadtest` config; mode, rate, users, window_requests/duration_s, warmup_s, drain_s,
-            score_every and loadgen are read.
+            score_every, workers and loadgen are read.
         out_dir: Locust's files, latencies.csv (+ .summary.json, .scores.jsonl), the CDF plot, the log.
         requests_path: JSONL of /recommend bodies; None: random users.
         cpus: cores for the generator (and its keep-warm spinners).
@@ -212,75 +315,110 @@ def run_load(
         reports: also Locust's CSV/HTML/JSON reports and the CDF plot (~2 s; capacity windows skip them).
         triton_model: the server is Triton serving this model (ServerHandle.triton_model); None: reco's.
     Returns:
-        The LoadRun of the measured window. Raises LoadTestError when Locust does not start or writes no
-        latency file.
+        The LoadRun of the measured window. Raises LoadTestError when Locust does not start, writes no
+        latency file, or (workers > 1) a worker or the master exits before every window is done.
     """
     c = loadtest_config(cfg)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     lat_path = out / "latencies.csv"
-    for stale in ("", ".started", ".window_end", ".summary.json", ".scores.jsonl"):
-        Path(f"{lat_path}{stale}").unlink(missing_ok=True)
+    n = c.workers
+    records = [lat_path] if n == 1 else [worker_file(lat_path, i) for i in range(n)]
+    suffixes = ("", ".started", ".window_end", ".summary.json", ".scores.jsonl")
+    for stale in [f"{lat_path}.failed"] + [f"{r}{s}" for r in {lat_path, *records} for s in suffixes]:
+        Path(stale).unlink(missing_ok=True)
     (out / "latency_cdf.png").unlink(missing_ok=True)
     if requests_path is not None and not Path(requests_path).exists():
         raise FileNotFoundError(f"{requests_path}: request file not found (see reco.loadtest.requests)")
-    cmd = locust_command(url, c, out, Path(requests_path) if requests_path else None, reports, triton_model)
+    req = Path(requests_path) if requests_path else None
+    cmd = locust_command(url, c, out, req, reports, triton_model)
     figures = functools.partial(scrape_stats, model=triton_model) if triton_model else scrape
     log_path = out / "locust.log"
     lg = c.loadgen
+    done = [Path(f"{r}.summary.json") for r in records]
 
     spinners: list[subprocess.Popen] = []
-    proc: subprocess.Popen | None = None
+    gens: list[_Gen] = []
     with stop_on_signals():
         try:
             if lg.keep_warm:
                 spinners = start_keep_warm(cpus or sorted(os.sched_getaffinity(0)))
             children_cpu0, wall0 = _children_cpu_s(), time.time()
-            with open(log_path, "wb") as log:
-                proc = subprocess.Popen(
-                    cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=out,
-                    preexec_fn=functools.partial(_child_setup, os.getpid(), cpus),
-                )  # fmt: skip
-            started = Path(f"{lat_path}.started")
-            if not _wait_for(started, proc, time.time() + float(lg.startup_timeout_s)):
+            if n == 1:
+                gens.append(_spawn("Locust", cmd, log_path, out, cpus))
+            else:
+                port = free_port()
+                gens.append(_spawn("Locust master", master_command(cmd, n, port), log_path, out, cpus))
+                for i in range(n):
+                    gens.append(
+                        _spawn(
+                            f"Locust worker {i + 1} of {n}", worker_command(c, req, port, triton_model),
+                            out / f"locust.worker{i + 1}.log", out, [cpus[i % len(cpus)]] if cpus else None,
+                        )
+                    )  # fmt: skip
+            proc = gens[0].proc
+            check = functools.partial(_check_alive, gens, done, Path(f"{lat_path}.failed"))
+            started = [Path(f"{r}.started") for r in records]
+            if not _wait_for(started, gens, time.time() + float(lg.startup_timeout_s), check):
                 why = f"exit code {proc.returncode}" if proc.poll() is not None else "timeout"
                 raise LoadTestError(
                     f"Locust did not start the test ({why}); {log_path}:\n{log_tail(log_path)}"
                 )
             time.sleep(0.05)  # the file is written in one call; let it land
-            t0 = float(started.read_text())
+            t0 = max(float(p.read_text()) for p in started)
             ps = psutil.Process(proc.pid)
-            _sleep_until(t0 + c.warmup_s, proc)
+            _sleep_until(t0 + c.warmup_s, proc, check)
             cpu_a, wall_a, before = _cpu_s(ps), time.time(), figures(url)
-            _wait_for(Path(f"{lat_path}.window_end"), proc, t0 + c.warmup_s + _window_cap_s(c) + 30)
+            window_end = [Path(f"{r}.window_end") for r in records]
+            _wait_for(window_end, gens, t0 + c.warmup_s + _window_cap_s(c) + 30, check)
             cpu_b, wall_b, after = _cpu_s(ps), time.time(), figures(url)
+            if n > 1 and not _wait_for(done, gens, time.time() + c.drain_s + 60, check):
+                check()
+                raise LoadTestError(f"Locust workers did not finish their windows in time; {log_path}")
             proc.wait(timeout=c.drain_s + 60)
+            for g in gens[1:]:
+                g.proc.wait(timeout=30)
             if cpu_a is None or cpu_b is None:
                 # Locust ended before a window sample (a starved runner overslept): fall back to its CPU
-                # over its whole life, taken from the reaped child's rusage.
+                # over its whole life, taken from the reaped children's rusage.
                 cpu_a, wall_a, cpu_b, wall_b = 0.0, wall0, _children_cpu_s() - children_cpu0, time.time()
         finally:
-            if proc is not None and proc.poll() is None:
-                proc.kill()
-                proc.wait()
+            for g in gens:
+                if g.proc.poll() is None:
+                    g.proc.kill()
+                    g.proc.wait()
             stop_keep_warm(spinners)
-    if not Path(f"{lat_path}.summary.json").exists():
+    if not all(p.exists() for p in done):
         raise LoadTestError(
             f"Locust exited (code {proc.returncode}) without writing {lat_path}:\n{log_tail(log_path)}"
         )
 
+    summary = merge_records(lat_path, n) if n > 1 else json.loads(done[0].read_text())
     lat = read_latencies(lat_path)
-    summary = json.loads(Path(f"{lat_path}.summary.json").read_text())
     open_ = summary.get("open") or {}
     window_start = summary["t0_epoch"] + c.warmup_s
     window_end = summary.get("window_end_epoch") or (window_start + _window_cap_s(c))
     cpu_pct = 100.0 * (cpu_b - cpu_a) / max(wall_b - wall_a, 1e-9)
     lag = float(open_.get("lag_p99_ms", 0.0))
-    reasons = []
-    if cpu_pct > lg.max_cpu_pct:
-        reasons.append(f"load generator CPU {cpu_pct:.0f}% > loadtest.loadgen.max_cpu_pct={lg.max_cpu_pct:g}")
-    if lag > lg.max_lag_ms:
-        reasons.append(f"open-loop send lag p99 {lag:.1f} ms > loadtest.loadgen.max_lag_ms={lg.max_lag_ms:g}")
+    # Every generator process is judged on its own: one saturated worker voids the window.
+    cpus_by: dict[str, float] = {"": cpu_pct}  # " on <process>" -> its CPU %, of one core
+    lags_by: dict[str, float] = {"": lag}  # " on <worker>" -> its send lag p99 ms
+    if n > 1:
+        cpus_by = {f" on {gens[0].name}": cpu_pct}
+        workers = {f" on Locust worker index {w['index']} (pid {w['pid']})": w for w in summary["workers"]}
+        cpus_by |= {who: float(w["cpu_pct"]) for who, w in workers.items()}
+        lags_by = {who: float((w["open"] or {}).get("lag_p99_ms", 0.0)) for who, w in workers.items()}
+    reasons = [
+        f"load generator CPU {pct:.0f}%{who} > loadtest.loadgen.max_cpu_pct={lg.max_cpu_pct:g}"
+        for who, pct in cpus_by.items()
+        if pct > lg.max_cpu_pct
+    ]
+    reasons += [
+        f"open-loop send lag p99 {ms:.1f} ms{who} > loadtest.loadgen.max_lag_ms={lg.max_lag_ms:g}"
+        for who, ms in lags_by.items()
+        if ms > lg.max_lag_ms
+    ]
+    cpu_pct, lag = max(cpus_by.values()), max(lags_by.values())
     stages = {}
     if before and after and triton_model:
         stages = stats_summary(before, after)
@@ -318,6 +456,7 @@ def run_load(
             Path(f"{lat_path}.scores.jsonl"),
             cdf,
             log_path,
+            *(out / f"locust.worker{i + 1}.log" for i in range(n) if n > 1),
         )
         if p.exists() and p.stat().st_size > 0
     ]
@@ -336,6 +475,7 @@ def _params(c: LoadtestConfig, cpus: list[int] | None, requests_path: str | Path
             "warmup_s",
             "think_time_s",
             "seed",
+            "workers",
         )
     }
     p["loadtest.mode"] = c.mode.value

@@ -246,7 +246,7 @@ def run_study(
     s.outcomes = {n: LoadOutcome(n) for n in order}
     result.outcomes = s.outcomes
     s.requests = write_requests(data, out / "requests.jsonl", lt.requests.n, lt.requests.k, lt.seed)
-    server_cpus, s.gen_cpus = plan_cpus()
+    server_cpus, s.gen_cpus = plan_cpus(lt.workers)
     variant_of = dict(chosen)
     s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}
     t_start = time.time()
