@@ -310,7 +310,11 @@ class SearchSummary(Callback):
     trial and writes the summary when the sweep ends (markdown in the sweep dir + an MLflow run)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        check_space(config)
+        try:
+            check_space(config)
+        except ConfigError as e:
+            # Hydra turns a callback's Exception into a warning and sweeps on; SystemExit stops the sweep.
+            raise SystemExit(f"ConfigError: {e}") from None
 
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from reco.tracking import Tracker
