@@ -135,7 +135,7 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
     hc = HydraConfig.get()
     space = set(hc.sweeper.get("params") or {})
     record = {
-        "trial": hc.job.num,
+        "trial": OmegaConf.select(hc, "job.num", default=0),  # a single run (no -m) has none
         # the sampled settings only (the sweep's fixed overrides are the same in every trial)
         "overrides": [o for o in hc.overrides.task if o.split("=", 1)[0] in space],
         "max_auc_drop_pct": sc.max_auc_drop_pct,
@@ -155,7 +155,7 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
             tags={"search.within_budget": str(score.within_budget).lower(), "search.best": score.best or ""},
         )
     print(
-        f"[search] trial {hc.job.num}: objective {score.objective:.4g} "
+        f"[search] trial {record['trial']}: objective {score.objective:.4g} "
         f"({'within' if score.within_budget else 'NOT within'} the {sc.max_auc_drop_pct}% budget; {score.best})",
         flush=True,
     )
