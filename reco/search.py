@@ -41,6 +41,7 @@ class SearchConfig:
     """`search` (conf/search/default.yaml): the accuracy budget of `experiment=search`."""
 
     max_auc_drop_pct: float = MISSING  # relative validation AUC drop allowed against the baseline, in %
+    load_test_front: bool = MISSING  # at the sweep's end, load-test the budget-meeting Pareto-front variants
 
 
 @dataclass
@@ -53,6 +54,7 @@ class Candidate:
     val_delta_lo: float | None = None  # its 95 % CI (DeLong, paired on the validation rows)
     val_delta_hi: float | None = None
     params: int = 0
+    path: str = ""  # the finished variant's cache directory (what the front's load test serves)
 
     @property
     def drop_pct(self) -> float:
@@ -121,9 +123,8 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
             if b is base or b.variant is None:
                 continue
             _, rel = auc_delta(labels, base_scores, _val_scores(b.variant, data, cfg))
-            c = Candidate(
-                b.name, b.variant.metrics["rank_p50_ms"], rel.value, rel.lo, rel.hi, b.variant.params
-            )
+            m, path = b.variant.metrics, str(b.variant.path)
+            c = Candidate(b.name, m["rank_p50_ms"], rel.value, rel.lo, rel.hi, b.variant.params, path)
             cands.append(c)
             within = c.drop_pct <= sc.max_auc_drop_pct
             tracker.log(
@@ -143,6 +144,7 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
         "within_budget": score.within_budget,
         "best": score.best,
         "parent_run": parent_run,
+        "baseline_path": str(base.variant.path) if base.variant is not None else "",
         "candidates": [asdict(c) for c in cands],
     }
     out = Path(hc.runtime.output_dir)
@@ -194,36 +196,74 @@ def check_space(cfg: DictConfig) -> None:
 _ABSENT = object()
 
 
-def summarize(trials: list[dict], out_dir: Path) -> tuple[str, dict | None, list[Path]]:
+def front(trials: list[dict]) -> list[tuple[dict, dict]]:
+    """(trial, candidate) pairs within the budget and on the Pareto front of in-process rank p50 vs val
+    ΔAUC over every trial's variants: the ones worth a full load test."""
+    cands = [(t, c) for t in trials for c in t["candidates"]]
+    pts = _pareto([(c["rank_p50_ms"], c["val_delta_rel"]) for _, c in cands])
+    return [
+        (t, c)
+        for t, c in cands
+        if (c["rank_p50_ms"], c["val_delta_rel"]) in pts
+        and -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
+    ]
+
+
+def load_key(t: dict, c: dict) -> str:
+    """The name a front variant is served and load-tested under (unique across trials)."""
+    return f"t{t['trial']}_{c['name']}"
+
+
+def summarize(
+    trials: list[dict], out_dir: Path, qps: dict[str, float | None] | None = None, load_note: str = ""
+) -> tuple[str, dict | None, list[Path]]:
     """The sweep's summary: a markdown table of every trial's variants and the winner.
 
     Args:
         trials: the trials' `search_trial.json` records.
         out_dir: where search_summary.md (and the Pareto plot) go.
+        qps: median max QPS at the SLO per load_key() of the load-tested front (None: its test failed);
+            when any is measured the winner is the front variant with the highest, else the best objective.
+        load_note: how the front was load-tested (SLO, repeats), or why not.
     Returns:
-        (markdown, the winning trial's record or None, the files written).
+        (markdown, the winner {trial, variant, overrides, objective, max_qps} or None, the files written).
     """
     trials = sorted(trials, key=lambda t: t["trial"])
+    qps = qps or {}
     budget = trials[0]["max_auc_drop_pct"] if trials else float("nan")
     ok = [t for t in trials if t["within_budget"]]
-    winner = max(ok, key=lambda t: t["objective"]) if ok else None
+    winner = None
+    measured = [(t, c) for t, c in front(trials) if qps.get(load_key(t, c)) is not None]
+    if measured:
+        t, c = max(measured, key=lambda tc: qps[load_key(*tc)])
+        winner = {"trial": t["trial"], "variant": c["name"], "overrides": t["overrides"],
+                  "objective": t["objective"], "max_qps": qps[load_key(t, c)], "cand": c}  # fmt: skip
+    elif ok:
+        t = max(ok, key=lambda t: t["objective"])
+        c = next(c for c in t["candidates"] if c["name"] == t["best"])
+        winner = {"trial": t["trial"], "variant": c["name"], "overrides": t["overrides"],
+                  "objective": t["objective"], "max_qps": None, "cand": c}  # fmt: skip
     cands = [(t, c) for t in trials for c in t["candidates"]]
-    front = _pareto([(c["rank_p50_ms"], c["val_delta_rel"]) for _, c in cands])
+    pts = _pareto([(c["rank_p50_ms"], c["val_delta_rel"]) for _, c in cands])
     lines = [
         "# Accuracy-budget search",
         "",
-        f"Budget: relative validation AUC drop ≤ {budget}% against the baseline. Objective: in-process rank "
-        "throughput (1000 / rank_p50_ms, ranking calls/s) of a trial's fastest variant within the budget; "
-        "a trial with none returns minus its nearest variant's excess over the budget (% points). "
-        "The full load test (max QPS at the SLO) of the front is not run by the search yet.",
+        f"Budget: relative validation AUC drop ≤ {budget}% against the baseline. Objective (what each trial "
+        "returned to Optuna): in-process rank throughput (1000 / rank_p50_ms, ranking calls/s) of the trial's "
+        "fastest variant within the budget; a trial with none returns minus its nearest variant's excess over "
+        "the budget (% points). The winner is the budget-meeting Pareto-front variant with the highest max QPS "
+        "at the SLO when the front was load-tested, else the trial with the best objective.",
+        "",
+        f"Full load test of the front: {load_note or 'not run'}.",
         "",
     ]
     if winner is not None:
-        best = next(c for c in winner["candidates"] if c["name"] == winner["best"])
+        c = winner["cand"]
+        by = f"max QPS at the SLO {winner['max_qps']:g} req/s, " if winner["max_qps"] is not None else ""
         lines.append(
-            f"**Winner: trial {winner['trial']}** ({' '.join(winner['overrides'])}), variant `{winner['best']}`: "
-            f"{winner['objective']:.1f} ranking calls/s (rank p50 {best['rank_p50_ms']:.2f} ms), "
-            f"val ΔAUC {_pct(best)}."
+            f"**Winner: trial {winner['trial']}** ({' '.join(winner['overrides'])}), variant `{c['name']}`: "
+            f"{by}{1000 / c['rank_p50_ms']:.1f} ranking calls/s in process (rank p50 {c['rank_p50_ms']:.2f} ms), "
+            f"val ΔAUC {_pct(c)}."
         )
     else:
         seen = [c for _, c in cands]
@@ -239,28 +279,30 @@ def summarize(trials: list[dict], out_dir: Path) -> tuple[str, dict | None, list
     lines += [
         "",
         "| trial | overrides | variant | params | val ΔAUC [95% CI] | rank p50 ms | calls/s | within budget "
-        "| Pareto | trial objective |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| Pareto | max QPS @ SLO | trial objective |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t, c in cands:
         within = -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
-        on_front = (c["rank_p50_ms"], c["val_delta_rel"]) in front
+        on_front = (c["rank_p50_ms"], c["val_delta_rel"]) in pts
+        q = qps.get(load_key(t, c), "") if load_key(t, c) in qps else ""
+        q = "n/a" if q is None else (f"{q:g}" if q != "" else "")
         lines.append(
             f"| {t['trial']} | {' '.join(t['overrides'])} | {c['name']} | {c['params']:,} | {_pct(c)} "
             f"| {c['rank_p50_ms']:.2f} | {1000 / c['rank_p50_ms']:.1f} | {'yes' if within else 'no'} "
-            f"| {'yes' if on_front else ''} | {t['objective']:.4g} |"
+            f"| {'yes' if on_front else ''} | {q} | {t['objective']:.4g} |"
         )
     for t in trials:
         if not t["candidates"]:
             lines.append(
-                f"| {t['trial']} | {' '.join(t['overrides'])} | (none built) | | | | | no | | "
+                f"| {t['trial']} | {' '.join(t['overrides'])} | (none built) | | | | | no | | | "
                 f"{t['objective']:.4g} |"
             )
     out_dir.mkdir(parents=True, exist_ok=True)
     md = "\n".join(lines) + "\n"
     files = [out_dir / SUMMARY_FILE]
     files[0].write_text(md)
-    plot = _plot(cands, front, budget, out_dir / PARETO_FILE)
+    plot = _plot(cands, pts, budget, out_dir / PARETO_FILE)
     if plot is not None:
         files.append(plot)
     return md, winner, files
@@ -321,7 +363,15 @@ class SearchSummary(Callback):
 
         sweep = Path(config.hydra.sweep.dir)
         trials = [json.loads(p.read_text()) for p in sorted(sweep.glob(f"*/{TRIAL_FILE}"))]
-        md, winner, files = summarize(trials, sweep)
+        qps: dict[str, float | None] = {}
+        note = "off (search.load_test_front=false)"
+        if typed(config.search, SearchConfig, "search").load_test_front:
+            try:
+                qps, note = load_test_front(config, trials, sweep / "front_load")
+            except Exception as e:  # the in-process results and the summary must survive a failed load test
+                note = f"failed: {type(e).__name__}: {e}"
+                print(f"[search] front load test {note}", flush=True)
+        md, winner, files = summarize(trials, sweep, qps, note)
         tracker = Tracker(config.tracking.uri, config.experiment_name, config.tracking.artifact_root)
         run = tracker.start_run(
             f"{config.experiment_name} summary",
@@ -329,10 +379,57 @@ class SearchSummary(Callback):
                 "search.summary": "true",
                 "multirun.sweep_dir": str(sweep),
                 "search.winner_trial": str(winner["trial"]) if winner else "none",
-                "search.winner_variant": winner["best"] if winner else "none",
+                "search.winner_variant": winner["variant"] if winner else "none",
             },
         )
-        tracker.log(run, metrics={"search_best_objective": winner["objective"]} if winner else {})
+        metrics = {f"front_max_qps_{k}": v for k, v in qps.items() if v is not None}
+        if winner:
+            metrics["search_best_objective"] = winner["objective"]
+            if winner["max_qps"] is not None:
+                metrics["search_winner_max_qps"] = winner["max_qps"]
+        tracker.log(run, metrics=metrics)
         tracker.log_artifacts(run, files, "search")
         tracker.end(run)
         print(f"\n{md}\nSearch summary: {sweep / SUMMARY_FILE}", flush=True)
+
+
+def load_test_front(
+    config: DictConfig, trials: list[dict], out_dir: Path
+) -> tuple[dict[str, float | None], str]:
+    """The second fidelity: serve the budget-meeting Pareto-front variants and the baseline side by side and
+    load-test them (reco.loadtest.study with the config's `loadtest` and `serve` settings).
+
+    Returns:
+        ({load_key: median max QPS at the SLO over the repeats, None when not measured}, a note for the
+        summary: what was tested at which SLO, or why nothing was).
+    """
+    from reco.data import load_dataset
+    from reco.loadtest.study import run_study
+    from reco.variant import Variant
+
+    chosen = front(trials)
+    if not chosen:
+        return {}, "nothing to test (no budget-meeting variant on the front)"
+    base = next(t["baseline_path"] for t in trials if t.get("baseline_path"))
+    data, data_path = load_dataset(
+        OmegaConf.to_container(config.data, resolve=True), Path(config.cache_dir) / "data"
+    )
+    lt = OmegaConf.to_container(config.loadtest, resolve=True)
+    lt["study"]["variants"] = None  # every variant handed over
+    ref = lt["study"]["reference"]
+    variants = [(ref, Variant.load(base))] + [(load_key(t, c), Variant.load(c["path"])) for t, c in chosen]
+    print(f"\n[search] load-testing the front: {', '.join(n for n, _ in variants[1:])} (+ {ref})", flush=True)
+    cfg = {"loadtest": lt, "serve": OmegaConf.to_container(config.serve, resolve=True)}
+    study = run_study(variants, data, data_path, cfg, out_dir)
+    qps: dict[str, float | None] = {}
+    for name, o in study.outcomes.items():
+        caps = [c.highest_pass for c in o.capacity]
+        qps[name] = float(np.median(caps)) if caps and not o.error else None
+    base_qps = qps.pop(ref, None)
+    slo = f"{study.slo_p99_ms:.1f} ms" if study.slo_p99_ms is not None else "none"
+    note = (
+        f"{len(chosen)} variant(s) and the baseline ({base_qps if base_qps is not None else 'n/a'} req/s) served "
+        f"side by side, capacity at p99 ≤ {slo} ({study.slo_source}), {lt['study']['repeats']} repeat(s); "
+        f"raw files {out_dir}"
+    )
+    return qps, note
