@@ -2,10 +2,12 @@
 settings, each trial is one pipeline execution, and this module turns a trial's variants into the value
 Optuna maximises and, at the end of the sweep, into a summary naming the winner.
 
-Objective (what a trial returns to Optuna): the in-process rank throughput, 1000 / rank_p50_ms (ranking
-calls of serve.n_candidates candidates per second, one scorer, no server), of the trial's fastest variant
-whose relative validation AUC drop against the baseline is within `search.max_auc_drop_pct`. It screens;
-the full load test (max QPS at the SLO) of the front's candidates is not run by the search yet.
+Two fidelities. (1) Every trial, the screen: what a trial returns to Optuna is the in-process rank
+throughput, 1000 / rank_p50_ms (ranking calls of serve.n_candidates candidates per second, one scorer, no
+server), of the trial's fastest variant whose relative validation AUC drop against the baseline is within
+`search.max_auc_drop_pct`. (2) Once, when the sweep ends (`search.load_test_front`): the variants within
+the budget on the Pareto front (in-process rank p50 vs val ΔAUC, over all trials) are served beside the
+baseline and load-tested; the winner is the one with the highest median max QPS at the SLO.
 
 Penalty convention: a trial with no variant within the budget returns minus how far its best variant is
 over the budget, in percentage points (always < 0 < any feasible throughput, and larger the nearer it came,
