@@ -16,11 +16,17 @@ def _terminate(signum: int, frame: object) -> None:
 
 
 @hydra.main(version_base="1.3", config_path="conf", config_name="config")
-def main(cfg: DictConfig) -> None:
+def main(cfg: DictConfig) -> float | None:
+    """One pipeline execution; under `experiment=search` its objective, which Hydra's sweeper reads."""
     from reco.pipeline import run
 
     signal.signal(signal.SIGTERM, _terminate)
-    run(cfg)
+    built = run(cfg)
+    if "search" in cfg:
+        from reco.search import finish_trial
+
+        return finish_trial(cfg, built)
+    return None
 
 
 if __name__ == "__main__":

@@ -106,6 +106,7 @@ def _schemas() -> dict[tuple[str, str], type | dict]:
     from reco.data.config import DataConfig
     from reco.export.triton import TritonExportConfig
     from reco.loadtest.config import LoadtestConfig
+    from reco.search import SearchConfig
     from reco.serve.config import ServeConfig
     from reco.steps import steps
     from reco.tracking import TrackingConfig
@@ -115,6 +116,7 @@ def _schemas() -> dict[tuple[str, str], type | dict]:
         ("data", "schema"): DataConfig,
         ("export", "triton_schema"): TritonExportConfig,
         ("loadtest", "schema"): LoadtestConfig,
+        ("search", "schema"): SearchConfig,
         ("serve", "schema"): ServeConfig,
         ("trainer", "schema"): TrainConfig,
         ("tracking", "schema"): TrackingConfig,

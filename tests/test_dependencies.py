@@ -23,6 +23,7 @@ NOT_IMPORTED = {
     "onnxscript": "the dynamo ONNX exporter (accelerate.exporter=dynamo) imports it inside torch",
     "uvicorn": "imported by reco.serve; [standard] brings uvloop/httptools it picks up itself",
     "hydra-joblib-launcher": "a Hydra plugin (hydra_plugins namespace): hydra/launcher=joblib loads it",
+    "hydra-optuna-sweeper": "a Hydra plugin (hydra_plugins namespace): experiment=search's sweeper",
 }
 
 

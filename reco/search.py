@@ -1,0 +1,437 @@
+"""Accuracy-budget search (`python run.py -m experiment=search`): Hydra's Optuna sweeper proposes step
+settings, each trial is one pipeline execution, and this module turns a trial's variants into the value
+Optuna maximises and, at the end of the sweep, into a summary naming the winner.
+
+Two fidelities. (1) Every trial, the screen: what a trial returns to Optuna is the in-process rank
+throughput, 1000 / rank_p50_ms (ranking calls of serve.n_candidates candidates per second, one scorer, no
+server), of the trial's fastest variant whose relative validation AUC drop against the baseline is within
+`search.max_auc_drop_pct`. (2) Once, when the sweep ends (`search.load_test_front`): the variants within
+the budget on the Pareto front (in-process rank p50 vs val ΔAUC, over all trials) are served beside the
+baseline and load-tested; the winner is the one with the highest median max QPS at the SLO.
+
+Penalty convention: a trial with no variant within the budget returns minus how far its best variant is
+over the budget, in percentage points (always < 0 < any feasible throughput, and larger the nearer it came,
+so the sampler is steered toward the budget); a trial with no variant built returns NO_VARIANT. Its MLflow
+parent run carries the tag `search.within_budget=false`.
+
+ΔAUC is paired (DeLong) on the validation split: the test split stays the report's.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+import math
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from hydra.experimental.callback import Callback
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from reco.config import ConfigError, typed
+
+TRIAL_FILE = "search_trial.json"  # one per trial, in the trial's Hydra output directory
+SUMMARY_FILE = "search_summary.md"  # in the sweep directory
+PARETO_FILE = "search_pareto.png"
+NO_VARIANT = -1e6  # objective of a trial where no candidate variant was built at all
+
+
+@dataclass
+class SearchConfig:
+    """`search` (conf/search/default.yaml): the accuracy budget of `experiment=search`."""
+
+    max_auc_drop_pct: float = MISSING  # relative validation AUC drop allowed against the baseline, in %
+    load_test_front: bool = MISSING  # at the sweep's end, load-test the budget-meeting Pareto-front variants
+
+
+@dataclass
+class Candidate:
+    """One non-baseline variant of a trial, as the objective sees it."""
+
+    name: str
+    rank_p50_ms: float  # in-process rank latency (reco.measure.rank_latency)
+    val_delta_rel: float  # (val AUC - baseline val AUC) / baseline val AUC
+    val_delta_lo: float | None = None  # its 95 % CI (DeLong, paired on the validation rows)
+    val_delta_hi: float | None = None
+    params: int = 0
+    path: str = ""  # the finished variant's cache directory (what the front's load test serves)
+
+    @property
+    def drop_pct(self) -> float:
+        return -self.val_delta_rel * 100
+
+    @property
+    def throughput(self) -> float:
+        """Ranking calls per second, in process."""
+        return 1000.0 / self.rank_p50_ms
+
+
+@dataclass
+class TrialScore:
+    """What objective() decided for one trial."""
+
+    objective: float
+    within_budget: bool
+    best: str | None  # the fastest variant within the budget, or the one nearest to it
+
+
+def objective(cands: list[Candidate], max_auc_drop_pct: float) -> TrialScore:
+    """The value a trial returns to Optuna (see the module docstring for the penalty convention).
+
+    Args:
+        cands: the trial's built non-baseline variants.
+        max_auc_drop_pct: the budget, relative validation AUC drop in %.
+    Returns:
+        The objective, whether any variant met the budget, and which variant decided it.
+    """
+    ok = [c for c in cands if c.drop_pct <= max_auc_drop_pct]
+    if ok:
+        best = max(ok, key=lambda c: c.throughput)
+        return TrialScore(best.throughput, True, best.name)
+    if not cands:
+        return TrialScore(NO_VARIANT, False, None)
+    nearest = min(cands, key=lambda c: c.drop_pct)
+    return TrialScore(-(nearest.drop_pct - max_auc_drop_pct), False, nearest.name)
+
+
+def finish_trial(cfg: DictConfig, built: list) -> float:
+    """Score a finished pipeline execution as a search trial: validation ΔAUC of every built variant,
+    the objective, MLflow metrics/tags on the trial's runs and `search_trial.json` in its output dir.
+
+    Args:
+        cfg: the trial's composed config (with a `search` block).
+        built: reco.pipeline.run's result, parents first.
+    Returns:
+        The objective (float), what run.py's main hands to the sweeper.
+    """
+    from hydra.core.hydra_config import HydraConfig
+
+    from reco.data import load_dataset
+    from reco.stats import auc_delta
+    from reco.tracking import Tracker
+
+    sc = typed(cfg.search, SearchConfig, "search")
+    tracker = Tracker(cfg.tracking.uri, cfg.experiment_name, cfg.tracking.artifact_root)
+    base = next(b for b in built if b.node.spec.root)
+    parent_run = tracker.client.get_run(base.run_id).data.tags.get("mlflow.parentRunId", "")
+    cands: list[Candidate] = []
+    if base.variant is not None:
+        data, _ = load_dataset(OmegaConf.to_container(cfg.data, resolve=True), Path(cfg.cache_dir) / "data")
+        labels = data.val.labels.numpy()
+        base_scores = _val_scores(base.variant, data, cfg)
+        for b in built:
+            if b is base or b.variant is None:
+                continue
+            _, rel = auc_delta(labels, base_scores, _val_scores(b.variant, data, cfg))
+            m, path = b.variant.metrics, str(b.variant.path)
+            c = Candidate(b.name, m["rank_p50_ms"], rel.value, rel.lo, rel.hi, b.variant.params, path)
+            cands.append(c)
+            within = c.drop_pct <= sc.max_auc_drop_pct
+            tracker.log(
+                b.run_id,
+                metrics={"val_auc_delta_rel": c.val_delta_rel, "rank_calls_per_s": c.throughput},
+                tags={"search.within_budget": str(within).lower()},
+            )
+    score = objective(cands, sc.max_auc_drop_pct)
+    hc = HydraConfig.get()
+    space = set(hc.sweeper.get("params") or {})
+    record = {
+        "trial": OmegaConf.select(hc, "job.num", default=0),  # a single run (no -m) has none
+        # the sampled settings only (the sweep's fixed overrides are the same in every trial)
+        "overrides": [o for o in hc.overrides.task if o.split("=", 1)[0] in space],
+        "max_auc_drop_pct": sc.max_auc_drop_pct,
+        "objective": score.objective,
+        "within_budget": score.within_budget,
+        "best": score.best,
+        "parent_run": parent_run,
+        "baseline_path": str(base.variant.path) if base.variant is not None else "",
+        "candidates": [asdict(c) for c in cands],
+    }
+    out = Path(hc.runtime.output_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / TRIAL_FILE).write_text(json.dumps(record, indent=1))
+    if parent_run:
+        tracker.log(
+            parent_run,
+            metrics={"search_objective": score.objective},
+            tags={"search.within_budget": str(score.within_budget).lower(), "search.best": score.best or ""},
+        )
+    print(
+        f"[search] trial {record['trial']}: objective {score.objective:.4g} "
+        f"({'within' if score.within_budget else 'NOT within'} the {sc.max_auc_drop_pct}% budget; {score.best})",
+        flush=True,
+    )
+    return float(score.objective)
+
+
+def _val_scores(v: Any, data: Any, cfg: DictConfig) -> np.ndarray:
+    """[N val rows] float32 scores of a finished variant, cached beside the variant cache by the variant's
+    directory name (name + content hash), so the shared baseline is scored once per sweep."""
+    from reco.measure import predict
+    from reco.runtime import load_scorer
+    from reco.variant import atomic_write
+
+    path = Path(cfg.cache_dir) / "val_scores" / f"{v.path.name}.npy"
+    if path.exists():
+        return np.load(path, allow_pickle=False)
+    scores = predict(load_scorer(v, threads=cfg.trainer.threads), data.val).astype(np.float32)
+    buf = io.BytesIO()
+    np.save(buf, scores)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write(path, buf.getvalue())
+    return scores
+
+
+def check_space(cfg: DictConfig) -> None:
+    """Every key of hydra.sweeper.params must exist in the config; raises ConfigError naming it."""
+    params = OmegaConf.select(cfg, "hydra.sweeper.params") or {}
+    for key in params:
+        if OmegaConf.select(cfg, str(key), default=_ABSENT) is _ABSENT:
+            raise ConfigError(
+                f"hydra.sweeper.params.{key}: the search space names {key!r}, which is not a key of the "
+                "composed config (expected an existing setting such as prune.amount)"
+            )
+
+
+_ABSENT = object()
+
+
+def front(trials: list[dict]) -> list[tuple[dict, dict]]:
+    """(trial, candidate) pairs within the budget and on the Pareto front of in-process rank p50 vs val
+    ΔAUC over every trial's variants: the ones worth a full load test."""
+    cands = [(t, c) for t in trials for c in t["candidates"]]
+    pts = _pareto([(c["rank_p50_ms"], c["val_delta_rel"]) for _, c in cands])
+    return [
+        (t, c)
+        for t, c in cands
+        if (c["rank_p50_ms"], c["val_delta_rel"]) in pts
+        and -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
+    ]
+
+
+def load_key(t: dict, c: dict) -> str:
+    """The name a front variant is served and load-tested under (unique across trials)."""
+    return f"t{t['trial']}_{c['name']}"
+
+
+def summarize(
+    trials: list[dict], out_dir: Path, qps: dict[str, float | None] | None = None, load_note: str = ""
+) -> tuple[str, dict | None, list[Path]]:
+    """The sweep's summary: a markdown table of every trial's variants and the winner.
+
+    Args:
+        trials: the trials' `search_trial.json` records.
+        out_dir: where search_summary.md (and the Pareto plot) go.
+        qps: median max QPS at the SLO per load_key() of the load-tested front (None: its test failed);
+            when any is measured the winner is the front variant with the highest, else the best objective.
+        load_note: how the front was load-tested (SLO, repeats), or why not.
+    Returns:
+        (markdown, the winner {trial, variant, overrides, objective, max_qps} or None, the files written).
+    """
+    trials = sorted(trials, key=lambda t: t["trial"])
+    qps = qps or {}
+    budget = trials[0]["max_auc_drop_pct"] if trials else float("nan")
+    ok = [t for t in trials if t["within_budget"]]
+    winner = None
+    measured = [(t, c) for t, c in front(trials) if qps.get(load_key(t, c)) is not None]
+    if measured:
+        t, c = max(measured, key=lambda tc: qps[load_key(*tc)])
+        winner = {"trial": t["trial"], "variant": c["name"], "overrides": t["overrides"],
+                  "objective": t["objective"], "max_qps": qps[load_key(t, c)], "cand": c}  # fmt: skip
+    elif ok:
+        t = max(ok, key=lambda t: t["objective"])
+        c = next(c for c in t["candidates"] if c["name"] == t["best"])
+        winner = {"trial": t["trial"], "variant": c["name"], "overrides": t["overrides"],
+                  "objective": t["objective"], "max_qps": None, "cand": c}  # fmt: skip
+    cands = [(t, c) for t in trials for c in t["candidates"]]
+    pts = _pareto([(c["rank_p50_ms"], c["val_delta_rel"]) for _, c in cands])
+    lines = [
+        "# Accuracy-budget search",
+        "",
+        f"Budget: relative validation AUC drop ≤ {budget}% against the baseline. Objective (what each trial "
+        "returned to Optuna): in-process rank throughput (1000 / rank_p50_ms, ranking calls/s) of the trial's "
+        "fastest variant within the budget; a trial with none returns minus its nearest variant's excess over "
+        "the budget (% points). The winner is the budget-meeting Pareto-front variant with the highest max QPS "
+        "at the SLO when the front was load-tested, else the trial with the best objective.",
+        "",
+        f"Full load test of the front: {load_note or 'not run'}.",
+        "",
+    ]
+    if winner is not None:
+        c = winner["cand"]
+        by = f"max QPS at the SLO {winner['max_qps']:g} req/s, " if winner["max_qps"] is not None else ""
+        lines.append(
+            f"**Winner: trial {winner['trial']}** ({' '.join(winner['overrides'])}), variant `{c['name']}`: "
+            f"{by}{1000 / c['rank_p50_ms']:.1f} ranking calls/s in process (rank p50 {c['rank_p50_ms']:.2f} ms), "
+            f"val ΔAUC {_pct(c)}."
+        )
+    else:
+        seen = [c for _, c in cands]
+        nearest = max(seen, key=lambda c: c["val_delta_rel"]) if seen else None
+        lines.append(
+            f"**No trial met the budget** of {budget}%: no winner. "
+            + (
+                f"Best val ΔAUC seen: {_pct(nearest)} (`{nearest['name']}`)."
+                if nearest
+                else "No variant was built."
+            )
+        )
+    lines += [
+        "",
+        "| trial | overrides | variant | params | val ΔAUC [95% CI] | rank p50 ms | calls/s | within budget "
+        "| Pareto | max QPS @ SLO | trial objective |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for t, c in cands:
+        within = -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
+        on_front = (c["rank_p50_ms"], c["val_delta_rel"]) in pts
+        q = qps.get(load_key(t, c), "") if load_key(t, c) in qps else ""
+        q = "n/a" if q is None else (f"{q:g}" if q != "" else "")
+        lines.append(
+            f"| {t['trial']} | {' '.join(t['overrides'])} | {c['name']} | {c['params']:,} | {_pct(c)} "
+            f"| {c['rank_p50_ms']:.2f} | {1000 / c['rank_p50_ms']:.1f} | {'yes' if within else 'no'} "
+            f"| {'yes' if on_front else ''} | {q} | {t['objective']:.4g} |"
+        )
+    for t in trials:
+        if not t["candidates"]:
+            lines.append(
+                f"| {t['trial']} | {' '.join(t['overrides'])} | (none built) | | | | | no | | | "
+                f"{t['objective']:.4g} |"
+            )
+    out_dir.mkdir(parents=True, exist_ok=True)
+    md = "\n".join(lines) + "\n"
+    files = [out_dir / SUMMARY_FILE]
+    files[0].write_text(md)
+    plot = _plot(cands, pts, budget, out_dir / PARETO_FILE)
+    if plot is not None:
+        files.append(plot)
+    return md, winner, files
+
+
+def _pct(c: dict) -> str:
+    lo, hi = c.get("val_delta_lo"), c.get("val_delta_hi")
+    ci = f" [{lo * 100:+.3f}, {hi * 100:+.3f}]" if lo is not None and hi is not None else ""
+    return f"{c['val_delta_rel'] * 100:+.3f}%{ci}"
+
+
+def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    from reco.report.plots import pareto_front
+
+    return pareto_front([p for p in points if math.isfinite(p[0]) and math.isfinite(p[1])])
+
+
+def _plot(cands: list[tuple[dict, dict]], front: list, budget: float, path: Path) -> Path | None:
+    """Val ΔAUC vs in-process rank p50 of every trial's variants, the front and the budget line."""
+    if not cands:
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(6, 4))
+    ax.scatter([c["rank_p50_ms"] for _, c in cands], [c["val_delta_rel"] * 100 for _, c in cands], s=18)
+    for t, c in cands:
+        ax.annotate(f"{t['trial']}:{c['name']}", (c["rank_p50_ms"], c["val_delta_rel"] * 100), fontsize=6)
+    if front:
+        ax.step(
+            [x for x, _ in front], [y * 100 for _, y in front], where="post", color="C1", label="Pareto front"
+        )
+    ax.axhline(-budget, color="C3", ls="--", label=f"budget −{budget}%")
+    ax.set_xlabel("in-process rank p50 (ms)")
+    ax.set_ylabel("val ΔAUC vs baseline (%)")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
+class SearchSummary(Callback):
+    """Hydra callback of `experiment=search` (hydra.callbacks): checks the search space before the first
+    trial and writes the summary when the sweep ends (markdown in the sweep dir + an MLflow run)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check_space(config)
+        except ConfigError as e:
+            # Hydra turns a callback's Exception into a warning and sweeps on; SystemExit stops the sweep.
+            raise SystemExit(f"ConfigError: {e}") from None
+
+    def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
+        from reco.tracking import Tracker
+
+        sweep = Path(config.hydra.sweep.dir)
+        trials = [json.loads(p.read_text()) for p in sorted(sweep.glob(f"*/{TRIAL_FILE}"))]
+        qps: dict[str, float | None] = {}
+        note = "off (search.load_test_front=false)"
+        if typed(config.search, SearchConfig, "search").load_test_front:
+            try:
+                qps, note = load_test_front(config, trials, sweep / "front_load")
+            except Exception as e:  # the in-process results and the summary must survive a failed load test
+                note = f"failed: {type(e).__name__}: {e}"
+                print(f"[search] front load test {note}", flush=True)
+        md, winner, files = summarize(trials, sweep, qps, note)
+        tracker = Tracker(config.tracking.uri, config.experiment_name, config.tracking.artifact_root)
+        run = tracker.start_run(
+            f"{config.experiment_name} summary",
+            tags={
+                "search.summary": "true",
+                "multirun.sweep_dir": str(sweep),
+                "search.winner_trial": str(winner["trial"]) if winner else "none",
+                "search.winner_variant": winner["variant"] if winner else "none",
+            },
+        )
+        metrics = {f"front_max_qps_{k}": v for k, v in qps.items() if v is not None}
+        if winner:
+            metrics["search_best_objective"] = winner["objective"]
+            if winner["max_qps"] is not None:
+                metrics["search_winner_max_qps"] = winner["max_qps"]
+        tracker.log(run, metrics=metrics)
+        tracker.log_artifacts(run, files, "search")
+        tracker.end(run)
+        print(f"\n{md}\nSearch summary: {sweep / SUMMARY_FILE}", flush=True)
+
+
+def load_test_front(
+    config: DictConfig, trials: list[dict], out_dir: Path
+) -> tuple[dict[str, float | None], str]:
+    """The second fidelity: serve the budget-meeting Pareto-front variants and the baseline side by side and
+    load-test them (reco.loadtest.study with the config's `loadtest` and `serve` settings).
+
+    Returns:
+        ({load_key: median max QPS at the SLO over the repeats, None when not measured}, a note for the
+        summary: what was tested at which SLO, or why nothing was).
+    """
+    from reco.data import load_dataset
+    from reco.loadtest.study import run_study
+    from reco.variant import Variant
+
+    chosen = front(trials)
+    if not chosen:
+        return {}, "nothing to test (no budget-meeting variant on the front)"
+    base = next(t["baseline_path"] for t in trials if t.get("baseline_path"))
+    data, data_path = load_dataset(
+        OmegaConf.to_container(config.data, resolve=True), Path(config.cache_dir) / "data"
+    )
+    lt = OmegaConf.to_container(config.loadtest, resolve=True)
+    lt["study"]["variants"] = None  # every variant handed over
+    ref = lt["study"]["reference"]
+    variants = [(ref, Variant.load(base))] + [(load_key(t, c), Variant.load(c["path"])) for t, c in chosen]
+    print(f"\n[search] load-testing the front: {', '.join(n for n, _ in variants[1:])} (+ {ref})", flush=True)
+    cfg = {"loadtest": lt, "serve": OmegaConf.to_container(config.serve, resolve=True)}
+    study = run_study(variants, data, data_path, cfg, out_dir)
+    qps: dict[str, float | None] = {}
+    for name, o in study.outcomes.items():
+        caps = [c.highest_pass for c in o.capacity]
+        qps[name] = float(np.median(caps)) if caps and not o.error else None
+    base_qps = qps.pop(ref, None)
+    slo = f"{study.slo_p99_ms:.1f} ms" if study.slo_p99_ms is not None else "none"
+    note = (
+        f"{len(chosen)} variant(s) and the baseline ({base_qps if base_qps is not None else 'n/a'} req/s) served "
+        f"side by side, capacity at p99 ≤ {slo} ({study.slo_source}), {lt['study']['repeats']} repeat(s); "
+        f"raw files {out_dir}"
+    )
+    return qps, note

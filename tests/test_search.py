@@ -1,0 +1,202 @@
+"""Accuracy-budget search (reco/search.py, conf/experiment/search.yaml): the objective on hand-made metrics,
+the search-space check, and real 2-trial Optuna sweeps of `run.py -m experiment=search` at toy size."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
+
+from reco.config import ConfigError, compose
+from reco.search import NO_VARIANT, SUMMARY_FILE, TRIAL_FILE, Candidate, check_space, objective, summarize
+
+ROOT = Path(__file__).resolve().parents[1]
+# Smaller than the smoke preset: a baseline trains in seconds; loadtest and profile are off in the preset.
+TOY = [
+    "experiment=search",
+    "data.params={n_rows: 8000, n_users: 800, n_items: 500, n_categories: 20, n_brands: 50, latent_dim: 4,"
+    " max_recent: 4}",
+    "model.embedding_dim=16",
+    "model.bottom=[32,16]",
+    "model.top=[64,32]",
+    "trainer.epochs=1",
+    "trainer.eval_rows=null",
+    "prune.finetune_rows=null",
+    "prune.embeddings.min_rows=50",
+    "prune.taylor_batches=1",
+    "distill.epochs=1",
+    "distill.rows_per_epoch=null",
+    "distill.student.top=[16,8]",
+    "distill.student.min_rows=50",
+    "rank_latency.repeats=5",
+    "rank_latency.warmup=1",
+    "hydra.sweeper.n_trials=2",
+]
+
+
+def test_objective_is_the_fastest_variant_within_the_budget():
+    cands = [
+        Candidate("pruned", rank_p50_ms=4.0, val_delta_rel=-0.0005),  # -0.05 %: within 0.1 %
+        Candidate("distilled", rank_p50_ms=1.0, val_delta_rel=-0.002),  # faster, but -0.2 %
+        Candidate("pruned_int8", rank_p50_ms=2.0, val_delta_rel=-0.0009),
+    ]
+    s = objective(cands, max_auc_drop_pct=0.1)
+    assert s.within_budget and s.best == "pruned_int8"
+    assert s.objective == pytest.approx(500.0)  # 1000 / 2 ms
+    loose = objective(cands, max_auc_drop_pct=0.5)
+    assert loose.best == "distilled" and loose.objective == pytest.approx(1000.0)
+
+
+def test_a_trial_missing_the_budget_is_penalised_below_every_feasible_trial():
+    cands = [Candidate("a", 1.0, -0.004), Candidate("b", 0.5, -0.003)]  # -0.4 %, -0.3 %
+    s = objective(cands, max_auc_drop_pct=0.1)
+    assert not s.within_budget and s.best == "b"
+    assert s.objective == pytest.approx(-0.2)  # 0.3 % drop is 0.2 points over the budget
+    assert objective([Candidate("c", 1.0, -0.0035)], 0.1).objective < s.objective  # nearer scores higher
+    assert objective([], 0.1) == type(s)(NO_VARIANT, False, None)
+
+
+def test_summary_without_a_winner_names_the_best_delta_seen(tmp_path):
+    trial = {"trial": 0, "overrides": ["prune.amount=0.5"], "max_auc_drop_pct": 0.1, "objective": -0.2,
+             "within_budget": False, "best": "pruned", "parent_run": "",
+             "candidates": [{"name": "pruned", "rank_p50_ms": 2.0, "val_delta_rel": -0.003, "val_delta_lo": -0.004,
+                             "val_delta_hi": -0.002, "params": 10}]}  # fmt: skip
+    md, winner, files = summarize([trial], tmp_path)
+    assert winner is None
+    assert "No trial met the budget" in md and "-0.300%" in md
+    assert (tmp_path / SUMMARY_FILE).read_text() == md and all(f.exists() for f in files)
+
+
+def test_a_search_space_key_that_does_not_exist_is_named():
+    cfg = compose(["experiment=search"])
+    OmegaConf.set_struct(cfg, False)
+    cfg.hydra = {"sweeper": {"params": {"prune.amount": "interval(0.1, 0.2)", "prune.amout": "choice(1)"}}}
+    with pytest.raises(ConfigError, match=r"hydra\.sweeper\.params\.prune\.amout"):
+        check_space(cfg)
+    cfg.hydra.sweeper.params = {"prune.amount": "interval(0.1, 0.2)"}
+    check_space(cfg)
+
+
+def test_search_budget_is_typed():
+    with pytest.raises(ConfigError, match="search.max_auc_drop_pct"):
+        compose(["experiment=search", "search.max_auc_drop_pct=a lot"])
+
+
+@pytest.fixture(scope="module")
+def store(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("search")
+
+
+def sweep(store: Path, name: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:
+    out = store / name
+    args = [
+        *TOY,
+        f"tracking.uri=sqlite:///{store}/mlflow.db",
+        f"tracking.artifact_root={store}/artifacts",
+        f"cache_dir={store}/cache",
+        f"hydra.sweep.dir={out}",
+        *extra,
+    ]
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "run.py"), "-m", *args],
+        cwd=store,
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    return p, out
+
+
+def trial_runs(store: Path, sweep_dir: Path) -> list:
+    client = MlflowClient(f"sqlite:///{store}/mlflow.db")
+    exp = client.get_experiment_by_name("search")
+    runs = client.search_runs([exp.experiment_id], f"tags.`multirun.sweep_dir` = '{sweep_dir}'")
+    return runs
+
+
+@pytest.mark.timeout(300)
+def test_two_trial_sweep_finds_a_winner_within_the_budget(store):
+    p, out = sweep(store, "ok", "search.max_auc_drop_pct=50", "search.load_test_front=false")
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    trials = [json.loads(f.read_text()) for f in sorted(out.glob(f"*/{TRIAL_FILE}"))]
+    assert len(trials) == 2
+    runs = trial_runs(store, out)
+    parents = [
+        r for r in runs if "mlflow.parentRunId" not in r.data.tags and "search.summary" not in r.data.tags
+    ]
+    assert len(parents) == 2  # each trial is an MLflow run
+    assert {r.info.run_id for r in parents} == {t["parent_run"] for t in trials}
+    client = MlflowClient(f"sqlite:///{store}/mlflow.db")
+    cached = []
+    for r in parents:
+        assert r.data.tags["search.within_budget"] in ("true", "false")
+        kids = client.search_runs([r.info.experiment_id], f"tags.mlflow.parentRunId = '{r.info.run_id}'")
+        cached += [k.data.tags["cached"] for k in kids if k.data.tags.get("variant") == "baseline"]
+    assert sorted(cached) == ["False", "True"]  # the baseline was built once, reused by the second trial
+    # main's return value reached Optuna: the sweeper's best value is the best trial objective
+    best = OmegaConf.load(out / "optimization_results.yaml").best_value
+    assert best == pytest.approx(max(t["objective"] for t in trials))
+    md = (out / SUMMARY_FILE).read_text()
+    for t in trials:
+        assert f"{t['objective']:.4g}" in md
+    winner = max((t for t in trials if t["within_budget"]), key=lambda t: t["objective"])
+    assert f"**Winner: trial {winner['trial']}**" in md
+    c = next(c for c in winner["candidates"] if c["name"] == winner["best"])
+    assert -c["val_delta_rel"] * 100 <= 50 and winner["objective"] == pytest.approx(1000 / c["rank_p50_ms"])
+    summary = [r for r in runs if r.data.tags.get("search.summary") == "true"]
+    assert len(summary) == 1 and summary[0].data.tags["search.winner_trial"] == str(winner["trial"])
+
+
+@pytest.mark.timeout(300)
+def test_a_budget_no_trial_meets_gives_no_winner_and_exit_0(store):
+    p, out = sweep(store, "none", "search.max_auc_drop_pct=-90")  # would need a 90 % AUC gain
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    md = (out / SUMMARY_FILE).read_text()
+    assert "No trial met the budget" in md and "Best val ΔAUC seen" in md and "Winner" not in md
+    trials = [json.loads(f.read_text()) for f in sorted(out.glob(f"*/{TRIAL_FILE}"))]
+    assert len(trials) == 2 and all(not t["within_budget"] and t["objective"] < 0 for t in trials)
+    runs = trial_runs(store, out)
+    tags = [r.data.tags.get("search.within_budget") for r in runs if "search.summary" not in r.data.tags]
+    assert "true" not in tags and tags.count("false") >= 2
+
+
+# The smoke preset's load test, cut down further: one repeat, one capacity step, short windows.
+TOY_LOAD = [
+    "loadtest.warmup_s=0.5",
+    "loadtest.drain_s=1",
+    "loadtest.requests.n=500",
+    "loadtest.capacity={slo_p99_ms: 100.0, start_rate: 100, min_rate: 100, max_rate: 100, steps: 1,"
+    " step_requests: 368, max_step_requests: 368, step_warmup_s: 0.5}",
+    "loadtest.study={repeats: 1, common_rate: 100, equal_util_fraction: 0, unloaded_requests: 50,"
+    " load_requests: 368}",
+]
+
+
+@pytest.mark.timeout(300)
+def test_the_front_within_the_budget_is_load_tested_and_names_the_winner(store):
+    p, out = sweep(store, "front", "search.max_auc_drop_pct=50", "hydra.sweeper.n_trials=1", *TOY_LOAD)
+    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
+    md = (out / SUMMARY_FILE).read_text()
+    assert "Full load test of the front: 1 variant(s)" in md or "variant(s) and the baseline" in md, md
+    assert "capacity at p99 ≤ 100.0 ms" in md
+    (trial,) = [json.loads(f.read_text()) for f in out.glob(f"*/{TRIAL_FILE}")]
+    assert (out / "front_load" / "requests.jsonl").exists()
+    served = {d.name for d in (out / "front_load").iterdir() if d.is_dir()}
+    assert "baseline" in served and served - {"baseline"} <= {f"t0_{c['name']}" for c in trial["candidates"]}
+    (summary,) = [r for r in trial_runs(store, out) if r.data.tags.get("search.summary") == "true"]
+    qps = {k: v for k, v in summary.data.metrics.items() if k.startswith("front_max_qps_")}
+    assert qps, summary.data.metrics
+    if summary.data.tags["search.winner_trial"] != "none":
+        assert summary.data.metrics["search_winner_max_qps"] == max(qps.values())
+
+
+def test_a_sweep_over_an_unknown_key_stops_before_any_trial(store):
+    p, out = sweep(store, "bad", '+hydra.sweeper.params={prune.amout: "interval(0.1,0.2)"}')
+    assert p.returncode != 0
+    assert "ConfigError: hydra.sweeper.params.prune.amout" in p.stderr
+    assert not list(out.glob(f"*/{TRIAL_FILE}"))
