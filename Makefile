@@ -9,7 +9,7 @@ TPY     := .venv-triton/bin/python
 TPIP    := .venv-triton/bin/pip
 TSTAMP  := .venv-triton/.installed
 
-.PHONY: venv triton-venv case-study smoke test lint format movielens-100k mlflow-ui mlflow-server benchmark crosscheck readme-check clean
+.PHONY: venv triton-venv case-study smoke test lint format movielens-100k mlflow-ui mlflow-server serving-backends benchmark crosscheck readme-check clean
 
 venv: $(STAMP)
 
@@ -51,6 +51,10 @@ $(TSTAMP): $(STAMP) requirements.lock
 
 case-study: $(STAMP)
 	$(PY) run.py experiment=ecommerce_case_study
+
+# reco's server vs Triton Inference Server on the case study's INT8 student (conf/experiment/serving_backends.yaml).
+serving-backends: $(STAMP) $(TSTAMP)
+	$(PY) run.py experiment=serving_backends
 
 smoke: $(STAMP)
 	$(PY) run.py experiment=smoke

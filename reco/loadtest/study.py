@@ -49,7 +49,7 @@ from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
 from reco.loadtest.runs import run_metrics
-from reco.serve.config import ServeConfig, serve_config
+from reco.serve.config import ServeConfig, for_variant, serve_config
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.variant import Variant
@@ -109,7 +109,10 @@ class _Study:
 
     # -- the kinds of runs -------------------------------------------------------------------------------
     def unloaded(self, name: str, r: int) -> None:
-        s = self.window(mode=LoadMode.closed, users=1, window_requests=self.lt.study.unloaded_requests)
+        # One request at a time cannot be split across distributed workers: one process sends it.
+        s = self.window(
+            mode=LoadMode.closed, users=1, workers=1, window_requests=self.lt.study.unloaded_requests
+        )
 
         def go(h: ServerHandle) -> LoadRun:
             return run_load(
@@ -294,7 +297,7 @@ def _servers(
                 started[n] = start_server(
                     variant_of[n].dir,
                     data_path,
-                    serve,
+                    for_variant(serve, variant_of[n].runtime),
                     cpus=cpus,
                     work_dir=s.out / n / "server",
                     wait=False,

@@ -7,6 +7,7 @@ worker processes get it as JSON (dataclasses.asdict) and rebuild it with `serve_
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -166,6 +167,16 @@ def serve_config(node: Any, where: str = "serve") -> ServeConfig:
     if isinstance(node, str):
         node = json.loads(node)
     return typed(node, ServeConfig, where).check(where)
+
+
+def for_variant(cfg: ServeConfig, runtime: dict) -> ServeConfig:
+    """`cfg` with a variant's runtime["server"] over it (the triton step: backend and instance count)."""
+    server = runtime.get("server")
+    if not server:
+        return cfg
+    instances = int(server.get("instances", cfg.triton.instances))
+    triton = dataclasses.replace(cfg.triton, instances=instances)
+    return dataclasses.replace(cfg, backend=ServeBackend(server["backend"]), triton=triton)
 
 
 def serve_overrides(cfg: ServeConfig) -> list[str]:
