@@ -9,7 +9,7 @@ TPY     := .venv-triton/bin/python
 TPIP    := .venv-triton/bin/pip
 TSTAMP  := .venv-triton/.installed
 
-.PHONY: venv triton-venv case-study smoke test lint format movielens-100k mlflow-ui mlflow-server serving-backends benchmark crosscheck readme-check clean
+.PHONY: venv triton-venv case-study smoke test test-quick lint format movielens-100k mlflow-ui mlflow-server serving-backends benchmark crosscheck readme-check clean
 
 venv: $(STAMP)
 
@@ -62,6 +62,11 @@ smoke: $(STAMP)
 test: $(STAMP)
 	$(PY) -m ruff check .
 	$(PY) -m pytest -q
+
+# Everything but the six end-to-end subprocess runs marked `slow` (~5 min of make test's ~13).
+test-quick: $(STAMP)
+	$(PY) -m ruff check .
+	$(PY) -m pytest -q -m "not slow"
 
 lint: $(STAMP)
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .

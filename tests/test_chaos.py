@@ -108,6 +108,7 @@ def kill_in_phase(tmp: Path, phase: str, wait_s: float, sig: int) -> tuple[set[s
     return done_before, survivors(list(seen.values()), within_s=30.0) + marked_alive(mark, within_s=5.0)
 
 
+@pytest.mark.slow
 def test_kills_leave_no_orphans_and_the_rerun_completes(tmp_path):
     rng = random.Random(0)
     for phase, most in KILLS:

@@ -52,6 +52,7 @@ def built(tiny_data, tmp_path_factory):
     return Variant.load(vdir), dpath
 
 
+@pytest.mark.slow
 def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, built, tmp_path):
     variant, dpath = built
     before = copy.deepcopy(variant.__dict__)

@@ -103,6 +103,7 @@ def test_presets_share_one_variant_graph():
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(600)
 def test_smoke_experiment_end_to_end(tmp_path, mlflow_server):
     """The smoke preset as `make smoke` runs it, logging over HTTP to a real tracking server (the

@@ -119,9 +119,25 @@ def trial_runs(store: Path, sweep_dir: Path) -> list:
     return runs
 
 
+# The smoke preset's load test, cut down further: one repeat, one capacity step, short windows.
+TOY_LOAD = [
+    "loadtest.warmup_s=0.5",
+    "loadtest.drain_s=1",
+    "loadtest.requests.n=500",
+    "loadtest.capacity={slo_p99_ms: 100.0, start_rate: 100, min_rate: 100, max_rate: 100, steps: 1,"
+    " step_requests: 368, max_step_requests: 368, step_warmup_s: 0.5}",
+    "loadtest.study={repeats: 1, common_rate: 100, equal_util_fraction: 0, unloaded_requests: 50,"
+    " load_requests: 368}",
+]
+
+
+@pytest.mark.slow
 @pytest.mark.timeout(300)
-def test_two_trial_sweep_finds_a_winner_within_the_budget(store):
-    p, out = sweep(store, "ok", "search.max_auc_drop_pct=50", "search.load_test_front=false")
+def test_two_trial_sweep_load_tests_the_front_and_names_a_winner_within_the_budget(store):
+    """Both fidelities in one sweep (one subprocess keeps make test short): trials screened in process, then
+    the budget-meeting front load-tested beside the baseline. A budget no trial meets is covered by
+    test_summary_without_a_winner_names_the_best_delta_seen and the penalty test above."""
+    p, out = sweep(store, "ok", "search.max_auc_drop_pct=50", *TOY_LOAD)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
     trials = [json.loads(f.read_text()) for f in sorted(out.glob(f"*/{TRIAL_FILE}"))]
     assert len(trials) == 2
@@ -144,54 +160,24 @@ def test_two_trial_sweep_finds_a_winner_within_the_budget(store):
     md = (out / SUMMARY_FILE).read_text()
     for t in trials:
         assert f"{t['objective']:.4g}" in md
-    winner = max((t for t in trials if t["within_budget"]), key=lambda t: t["objective"])
-    assert f"**Winner: trial {winner['trial']}**" in md
-    c = next(c for c in winner["candidates"] if c["name"] == winner["best"])
-    assert -c["val_delta_rel"] * 100 <= 50 and winner["objective"] == pytest.approx(1000 / c["rank_p50_ms"])
-    summary = [r for r in runs if r.data.tags.get("search.summary") == "true"]
-    assert len(summary) == 1 and summary[0].data.tags["search.winner_trial"] == str(winner["trial"])
-
-
-@pytest.mark.timeout(300)
-def test_a_budget_no_trial_meets_gives_no_winner_and_exit_0(store):
-    p, out = sweep(store, "none", "search.max_auc_drop_pct=-90")  # would need a 90 % AUC gain
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    md = (out / SUMMARY_FILE).read_text()
-    assert "No trial met the budget" in md and "Best val ΔAUC seen" in md and "Winner" not in md
-    trials = [json.loads(f.read_text()) for f in sorted(out.glob(f"*/{TRIAL_FILE}"))]
-    assert len(trials) == 2 and all(not t["within_budget"] and t["objective"] < 0 for t in trials)
-    runs = trial_runs(store, out)
-    tags = [r.data.tags.get("search.within_budget") for r in runs if "search.summary" not in r.data.tags]
-    assert "true" not in tags and tags.count("false") >= 2
-
-
-# The smoke preset's load test, cut down further: one repeat, one capacity step, short windows.
-TOY_LOAD = [
-    "loadtest.warmup_s=0.5",
-    "loadtest.drain_s=1",
-    "loadtest.requests.n=500",
-    "loadtest.capacity={slo_p99_ms: 100.0, start_rate: 100, min_rate: 100, max_rate: 100, steps: 1,"
-    " step_requests: 368, max_step_requests: 368, step_warmup_s: 0.5}",
-    "loadtest.study={repeats: 1, common_rate: 100, equal_util_fraction: 0, unloaded_requests: 50,"
-    " load_requests: 368}",
-]
-
-
-@pytest.mark.timeout(300)
-def test_the_front_within_the_budget_is_load_tested_and_names_the_winner(store):
-    p, out = sweep(store, "front", "search.max_auc_drop_pct=50", "hydra.sweeper.n_trials=1", *TOY_LOAD)
-    assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    md = (out / SUMMARY_FILE).read_text()
-    assert "Full load test of the front: 1 variant(s)" in md or "variant(s) and the baseline" in md, md
+    for t in trials:  # the objective is the in-process throughput of the trial's best variant in budget
+        if t["within_budget"]:
+            c = next(c for c in t["candidates"] if c["name"] == t["best"])
+            assert -c["val_delta_rel"] * 100 <= 50 and t["objective"] == pytest.approx(
+                1000 / c["rank_p50_ms"]
+            )
+    # the second fidelity: the front within the budget served beside the baseline and load-tested
     assert "capacity at p99 ≤ 100.0 ms" in md
-    (trial,) = [json.loads(f.read_text()) for f in out.glob(f"*/{TRIAL_FILE}")]
     assert (out / "front_load" / "requests.jsonl").exists()
     served = {d.name for d in (out / "front_load").iterdir() if d.is_dir()}
-    assert "baseline" in served and served - {"baseline"} <= {f"t0_{c['name']}" for c in trial["candidates"]}
-    (summary,) = [r for r in trial_runs(store, out) if r.data.tags.get("search.summary") == "true"]
+    names = {f"t{t['trial']}_{c['name']}" for t in trials for c in t["candidates"]}
+    assert "baseline" in served and served - {"baseline"} and served - {"baseline"} <= names
+    (summary,) = [r for r in runs if r.data.tags.get("search.summary") == "true"]
     qps = {k: v for k, v in summary.data.metrics.items() if k.startswith("front_max_qps_")}
     assert qps, summary.data.metrics
-    if summary.data.tags["search.winner_trial"] != "none":
+    winner = summary.data.tags["search.winner_trial"]
+    if winner != "none":
+        assert f"**Winner: trial {winner}**" in md
         assert summary.data.metrics["search_winner_max_qps"] == max(qps.values())
 
 

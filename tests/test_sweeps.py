@@ -119,6 +119,7 @@ def built_dirs(tmp_path: Path, name: str) -> list[Path]:
     return [p for p in (tmp_path / "cache" / "variants").glob(f"{name}-*") if p.is_dir()]
 
 
+@pytest.mark.slow
 @pytest.mark.timeout(300)
 def test_joblib_sweep_runs_jobs_in_parallel_and_shares_the_baseline(tmp_path):
     """The README's sweep: two prune amounts as two parallel joblib jobs on a fresh store, one baseline
