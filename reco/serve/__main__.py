@@ -80,7 +80,18 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         0 after a requested stop, 1 when a worker died, 2 when the server could not start.
     """
-    p = argparse.ArgumentParser(prog="python -m reco.serve", description=__doc__.splitlines()[0])
+    args = arg_parser("python -m reco.serve", __doc__.splitlines()[0]).parse_args(argv)
+    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return _run(args)
+    finally:
+        for s, handler in previous.items():
+            signal.signal(s, handler)
+
+
+def arg_parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """The command line every server takes (reco's and the Triton backend)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
     p.add_argument("--variant", required=True, help="variant directory (holds variant.json)")
     p.add_argument(
         "--dataset", required=True, help="Dataset .pt file whose train split feeds the feature store"
@@ -88,13 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--host", help="bind address (default: serve.host)")
     p.add_argument("--port", type=int, help="port (default: serve.port)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the serve settings")
-    args = p.parse_args(argv)
-    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return _run(args)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    return p
 
 
 def _run(args: argparse.Namespace) -> int:

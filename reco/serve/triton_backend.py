@@ -238,15 +238,9 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         0 after a requested stop, 1 when tritonserver died, 2 when it could not start.
     """
-    p = argparse.ArgumentParser(
-        prog="python -m reco.serve.triton_backend", description=__doc__.splitlines()[0]
-    )
-    p.add_argument("--variant", required=True, help="variant directory (holds variant.json)")
-    p.add_argument("--dataset", required=True, help="Dataset .pt file whose train split feeds the features")
-    p.add_argument("--host", help="bind address (default: serve.host)")
-    p.add_argument("--port", type=int, help="port (default: serve.port)")
-    p.add_argument("overrides", nargs="*", help="key=value overrides of the serve settings")
-    args = p.parse_args(argv)
+    from reco.serve.__main__ import arg_parser
+
+    args = arg_parser("python -m reco.serve.triton_backend", __doc__.splitlines()[0]).parse_args(argv)
     previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
         return _run(args)
