@@ -81,9 +81,14 @@ def main(argv: list[str] | None = None) -> int:
         0 after a requested stop, 1 when a worker died, 2 when the server could not start.
     """
     args = arg_parser("python -m reco.serve", __doc__.splitlines()[0]).parse_args(argv)
-    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
+    return run_stoppable(_run, args, _stop)
+
+
+def run_stoppable(run, args: argparse.Namespace, stop) -> int:
+    """run(args) with `stop` handling SIGTERM/SIGINT, the previous handlers restored after (both servers)."""
+    previous = {s: signal.signal(s, stop) for s in (signal.SIGTERM, signal.SIGINT)}
     try:
-        return _run(args)
+        return run(args)
     finally:
         for s, handler in previous.items():
             signal.signal(s, handler)

@@ -33,7 +33,6 @@ import errno
 import logging
 import os
 import re
-import signal
 import socket
 import sys
 from dataclasses import dataclass
@@ -238,15 +237,10 @@ def main(argv: list[str] | None = None) -> int:
     Returns:
         0 after a requested stop, 1 when tritonserver died, 2 when it could not start.
     """
-    from reco.serve.__main__ import arg_parser
+    from reco.serve.__main__ import arg_parser, run_stoppable
 
     args = arg_parser("python -m reco.serve.triton_backend", __doc__.splitlines()[0]).parse_args(argv)
-    previous = {s: signal.signal(s, _stop) for s in (signal.SIGTERM, signal.SIGINT)}
-    try:
-        return _run(args)
-    finally:
-        for s, handler in previous.items():
-            signal.signal(s, handler)
+    return run_stoppable(_run, args, _stop)
 
 
 def _run(args: argparse.Namespace) -> int:
