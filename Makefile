@@ -49,7 +49,7 @@ $(TSTAMP): $(STAMP) requirements.lock
 	  assert numpy.__version__ == '1.26.4', numpy.__version__"
 	touch $(TSTAMP)
 
-case-study: $(STAMP)
+case-study: $(STAMP) $(TSTAMP)
 	$(PY) run.py experiment=ecommerce_case_study
 
 # reco's server vs Triton Inference Server on the case study's INT8 student (conf/experiment/serving_backends.yaml).

@@ -14,12 +14,28 @@ from typing import ClassVar
 
 import torch
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 from torchrec.modules.embedding_modules import EmbeddingBagCollection
 from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 from reco.data.schema import to_kjt
 from reco.models.protocol import ArchConfig, ModelSettings, TableSpec
+
+
+def table_configs(cfg: ArchConfig, data_types: dict[str, DataType] | None = None) -> list[EmbeddingBagConfig]:
+    """TorchRec's config of every table (sum pooling, one feature each); `data_types`: feature -> DataType
+    (the quantized collection's per-table precision), else fp32."""
+    return [
+        EmbeddingBagConfig(
+            name=f"t_{t.feature}",
+            embedding_dim=cfg.embedding_dim,
+            num_embeddings=t.num_rows,
+            feature_names=[t.feature],
+            pooling=PoolingType.SUM,
+            data_type=data_types[t.feature] if data_types else DataType.FP32,
+        )
+        for t in cfg.tables
+    ]
 
 
 def mlp(sizes: list[int], last_relu: bool = True) -> nn.Sequential:
@@ -45,19 +61,7 @@ class EmbeddingRanker(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.features = [t.feature for t in cfg.tables]
-        self.ebc = EmbeddingBagCollection(
-            tables=[
-                EmbeddingBagConfig(
-                    name=f"t_{t.feature}",
-                    embedding_dim=cfg.embedding_dim,
-                    num_embeddings=t.num_rows,
-                    feature_names=[t.feature],
-                    pooling=PoolingType.SUM,
-                )
-                for t in cfg.tables
-            ],
-            device=torch.device("cpu"),
-        )
+        self.ebc = EmbeddingBagCollection(tables=table_configs(cfg), device=torch.device("cpu"))
         # Pruned tables: old id -> new row (rare ids -> row 0). Stored int32 to halve their size.
         for t in cfg.tables:
             if t.feature in cfg.remapped:

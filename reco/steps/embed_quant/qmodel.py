@@ -21,9 +21,9 @@ from pathlib import Path
 import numpy as np
 import torch
 from torch import nn
-from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
 from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 
+from reco.models.embedding import table_configs
 from reco.models.protocol import ArchConfig, RankingModel, TableSpec
 from reco.steps.embed_quant.rowwise import QTable, from_stored
 from reco.variant import ArtifactError, Variant
@@ -51,17 +51,7 @@ def save(path: Path, model: RankingModel, tables: dict[str, QTable]) -> None:
 
 def quant_ebc(cfg: ArchConfig, tables: dict[str, QTable]) -> QuantEmbeddingBagCollection:
     """TorchRec's quantized EmbeddingBagCollection holding `tables` (feature -> QTable), one per table."""
-    configs = [
-        EmbeddingBagConfig(
-            name=f"t_{t.feature}",
-            embedding_dim=cfg.embedding_dim,
-            num_embeddings=t.num_rows,
-            feature_names=[t.feature],
-            pooling=PoolingType.SUM,
-            data_type=tables[t.feature].precision.data_type,
-        )
-        for t in cfg.tables
-    ]
+    configs = table_configs(cfg, {f: q.precision.data_type for f, q in tables.items()})
     weights = {}
     for t in cfg.tables:
         q = tables[t.feature]
