@@ -38,7 +38,23 @@ def _zipf_weights(n: int, a: float, rng: np.random.Generator) -> np.ndarray:
     return w / w.sum()
 
 
+@dataclass
+class Simulation:
+    """The generated dataset and the planted click model behind it, row for row over all n rows (time
+    order; the splits are `time_split(n)`): reco.data.learnability reads what a model could learn."""
+
+    dataset: Dataset
+    terms: dict[str, np.ndarray]  # the click logit's additive terms
+    offset: float  # the constant added to their sum for the target CTR; sigmoid(sum + offset) = P(click)
+    users: np.ndarray
+    items: np.ndarray
+
+
 def generate(cfg: SyntheticConfig) -> Dataset:
+    return simulate(cfg).dataset
+
+
+def simulate(cfg: SyntheticConfig) -> Simulation:
     rng = np.random.default_rng(cfg.seed)
     k = cfg.latent_dim
     n_u, n_i, n_c = cfg.n_users, cfg.n_items, cfg.n_categories
@@ -85,16 +101,18 @@ def generate(cfg: SyntheticConfig) -> Dataset:
     in_recent = (top_cats[users] == c[:, None]) & (
         np.arange(cfg.max_recent)[None, :] < n_recent[users][:, None]
     )
-    logit = (
-        2.0 * np.einsum("nk,nk->n", user_vec[users], item_vec[items])
-        + 1.0 * np.einsum("nk,nk->n", user_vec[users], cat_vec[c])
-        + 0.7 * in_recent.any(axis=1)
-        + item_bias[items]
-        - price_sens[users] * (log_price[items] - 3.0)
-        + hour_device[hour, device]
-        + seg_cat[segment[users], c]
-    )
-    logit += _offset_for_ctr(logit, cfg.target_ctr)
+    terms = {
+        "user_x_item": 2.0 * np.einsum("nk,nk->n", user_vec[users], item_vec[items]),
+        "user_x_category": 1.0 * np.einsum("nk,nk->n", user_vec[users], cat_vec[c]),
+        "in_recent": 0.7 * in_recent.any(axis=1),
+        "item_bias": item_bias[items],
+        "price": -price_sens[users] * (log_price[items] - 3.0),
+        "hour_device": hour_device[hour, device],
+        "segment_x_category": seg_cat[segment[users], c],
+    }
+    logit = sum(terms.values())  # left to right, in the order above
+    offset = _offset_for_ctr(logit, cfg.target_ctr)
+    logit += offset
     prob = 1 / (1 + np.exp(-logit))
     labels = (rng.random(n) < prob).astype(np.float32)
 
@@ -147,7 +165,7 @@ def generate(cfg: SyntheticConfig) -> Dataset:
     tr, va, te = time_split(n)
     ds = Dataset(schema, full.take(tr), full.take(va), full.take(te), name="synthetic_ecommerce")
     ds.compute_fingerprint()
-    return ds
+    return Simulation(ds, terms, offset, users, items)
 
 
 def _sample_in_category(
