@@ -124,7 +124,9 @@ def main(argv: list[str] | None = None) -> int:
     try:
         data = compose(args.overrides).data
         if data.loader != "synthetic_ecommerce":
-            raise ConfigError(f"data.loader={data.loader}: only synthetic_ecommerce has a planted click model")
+            raise ConfigError(
+                f"data.loader={data.loader}: only synthetic_ecommerce has a planted click model"
+            )
         sim = simulate(typed(data.params, SyntheticConfig, "data.params"))
         scores = None if args.scores is None else load_scores(args.scores, len(sim.dataset.test.labels))
     except (ConfigError, ValueError, OSError) as e:
