@@ -80,6 +80,9 @@ class Variant:
     # Runtime settings a backend needs (e.g. ONNX Runtime session options, serving batcher hints).
     runtime: dict = field(default_factory=dict)
     metrics: dict[str, float] = field(default_factory=dict)
+    # Per epoch of the step that trained it ({"train_loss", "val_auc", "val_logloss", ...}): the report's
+    # learning curve. Empty for steps that do not train and for variants written before it was kept.
+    learning_curve: list[dict[str, float]] = field(default_factory=list)
     data_fingerprint: str = ""
     cache_key: str = ""  # content hash of (parent cache key, step config, data): see reco.pipeline
     mlflow_run_id: str = ""

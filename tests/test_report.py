@@ -6,6 +6,7 @@ Every LoadRun below is built the way the load test builds one: from an array of 
 
 from __future__ import annotations
 
+import copy
 import csv
 import math
 
@@ -21,7 +22,7 @@ from reco.loadtest.outcome import (
     LoadRun,
     StudyOutcome,
 )
-from reco.report import Machine, StudyContext, VariantResult, study_metrics, write_report
+from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
 from reco.report.figures import highest_pass_at, study_figures
 from reco.report.gate import gate, worst
 from reco.report.plots import pareto_front
@@ -152,6 +153,11 @@ def make_study():
         VariantResult(variant("noload", "accelerate", "pruned"), None, delta(-0.0005, 0.001)),
         VariantResult(variant("broken", "accelerate", "pruned"), status="failed", error="ORT | bad graph\nline 2"),
     ]  # fmt: skip
+    results[0].variant.learning_curve = [
+        {"train_loss": 0.52, "val_auc": 0.79, "val_logloss": 0.50},
+        {"train_loss": 0.45, "val_auc": 0.81, "val_logloss": 0.48},
+        {"train_loss": 0.40, "val_auc": 0.805, "val_logloss": 0.49},
+    ]
     study = StudyOutcome(SLO, "fixed in the preset (3 x median unloaded p99)", 10.0, True)
     study.outcomes = {r.variant.name: r.load for r in results if r.load}
     targets = {"e2e_speedup": 3.4, "qps_gain": 1.1, "prune_params_pct": 30, "distill_size_ratio": 6,
@@ -396,6 +402,18 @@ def test_report_setup_and_sections(written):
     inside = md.split("### Inside one ranking call")[1].split("##")[0]
     assert "| `base` | torch | 10.0 | 2.00 (20%) | 1.00 (10%) | 6.50 (65%) | 0.50 (5%) |" in inside
     assert "`pruned`" not in inside  # not profiled: no row
+
+
+def test_learning_curve_says_whether_training_converged(figs, written):
+    md = (written[0] / "report.md").read_text().split("## Baseline training")[1].split("##")[0]
+    assert "peaked at epoch 2 and did not improve for the 1 epoch(s) after it" in md
+    assert "| 2 (kept) | 0.4500 | 0.8100 | 0.4800 |" in md and "| 3 | 0.4000 | 0.8050 | 0.4900 |" in md
+    assert "Test AUC 0.8000 vs the oracle's 0.8200: 0.0200 below the ceiling" in md
+    rising = copy.deepcopy(figs["base"])
+    rising.result.variant.learning_curve = rising.result.variant.learning_curve[:2]
+    assert "convergence is **not shown**" in "\n".join(sections.learning_curve([rising]))
+    rising.result.variant.learning_curve = []
+    assert sections.learning_curve([rising])[0].startswith("Not recorded")
 
 
 def test_targets_decided_on_the_ci(written):

@@ -124,6 +124,7 @@ def report(
     lines += ["## Gate", "", *gate_table(figs, gates), ""]
     if ctx.targets:
         lines += ["## Targets", "", *target_lines(figs, gates, ctx), ""]
+    lines += ["## Baseline training", "", *sections.learning_curve(figs), ""]
     lines += ["## Latency, like for like", "", *sections.like_for_like(figs, ctx), ""]
     lines += ["## Throughput at the SLO", "", *sections.throughput(figs, ctx), ""]
     lines += ["## What each step bought", "", *sections.attribution(figs), ""]

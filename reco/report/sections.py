@@ -332,3 +332,43 @@ def capacity_steps(figs: list[VariantFigures]) -> list[str]:
         header = ["repeat", "rate", "achieved QPS", "n", "p99 ms [CI]", "errors", "valid", "verdict", "why"]
         out += [f"### `{f.name}`", "", *table(header, rows), ""]
     return out or ["No capacity search was run."]
+
+
+def learning_curve(figs: list[VariantFigures]) -> list[str]:
+    """The baseline's training per epoch, whether it stopped on validation AUC, and its gap to the oracle."""
+    base = next(f for f in figs if f.is_baseline)
+    curve = base.result.variant.learning_curve
+    if not curve:
+        return [
+            "Not recorded (the baseline was not trained by the train step, or was built before it was kept)."
+        ]
+    best = max(range(len(curve)), key=lambda i: curve[i]["val_auc"])
+    rows = [
+        [
+            str(i + 1) + (" (kept)" if i == best else ""),
+            num(r["train_loss"], ".4f"),
+            num(r["val_auc"], ".4f"),
+            num(r.get("val_logloss"), ".4f"),
+        ]
+        for i, r in enumerate(curve)
+    ]
+    if best < len(curve) - 1:
+        why = (
+            f"Validation AUC peaked at epoch {best + 1} and did not improve for the {len(curve) - 1 - best} "
+            "epoch(s) after it: training stopped there (early stopping, `trainer.patience`), the kept "
+            "weights are the best epoch's."
+        )
+    else:
+        why = (
+            f"The best epoch is the last one trained ({len(curve)}): validation AUC was still rising or the "
+            "budget (`trainer.epochs`) ended training, so convergence is **not shown**."
+        )
+    m = base.result.variant.metrics
+    auc, oracle = m.get("auc"), m.get("oracle_auc")
+    gap = (
+        f" Test AUC {auc:.4f} vs the oracle's {oracle:.4f}: {oracle - auc:.4f} below the ceiling "
+        "(`python -m reco.data.learnability` splits that gap into what the data let a model learn and what not)."
+        if auc is not None and oracle is not None
+        else ""
+    )
+    return [why + gap, "", *table(["epoch", "train loss", "val AUC", "val logloss"], rows)]

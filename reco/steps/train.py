@@ -17,7 +17,7 @@ def run(parent: Variant | None, data: Dataset, cfg: ModelSettings, ctx: StepRun)
     Args:
         cfg: the model's settings, typed by the schema of the class `cfg._target_` names.
     Returns:
-        The baseline variant: torch weights, learning curve metrics (best_epoch, best_val_auc).
+        The baseline variant: torch weights, its learning curve, best_epoch and best_val_auc.
     """
     cls = resolve(cfg._target_, "model._target_")
     try:
@@ -27,6 +27,7 @@ def run(parent: Variant | None, data: Dataset, cfg: ModelSettings, ctx: StepRun)
     result = train(model, data, ctx.trainer, on_epoch=ctx.on_epoch, desc=ctx.name)
     v = child_variant(None, data, cfg, ctx, "train", "torch")
     v.save_torch(model)
+    v.learning_curve = result.history
     v.metrics.update(
         best_epoch=float(result.best_epoch), best_val_auc=result.best_val_auc, train_seconds=result.seconds
     )
