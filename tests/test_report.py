@@ -139,7 +139,9 @@ def make_study():
         ),
         # fast but ΔAUC CI [-1.2 %, -0.8 %] wholly below -0.5 %: accuracy FAIL; 4 repeats: p999 supported
         VariantResult(
-            variant("student", "distill", "pruned", params=10_000, size_mb=0.75),
+            variant("student", "distill", "pruned", params=10_000, size_mb=0.75, size_ratio=7.0,
+                    teacher_val_auc=0.8, student_val_auc=0.79, control_val_auc=0.785, kd_gain_val_auc=0.005,
+                    kd_gain_val_auc_lo=0.002, kd_gain_val_auc_hi=0.008),
             outcome("student", 3, 150, 200, common_repeats=4),
             delta(-0.010, 0.002),
         ),
@@ -414,6 +416,15 @@ def test_learning_curve_says_whether_training_converged(figs, written):
     assert "convergence is **not shown**" in "\n".join(sections.learning_curve([rising]))
     rising.result.variant.learning_curve = []
     assert sections.learning_curve([rising])[0].startswith("Not recorded")
+
+
+def test_distillation_section_reads_the_control(written):
+    md = (written[0] / "report.md").read_text().split("### What the teacher adds")[1].split("##")[0]
+    assert (
+        "| `student` | 7.00 | 0.8000 | 0.7900 | 0.7850 | +0.0050 [+0.0020, +0.0080] | **gain** (CI above 0) |"
+        in md
+    )
+    assert "`pruned`" not in md  # not a distill step
 
 
 def test_targets_decided_on_the_ci(written):

@@ -184,6 +184,54 @@ def test_distill_student_larger_than_teacher_is_an_error(parent, data, trainer, 
         distill.run(parent, data, cfg, StepRun("big", tmp_path, trainer))
 
 
+def test_resampled_impressions_swap_exactly_the_item_side(parent, data):
+    """Each re-sampled row is one batch row's user/context with another batch row's item features."""
+    teacher = parent.load_torch()
+    cfg = distill_cfg(resampled_rows=2.0)
+    loss = distill.KDLoss(teacher, data.train, cfg, student=teacher, schema=data.schema, seed=0)
+    part = data.train.take(slice(0, 64))
+    extra = loss.resample(part)
+    assert len(extra) == 128
+    item = [f.side == "item" for f in data.schema.sparse]
+    user = [not x for x in item]
+    # every extra row's user/context side and item side come from some batch row, not always the same one
+    dense_item = [f.side == "item" for f in data.schema.dense]
+    assert any(dense_item)
+
+    def side(split, k, sparse, dense=None):  # one row's ids (+ lengths, dense) of one side, hashable
+        key = (split.ids[k][sparse].flatten().tolist(), split.lengths[k][sparse].tolist())
+        return str(key if dense is None else (key, split.dense[k][dense].tolist()))
+
+    users = {side(part, k, user) for k in range(64)}
+    items = {side(part, k, item, dense_item) for k in range(64)}  # an item's ids and dense move together
+    pairs = {(side(part, k, user), side(part, k, item, dense_item)) for k in range(64)}
+    new = [(side(extra, k, user), side(extra, k, item, dense_item)) for k in range(128)]
+    assert all(u in users and i in items for u, i in new)
+    assert sum(p not in pairs for p in new) > 64  # mostly impressions the batch did not have
+
+
+@pytest.mark.parametrize("soft_target", ["probabilities", "logits"])
+def test_distill_soft_targets_and_resampled_rows_train(soft_target, parent, data, trainer, tmp_path):
+    cfg = distill_cfg(soft_target=soft_target, resampled_rows=0.5, control=False)
+    v = distill.run(parent, data, cfg, StepRun("s", tmp_path / "s", trainer))
+    # the teacher scored the labelled rows once and 0.5 x that many re-sampled rows per epoch
+    assert v.metrics["teacher_rows_scored"] == pytest.approx(6_000 * 1.5, rel=0.01)
+    assert v.metrics["student_val_auc"] > 0.55  # learned something (the tiny data's teacher: ~0.6-0.7)
+
+
+@pytest.mark.parametrize(
+    ("over", "match"),
+    [
+        ({"resampled_rows": -1.0}, "distill.resampled_rows must be >= 0"),
+        ({"resampled_rows": 1.0, "alpha": 1.0}, "resampled_rows > 0 needs alpha < 1"),
+        ({"soft_target": "kl"}, "soft_target"),
+    ],
+)
+def test_distill_bad_soft_target_settings_are_clear_errors(over, match, parent, data, trainer, tmp_path):
+    with pytest.raises((StepError, ValueError), match=match):
+        distill.run(parent, data, distill_cfg(**over), StepRun("bad", tmp_path, trainer))
+
+
 # accelerate -------------------------------------------------------------------------------------
 def accel_cfg(mode: str, **over) -> dict:
     # A short tuning run: the grid and its timing are exercised, not benchmarked.

@@ -1,8 +1,14 @@
 """Knowledge distillation into a smaller model of the teacher's family, with a control run that shows what the teacher adds.
 
 Loss per row, with student logit s, teacher logit t, label y, temperature T:
-    alpha * BCE(sigmoid(s), y) + (1 - alpha) * T^2 * BCE(sigmoid(s / T), sigmoid(t / T))
-The T^2 factor keeps the soft term's gradient scale independent of T (Hinton et al. 2015).
+    alpha * BCE(sigmoid(s), y) + (1 - alpha) * soft(s, t)
+    soft = T^2 * BCE(sigmoid(s / T), sigmoid(t / T))   (soft_target: probabilities; Hinton et al. 2015:
+                                                        T^2 keeps the gradient scale independent of T)
+         = (s - t)^2                                   (soft_target: logits; T unused)
+With resampled_rows = r > 0, each batch also carries r x its size of re-sampled impressions: a batch row's
+user and context with another batch row's item (every item-side feature of the schema swapped), which
+have no label; the teacher scores them and the student learns only the soft term on them (weight 1 - alpha).
+The labelled split bounds what the control can learn; the teacher can label as many impressions as wanted.
 The control is the same student architecture, initialisation, data, budget and seed trained on the
 labels alone (alpha = 1); `kd_gain_val_auc` = student AUC - control AUC on the validation split, with a
 paired DeLong 95 % CI (`_lo`, `_hi`): both score the same rows, so their noise largely cancels.
@@ -20,7 +26,7 @@ import torch
 from omegaconf import MISSING
 from torch import nn
 
-from reco.data.schema import Dataset, Split
+from reco.data.schema import Dataset, Schema, Split
 from reco.measure import predict
 from reco.models.protocol import ArchConfig, PlainScorer, RankingModel, TableSpec, count_params
 from reco.runtime import Scorer
@@ -30,6 +36,13 @@ from reco.steps.registry import StepError, StepRun, child_variant, register, req
 from reco.train.loop import train
 from reco.train.metrics import auc
 from reco.variant import Variant
+
+
+class SoftTarget(Enum):
+    """What the student matches of the teacher (module docstring)."""
+
+    probabilities = "probabilities"
+    logits = "logits"
 
 
 class TableSource(Enum):
@@ -56,6 +69,8 @@ class DistillConfig:
     student: StudentConfig = field(default_factory=StudentConfig)
     alpha: float = MISSING  # weight of the hard-label loss; 1 = no teacher
     temperature: float = MISSING
+    soft_target: SoftTarget = MISSING
+    resampled_rows: float = MISSING  # unlabelled re-sampled impressions per labelled row (0: none)
     epochs: int = MISSING
     rows_per_epoch: int | None = MISSING  # None: the whole train split per epoch
     cache_teacher_logits: bool = MISSING  # each train row's teacher logit computed once, reused later
@@ -67,6 +82,13 @@ class DistillConfig:
             raise StepError(f"distill: distill.alpha must be in [0, 1], got {self.alpha}")
         if self.temperature <= 0:
             raise StepError(f"distill: distill.temperature must be > 0, got {self.temperature}")
+        if self.resampled_rows < 0:
+            raise StepError(f"distill: distill.resampled_rows must be >= 0, got {self.resampled_rows}")
+        if self.resampled_rows > 0 and self.alpha >= 1:
+            raise StepError(
+                "distill: distill.resampled_rows > 0 needs alpha < 1 (the re-sampled rows carry only the "
+                f"teacher's soft target, weighted 1 - alpha), got alpha {self.alpha}"
+            )
         if not self.student.bottom:
             raise StepError("distill: distill.student.bottom must list at least one layer, got []")
 
@@ -108,7 +130,7 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
         lr=dc.lr or trainer.lr,
         checkpoint_dir=None,
     )
-    loss = KDLoss(teacher, data.train, dc.alpha, dc.temperature, dc.cache_teacher_logits)
+    loss = KDLoss(teacher, data.train, dc, student=student, schema=data.schema, seed=trainer.seed)
     train(student, data, budget, loss_fn=loss, desc=f"distill[{name}] student")
     # Validation split only: the test split is read once per variant, by the pipeline, for the report.
     labels = data.val.labels.numpy()
@@ -144,18 +166,34 @@ class KDLoss:
     """loss_fn for reco.train.loop.train: (student logits [B], batch, train-row indices [B]) -> scalar."""
 
     def __init__(
-        self, teacher: RankingModel, train_split: Split, alpha: float, temperature: float, cache: bool
+        self,
+        teacher: RankingModel,
+        train_split: Split,
+        dc: DistillConfig,
+        *,
+        student: RankingModel,
+        schema: Schema,
+        seed: int,
     ):
-        self.teacher, self.alpha, self.t = teacher.eval(), alpha, temperature
+        self.teacher, self.student, self.alpha, self.t = teacher.eval(), student, dc.alpha, dc.temperature
+        self.soft_target, self.resampled = dc.soft_target, dc.resampled_rows
         # NaN = not scored yet; filled lazily, so a row budget smaller than the split costs no more
         # teacher forwards than computing them on the fly.
-        self.cache = torch.full((len(train_split),), float("nan")) if cache else None
+        self.cache = torch.full((len(train_split),), float("nan")) if dc.cache_teacher_logits else None
         self.rows_scored = 0
+        self.item_dense = [i for i, f in enumerate(schema.dense) if f.side == "item"]
+        self.item_sparse = [i for i, f in enumerate(schema.sparse) if f.side == "item"]
+        if self.resampled > 0 and not self.item_sparse:
+            raise StepError(
+                "distill: distill.resampled_rows > 0 swaps the item side between rows, but the schema has no "
+                "item-side sparse feature (side: item)"
+            )
+        self.gen = torch.Generator().manual_seed(seed)
 
     @torch.no_grad()
-    def teacher_logits(self, part: Split, rows: torch.Tensor) -> torch.Tensor:
-        if self.cache is None:
-            self.rows_scored += len(rows)
+    def teacher_logits(self, part: Split, rows: torch.Tensor | None = None) -> torch.Tensor:
+        if self.cache is None or rows is None:
+            self.rows_scored += len(part)
             return self.teacher.forward_plain(part.dense, part.ids, part.mask())
         todo = torch.isnan(self.cache[rows])
         if todo.any():
@@ -164,13 +202,34 @@ class KDLoss:
             self.rows_scored += int(todo.sum())
         return self.cache[rows]
 
+    def soft(self, s: torch.Tensor, t: torch.Tensor) -> torch.Tensor:
+        if self.soft_target is SoftTarget.logits:
+            return nn.functional.mse_loss(s, t)
+        return self.t**2 * nn.functional.binary_cross_entropy_with_logits(
+            s / self.t, torch.sigmoid(t / self.t)
+        )
+
+    def resample(self, part: Split) -> Split:
+        """round(resampled x len(part)) unlabelled impressions: row i's user and context, row j's item."""
+        n = round(self.resampled * len(part))
+        i = torch.randint(len(part), (n,), generator=self.gen)
+        j = torch.randint(len(part), (n,), generator=self.gen)
+        out = part.take(i)
+        out.dense[:, self.item_dense] = part.dense[j][:, self.item_dense]
+        out.ids[:, self.item_sparse] = part.ids[j][:, self.item_sparse]
+        out.lengths[:, self.item_sparse] = part.lengths[j][:, self.item_sparse]
+        return out
+
     def __call__(self, logits: torch.Tensor, part: Split, rows: torch.Tensor) -> torch.Tensor:
         hard = nn.functional.binary_cross_entropy_with_logits(logits, part.labels)
         if self.alpha >= 1:
             return hard
-        soft_target = torch.sigmoid(self.teacher_logits(part, rows) / self.t)
-        soft = nn.functional.binary_cross_entropy_with_logits(logits / self.t, soft_target)
-        return self.alpha * hard + (1 - self.alpha) * self.t**2 * soft
+        loss = self.alpha * hard + (1 - self.alpha) * self.soft(logits, self.teacher_logits(part, rows))
+        if self.resampled > 0:
+            extra = self.resample(part)
+            s = self.student(extra.dense, self.student.kjt(extra.ids, extra.lengths)).float()
+            loss = loss + (1 - self.alpha) * self.soft(s, self.teacher_logits(extra))
+        return loss
 
 
 def torch_scorer(model: RankingModel) -> Scorer:
