@@ -388,3 +388,17 @@ def test_gemm_to_matmul_preserves_outputs(tmp_path):
     ]
     np.testing.assert_allclose(out[0], out[1], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(out[0], 0.5 * x @ w.T + 2.0 * b, rtol=1e-5, atol=1e-6)
+
+
+def test_train_step_initialises_from_its_seed(data, trainer, tmp_path):
+    """Two baselines of one config start from the same weights whatever drew from torch's RNG before."""
+    from reco.steps import train as train_step
+
+    cfg = step_config(compose(), get_step("train"), {}, "variants.baseline")
+    budget = dataclasses.replace(trainer, epochs=0)
+    weights = []
+    for k in range(2):
+        torch.rand(k + 1)  # another draw from the global RNG before each build
+        v = train_step.run(None, data, cfg, StepRun(f"b{k}", tmp_path / f"b{k}", budget))
+        weights.append(v.load_torch().state_dict())
+    assert all(torch.equal(weights[0][n], weights[1][n]) for n in weights[0])

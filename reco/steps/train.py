@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import torch
+
 from reco.data.schema import Dataset
 from reco.models.protocol import ModelSettings, resolve
 from reco.steps.registry import StepError, StepRun, child_variant, register
@@ -20,6 +22,9 @@ def run(parent: Variant | None, data: Dataset, cfg: ModelSettings, ctx: StepRun)
         The baseline variant: torch weights, its learning curve, best_epoch and best_val_auc.
     """
     cls = resolve(cfg._target_, "model._target_")
+    # The initial weights come from the global RNG: seed it here, or they depend on whatever drew from
+    # it earlier in the process (the loop seeds only after the model exists).
+    torch.manual_seed(ctx.trainer.seed)
     try:
         model = cls.from_settings(data.schema, cfg)
     except ValueError as e:
