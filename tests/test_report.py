@@ -467,6 +467,42 @@ def test_no_load_test(tmp_path):
     assert gates["pruned"].overall == Verdict.FAIL
 
 
+def test_embedding_compression_section_and_targets(tmp_path):
+    """Per-table precision and sensitivity from the step's metrics; the size target from the files, the
+    accuracy target decided on the ΔAUC CI (one variant meets it, one straddles it)."""
+    emb = {"emb_size_ratio": 7.0, "model_size_ratio": 5.0, "emb_fp32_mb": 70.0, "emb_mb": 10.0,
+           "emb_tables_val_auc_rel_drop": 0.0002, "emb_val_auc_rel_drop": 0.0004, "rank_p50_ms": 1.5,
+           "emb_user_bits": 4.0, "emb_user_val_auc_drop": 0.0003, "emb_item_bits": 8.0,
+           "emb_item_val_auc_drop": 0.0001}  # fmt: skip
+    results = [
+        VariantResult(variant("base", "train", None, size_mb=80.0, rank_p50_ms=2.5)),
+        VariantResult(
+            variant("q", "embed_quant", "base", size_mb=16.0, backend="onnxruntime", **emb),
+            auc_delta=delta(-0.0005, 0.0004),
+        ),
+    ]
+    ctx = context(results, None, targets={"embed_size_ratio": 3.5, "embed_max_auc_drop_pct": 0.1})
+    write_report(results, ctx, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    sec = md.split("### Embedding compression")[1].split("\n## ")[0]
+    assert "70.0 → 10.0 MB (**7.00× smaller**), model file **5.00× smaller**" in sec
+    assert "0.020% from the tables, 0.040% for the whole variant" in sec
+    assert "rank p50 2.50 → 1.50 ms" in sec
+    assert "| `item` | 8 | +0.0100 |" in sec and "| `user` | 4 | +0.0300 |" in sec
+    assert md_line(md, "shrinks its parent's model file ≥ 3.5×").startswith("- **MET**")  # 80 / 16 = 5x
+    assert "5.00× (`q`, exact)" in md
+    assert md_line(md, "embedding-compressed variant ≤ 0.1%").startswith("- **MET**")  # drop [0.01, 0.09] %
+    results[1].auc_delta = delta(-0.0008, 0.0004)  # drop [0.04, 0.12] %: straddles 0.1 %
+    write_report(results, ctx, tmp_path)
+    md = (tmp_path / "report.md").read_text()
+    assert md_line(md, "embedding-compressed variant ≤ 0.1%").startswith("- **INCONCLUSIVE**")
+
+
+def test_report_without_embed_quant_says_so(written):
+    md = (written[0] / "report.md").read_text()
+    assert "### Embedding compression\n\nNo embed_quant variant in this study." in md
+
+
 def test_unknown_baseline_is_a_clear_error(tmp_path):
     results, ctx = make_study()
     ctx.baseline = "nope"

@@ -129,6 +129,7 @@ def report(
     lines += ["## Throughput at the SLO", "", *sections.throughput(figs, ctx), ""]
     lines += ["## What each step bought", "", *sections.attribution(figs), ""]
     lines += ["### What the teacher adds", "", *sections.distillation(figs), ""]
+    lines += ["### Embedding compression", "", *sections.embedding_compression(figs), ""]
     lines += ["## Repeats", "", *sections.repeats(figs), ""]
     lines += ["## Where the time goes", "", *sections.stages(figs), ""]
     lines += ["### Inside one ranking call", "", *sections.rank_profile(figs), ""]

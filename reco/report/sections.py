@@ -210,6 +210,45 @@ def distillation(figs: list[VariantFigures]) -> list[str]:
     ]
 
 
+def embedding_compression(figs: list[VariantFigures]) -> list[str]:
+    """Each embed_quant variant: the precision chosen per table and why, and what it bought overall."""
+    by_name = {f.name: f for f in figs}
+    lines: list[str] = []
+    for f in figs:
+        v, m = f.result.variant, f.result.variant.metrics
+        if v.step != "embed_quant" or "emb_size_ratio" not in m:
+            continue
+        parent = by_name.get(v.parent or "")
+        tables = sorted(
+            k[len("emb_") : -len("_bits")] for k in m if k.startswith("emb_") and k.endswith("_bits")
+        )
+        rows = [
+            [f"`{t}`", f"{m[f'emb_{t}_bits']:g}", num(100 * m[f"emb_{t}_val_auc_drop"], "+.4f")]
+            for t in tables
+        ]
+        rank = f"{num(parent.result.variant.metrics.get('rank_p50_ms'), '.2f')} → " if parent else ""
+        auc = short(f.result.auc_delta[1], "+.2%") if f.result.auc_delta else DASH
+        lines += [
+            f"`{f.name}` (from `{v.parent}`, backend {v.backend}): embedding tables "
+            f"{m['emb_fp32_mb']:.1f} → {m['emb_mb']:.1f} MB (**{m['emb_size_ratio']:.2f}× smaller**), model file "
+            f"**{m['model_size_ratio']:.2f}× smaller**; validation AUC drop (relative) {100 * m['emb_tables_val_auc_rel_drop']:.3f}% "
+            f"from the tables, {100 * m['emb_val_auc_rel_drop']:.3f}% for the whole variant; test ΔAUC vs the "
+            f"baseline {auc}; in-process rank p50 {rank}{num(m.get('rank_p50_ms'), '.2f')} ms.",
+            "",
+            *table(["table", "bits", "val AUC drop % with only this table quantized (relative)"], rows),
+            "",
+        ]
+    if not lines:
+        return ["No embed_quant variant in this study."]
+    return [
+        "Each table gets the fewest bits whose validation AUC drop, with only that table quantized, stays "
+        "within `embed_quant.table_budget`; the whole variant must stay within `embed_quant.budget` "
+        "(validation split; the test split is read once, for the ΔAUC above).",
+        "",
+        *lines,
+    ]
+
+
 def repeats(figs: list[VariantFigures]) -> list[str]:
     """Median and range across repeats of every kind of run (drift shows here, not in the pooled CI)."""
     rows = []

@@ -104,17 +104,29 @@ def _size_ratio(f: VariantFigures, parent: VariantFigures) -> float | None:
     return b / a if a and b else None
 
 
+def _drop_of(f: VariantFigures, which: str) -> Measured | str:
+    """f's relative AUC drop vs the baseline in % (test split, paired CI)."""
+    if f.is_baseline:
+        return Measured(exact(0.0), f"0 (`{f.name}` is the baseline)")
+    rel = f.result.auc_delta[1] if f.result.auc_delta else None
+    if rel is None or not rel.supported:
+        return f"`{f.name}` has no ΔAUC CI"
+    drop = Estimate(-rel.value * 100, -rel.hi * 100, -rel.lo * 100, rel.n)
+    return Measured(drop, f"{short(drop, '.2f', '%')} (`{f.name}`, {which})")
+
+
 def _auc_drop(figs, gates, ctx) -> Measured | str:
     best = fastest_passing(figs, gates)
-    if best is None:
-        return "no passing variant"
-    if best.is_baseline:
-        return Measured(exact(0.0), f"0 (`{best.name}` is the baseline)")
-    rel = best.result.auc_delta[1] if best.result.auc_delta else None
-    if rel is None or not rel.supported:
-        return f"`{best.name}` has no ΔAUC CI"
-    drop = Estimate(-rel.value * 100, -rel.hi * 100, -rel.lo * 100, rel.n)
-    return Measured(drop, f"{short(drop, '.2f', '%')} (`{best.name}`, the fastest passing variant)")
+    return "no passing variant" if best is None else _drop_of(best, "the fastest passing variant")
+
+
+def _embed_auc_drop(figs, gates, ctx) -> Measured | str:
+    """The most compressed embed_quant variant's drop: the size target's variant."""
+    done = [f for f in figs if f.result.variant.step == "embed_quant" and f.ok]
+    if not done:
+        return "no successful embed_quant variant"
+    top = max(done, key=lambda f: metric(f, "model_size_ratio") or 0.0)
+    return _drop_of(top, "the most compressed embed_quant variant")
 
 
 @dataclass(frozen=True)
@@ -138,6 +150,14 @@ TARGETS: dict[str, Target] = {
         _lineage_best("distill", _size_ratio, "size_ratio", "×"),
     ),
     "max_auc_drop_pct": Target("AUC drop of the fastest passing variant ≤ {goal:g}%", False, _auc_drop),
+    "embed_size_ratio": Target(
+        "embedding compression shrinks its parent's model file ≥ {goal:g}×",
+        True,
+        _lineage_best("embed_quant", _size_ratio, "model_size_ratio", "×"),
+    ),
+    "embed_max_auc_drop_pct": Target(
+        "AUC drop of the embedding-compressed variant ≤ {goal:g}%", False, _embed_auc_drop
+    ),
 }
 
 
