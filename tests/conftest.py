@@ -30,9 +30,8 @@ TINY = SyntheticConfig(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules holding an end-to-end (`slow`) test run first: `make test` hands whole modules to two
-    xdist workers in this order (--dist loadfile --no-loadscope-reorder), so the ~1-2 min modules start
-    at once instead of leaving one worker alone with them at the end."""
+    """Modules holding an end-to-end (`slow`) test run first: a broken pipeline shows within minutes, and
+    with pytest-xdist (`-n 2 --dist loadfile --no-loadscope-reorder`) the long modules start at once."""
     heavy = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
     items.sort(key=lambda item: item.module.__name__ not in heavy)
 
