@@ -208,7 +208,10 @@ def test_signal_stops_locust_and_spinners(stub, tmp_path, sig):
     c = with_settings(loadtest_config(compose([]).loadtest), duration_s=60.0, warmup_s=0.0, users=1)
     (tmp_path / "cfg.pkl").write_bytes(pickle.dumps(c))
     args = [sys.executable, "-c", SCRIPT, stub.url, str(tmp_path), str(tmp_path / "cfg.pkl")]
-    proc = subprocess.Popen(args, env=env, cwd=ROOT)
+    # SIGINT at its default in the child: a shell's background job (nohup ... &) inherits it ignored
+    proc = subprocess.Popen(
+        args, env=env, cwd=ROOT, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL)
+    )
     try:
         deadline = time.time() + 120
         while not (tmp_path / "latencies.csv.started").exists():
