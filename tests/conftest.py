@@ -29,13 +29,6 @@ TINY = SyntheticConfig(
 )
 
 
-def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules holding an end-to-end (`slow`) test run first: a broken pipeline shows within minutes, and
-    with pytest-xdist (`-n 2 --dist loadfile --no-loadscope-reorder`) the long modules start at once."""
-    heavy = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.module.__name__ not in heavy)
-
-
 def trainer_config(**overrides) -> TrainConfig:
     """conf/trainer/default.yaml as the pipeline types it, with `overrides` (no defaults repeated here)."""
     return dataclasses.replace(typed(compose().trainer, TrainConfig, "trainer"), **overrides)

@@ -213,7 +213,7 @@ def distillation(figs: list[VariantFigures]) -> list[str]:
 def embedding_compression(figs: list[VariantFigures]) -> list[str]:
     """Each embed_quant variant: the precision chosen per table and why, and what it bought overall."""
     by_name = {f.name: f for f in figs}
-    lines: list[str] = []
+    blocks: list[list[str]] = []
     for f in figs:
         v, m = f.result.variant, f.result.variant.metrics
         if v.step != "embed_quant" or "emb_size_ratio" not in m:
@@ -228,25 +228,27 @@ def embedding_compression(figs: list[VariantFigures]) -> list[str]:
         ]
         rank = f"{num(parent.result.variant.metrics.get('rank_p50_ms'), '.2f')} → " if parent else ""
         auc = short(f.result.auc_delta[1], "+.2%") if f.result.auc_delta else DASH
-        lines += [
-            f"`{f.name}` (from `{v.parent}`, backend {v.backend}): embedding tables "
-            f"{m['emb_fp32_mb']:.1f} → {m['emb_mb']:.1f} MB (**{m['emb_size_ratio']:.2f}× smaller**), model file "
-            f"**{m['model_size_ratio']:.2f}× smaller**; validation AUC drop (relative) {100 * m['emb_tables_val_auc_rel_drop']:.3f}% "
-            f"from the tables, {100 * m['emb_val_auc_rel_drop']:.3f}% for the whole variant; test ΔAUC vs the "
-            f"baseline {auc}; in-process rank p50 {rank}{num(m.get('rank_p50_ms'), '.2f')} ms.",
-            "",
-            *table(["table", "bits", "val AUC drop % with only this table quantized (relative)"], rows),
-            "",
-        ]
-    if not lines:
+        blocks.append(
+            [
+                f"`{f.name}` (from `{v.parent}`, backend {v.backend}): embedding tables "
+                f"{m['emb_fp32_mb']:.1f} → {m['emb_mb']:.1f} MB (**{m['emb_size_ratio']:.2f}× smaller**), model file "
+                f"**{m['model_size_ratio']:.2f}× smaller**; validation AUC drop (relative) {100 * m['emb_tables_val_auc_rel_drop']:.3f}% "
+                f"from the tables, {100 * m['emb_val_auc_rel_drop']:.3f}% for the whole variant; test ΔAUC vs the "
+                f"baseline {auc}; in-process rank p50 {rank}{num(m.get('rank_p50_ms'), '.2f')} ms.",
+                "",
+                *table(["table", "bits", "val AUC drop % with only this table quantized (relative)"], rows),
+            ]
+        )
+    if not blocks:
         return ["No embed_quant variant in this study."]
-    return [
+    lines = [
         "Each table gets the fewest bits whose validation AUC drop, with only that table quantized, stays "
         "within `embed_quant.table_budget`; the whole variant must stay within `embed_quant.budget` "
         "(validation split; the test split is read once, for the ΔAUC above).",
-        "",
-        *lines,
     ]
+    for block in blocks:
+        lines += ["", *block]
+    return lines
 
 
 def repeats(figs: list[VariantFigures]) -> list[str]:

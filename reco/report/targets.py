@@ -76,22 +76,33 @@ def _lineage_best(
     `fallback` (when the parent is not in the study)."""
 
     def measure(figs, gates, ctx) -> Measured | str:
-        by_name = {f.name: f for f in figs}
-        found = []
-        for f in figs:
-            if f.result.variant.step != step or not f.ok:
-                continue
-            parent = by_name.get(f.result.variant.parent or "")
-            x = compute(f, parent) if parent is not None and parent.ok else None
-            x = x if x is not None else metric(f, fallback)
-            if x is not None:
-                found.append((x, f.name))
-        if not found:
+        best = _best_of(figs, step, compute, fallback)
+        if best is None:
             return f"no successful {step} variant"
-        x, name = max(found)
-        return Measured(exact(x), f"{x:.2f}{unit} (`{name}`, exact)")
+        x, f = best
+        return Measured(exact(x), f"{x:.2f}{unit} (`{f.name}`, exact)")
 
     return measure
+
+
+def _best_of(
+    figs: list[VariantFigures],
+    step: str,
+    compute: Callable[[VariantFigures, VariantFigures], float | None],
+    fallback: str,
+) -> tuple[float, VariantFigures] | None:
+    """(figure, variant) with the highest figure over successful variants of `step`; None when none has one."""
+    by_name = {f.name: f for f in figs}
+    found = []
+    for f in figs:
+        if f.result.variant.step != step or not f.ok:
+            continue
+        parent = by_name.get(f.result.variant.parent or "")
+        x = compute(f, parent) if parent is not None and parent.ok else None
+        x = x if x is not None else metric(f, fallback)
+        if x is not None:
+            found.append((x, f))
+    return max(found, key=lambda t: t[0]) if found else None
 
 
 def _pruned_pct(f: VariantFigures, parent: VariantFigures) -> float | None:
@@ -121,12 +132,11 @@ def _auc_drop(figs, gates, ctx) -> Measured | str:
 
 
 def _embed_auc_drop(figs, gates, ctx) -> Measured | str:
-    """The most compressed embed_quant variant's drop: the size target's variant."""
-    done = [f for f in figs if f.result.variant.step == "embed_quant" and f.ok]
-    if not done:
+    """The drop of the variant the size target measured (the most compressed embed_quant variant)."""
+    best = _best_of(figs, "embed_quant", _size_ratio, "model_size_ratio")
+    if best is None:
         return "no successful embed_quant variant"
-    top = max(done, key=lambda f: metric(f, "model_size_ratio") or 0.0)
-    return _drop_of(top, "the most compressed embed_quant variant")
+    return _drop_of(best[1], "the most compressed embed_quant variant")
 
 
 @dataclass(frozen=True)
