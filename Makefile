@@ -59,14 +59,19 @@ serving-backends: $(STAMP) $(TSTAMP)
 smoke: $(STAMP)
 	$(PY) run.py experiment=smoke
 
+# Two xdist workers, whole modules each, end-to-end modules first (tests/conftest.py): most tests wait on
+# servers and subprocesses, so two at once fit on two cores; `make test PYTEST_WORKERS=0` runs serially.
+PYTEST_WORKERS ?= 2
+PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
+
 test: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q
+	$(PY) -m pytest -q $(PYTEST_XDIST)
 
 # Everything but the six end-to-end subprocess runs marked `slow`.
 test-quick: $(STAMP)
 	$(PY) -m ruff check .
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q $(PYTEST_XDIST) -m "not slow"
 
 lint: $(STAMP)
 	$(PY) -m ruff check . && $(PY) -m ruff format --check .
