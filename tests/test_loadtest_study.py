@@ -34,7 +34,13 @@ def study_cfg(**over) -> dict:
     )
     cap = {"slo_p99_ms": 5000.0, "start_rate": 150, "min_rate": 150, "max_rate": 150, "steps": 1}
     cap.update(step_requests=368, max_step_requests=400, step_warmup_s=0.2, **over.pop("capacity", {}))
-    st = {"repeats": 2, "common_rate": 150.0, "equal_util_fraction": 0.5, "unloaded_requests": 100}
+    st = {
+        "repeats": 2,
+        "common_rate": 150.0,
+        "equal_util_fraction": 0.5,
+        "unloaded_requests": 100,
+        "settle_s": 0.5,
+    }
     st.update(
         load_requests=100,
         equal_util_requests=100,
@@ -63,6 +69,10 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
     assert variant.__dict__ == before  # nobody's objects are mutated: everything is in the return value
     assert out.slo_p99_ms == 5000.0 and out.slo_source.startswith("fixed") and out.reference == "baseline"
     assert out.common_rate_qps == 150.0 and out.keep_warm is False
+    # Each server got its settling traffic before anything was measured, and none of it is a result.
+    for name in ("baseline", "student"):
+        assert (tmp_path / name / "settle" / "latencies.csv").stat().st_size > 0
+    assert not [d for *_, d in calls if "settle" in d]
     # Interleaved: every kind of run goes A B A B, never A A B B.
     for sub in ("unloaded", "capacity", "common", "equal_util"):
         order = [(name, d) for name, _, _, d in calls if d.startswith(f"loadtest/{sub}/")]

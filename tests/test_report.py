@@ -160,7 +160,7 @@ def make_study():
         {"train_loss": 0.45, "val_auc": 0.81, "val_logloss": 0.48},
         {"train_loss": 0.40, "val_auc": 0.805, "val_logloss": 0.49},
     ]
-    study = StudyOutcome(SLO, "fixed in the preset (3 x median unloaded p99)", 10.0, True)
+    study = StudyOutcome(SLO, "fixed in the preset (3 x median unloaded p99)", 10.0, True, settle_s=10.0)
     study.outcomes = {r.variant.name: r.load for r in results if r.load}
     targets = {"e2e_speedup": 3.4, "qps_gain": 1.1, "prune_params_pct": 30, "distill_size_ratio": 6,
                "max_auc_drop_pct": 0.5, "bogus": 1}  # fmt: skip
@@ -382,7 +382,7 @@ def test_write_report_files(written):
 
 def test_report_setup_and_sections(written):
     md = (written[0] / "report.md").read_text()
-    assert "- keep_warm: on" in md
+    assert "- keep_warm: on; before the first measured window every server got 10 s of unrecorded" in md
     assert "e2e p99 ≤ 150 ms (fixed in the preset (3 x median unloaded p99))" in md
     assert (
         "- Commit: abc1234" in md and "- Machine: Test CPU @ 2 GHz · 2 cores · python 3.11 · torch 2.13" in md

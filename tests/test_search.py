@@ -126,7 +126,7 @@ TOY_LOAD = [
     "loadtest.requests.n=500",
     "loadtest.capacity={slo_p99_ms: 100.0, start_rate: 100, min_rate: 100, max_rate: 100, steps: 1,"
     " step_requests: 368, max_step_requests: 368, step_warmup_s: 0.5}",
-    "loadtest.study={repeats: 1, common_rate: 100, equal_util_fraction: 0, unloaded_requests: 50,"
+    "loadtest.study={repeats: 1, common_rate: 100, equal_util_fraction: 0, unloaded_requests: 50, settle_s: 0.5,"
     " load_requests: 368}",
 ]
 

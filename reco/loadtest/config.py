@@ -89,6 +89,7 @@ class StudyConfig:
     equal_util_fraction: float = (
         MISSING  # each variant also at this fraction of its own median capacity (0: skip)
     )
+    settle_s: float = MISSING  # unrecorded closed-loop traffic per variant before the first window (0: none)
     unloaded_requests: int = MISSING  # requests of an unloaded run (one closed-loop user)
     load_requests: int = MISSING  # requests of a common-load window
     equal_util_requests: int = MISSING  # requests of an equal-utilisation window

@@ -99,3 +99,4 @@ class StudyOutcome:
     keep_warm: bool
     outcomes: dict[str, LoadOutcome] = field(default_factory=dict)
     reference: str = ""  # the variant behind a relative SLO and the common load
+    settle_s: float = 0.0  # unrecorded traffic per variant before the first measured window

@@ -9,7 +9,11 @@ so drift of the machine hits all variants alike):
    variants are tested one at a time against their own server (idle servers cost memory -- the heavy
    baseline ~110 MB -- not CPU; their keep-warm spinners are SCHED_IDLE). One process per variant for
    the whole study: no restart between repeats, the same process answers every run of that variant.
-2. **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant. With a relative SLO the
+2. **Settle** (`study.settle_s` seconds of one closed-loop user per variant, in study order, recorded
+   nowhere): the first measured window otherwise caught the tail of the servers' start-up -- measured
+   in two case-study runs, the baseline's first unloaded window had p99 53.4 / 71.6 ms against 36.7-43.9
+   in its later ones, its first 100 requests at p50 46 ms against ~27 ms after.
+   **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant. With a relative SLO the
    reference gets extra rounds until it has `capacity.reference_repeats` (>= 5) runs.
 3. **SLO**, fixed before any capacity search: `capacity.slo_p99_ms` (preferred), else `slo_factor` x the
    MEDIAN unloaded p99 of the reference. Without an SLO (reference failed, none set) every variant's
@@ -148,6 +152,26 @@ class _Study:
         fails = [c.lowest_fail for c in self.outcomes[name].capacity if c.lowest_fail is not None]
         return statistics.median(fails) if fails else None
 
+    def settle(self, name: str) -> None:
+        """Unrecorded closed-loop traffic, so no measured window starts on a server that just started."""
+        s = self.window(
+            mode=LoadMode.closed, users=1, workers=1, window_requests=None, duration_s=self.lt.study.settle_s
+        )
+
+        def go(h: ServerHandle) -> LoadRun:
+            return run_load(
+                h.url,
+                s,
+                self.out / name / "settle",
+                self.requests,
+                self.gen_cpus,
+                kind="settle",
+                reports=False,
+                triton_model=h.triton_model,
+            )
+
+        self.measure(name, "settling run", go)
+
     def capacity(self, name: str, r: int, slo: float) -> None:
         d = self.out / name / "capacity" / f"r{r}"
         cfg = dataclasses.replace(self.lt.capacity, start_rate=self.start_rate(name))
@@ -226,7 +250,7 @@ def run_study(
     st = lt.study
     out = Path(out_dir)
     keep_warm = bool(lt.loadgen.keep_warm and serve.keep_warm)
-    result = StudyOutcome(None, "", None, keep_warm, reference=st.reference)
+    result = StudyOutcome(None, "", None, keep_warm, reference=st.reference, settle_s=st.settle_s)
     if data.schema.user_key is None or data.schema.item_key is None:
         result.slo_source = (
             f"not measured: dataset {data.name!r} has no user/item key, so it cannot be served"
@@ -319,6 +343,10 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
     lt, st = s.lt, s.lt.study
     relative = lt.capacity.slo_p99_ms is None
     rounds = max(st.repeats, lt.capacity.reference_repeats if relative else 0)
+    if st.settle_s > 0:
+        _say(f"[load] settling: {st.settle_s:g} s of unrecorded traffic per variant")
+        for n in s.alive():
+            s.settle(n)
     _say(f"\n[load] unloaded: {st.repeats} x {len(order)} variants, interleaved")
     for r in range(rounds):
         for n in s.alive():

@@ -44,7 +44,8 @@ def setup(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
             f"- Latency SLO: e2e p99 ≤ {slo}; the latency gate needs the pooled p99 CI within it "
             f"and the error rate ≤ {ctx.max_error_rate:.1%}",
             f"- Common load: {load}; open-loop Poisson arrivals, the same for every variant",
-            f"- keep_warm: {'on' if study.keep_warm else 'off'}",
+            f"- keep_warm: {'on' if study.keep_warm else 'off'}; before the first measured window every "
+            f"server got {study.settle_s:g} s of unrecorded traffic (`loadtest.study.settle_s`)",
             f"- Repeats per variant: {_repeat_counts(figs)}",
         ]
     oracle = metric(base, "oracle_auc")
