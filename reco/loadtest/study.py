@@ -153,9 +153,11 @@ class _Study:
         return statistics.median(fails) if fails else None
 
     def settle(self, name: str) -> None:
-        """Unrecorded closed-loop traffic, so no measured window starts on a server that just started."""
+        """Unrecorded closed-loop traffic, so no measured window starts on a server that just started.
+        The run is all warm-up, so it gets no warm-up of its own: it lasts `settle_s`, not that plus warmup_s."""
+        settle_s = self.lt.study.settle_s
         s = self.window(
-            mode=LoadMode.closed, users=1, workers=1, window_requests=None, duration_s=self.lt.study.settle_s
+            mode=LoadMode.closed, users=1, workers=1, window_requests=None, duration_s=settle_s, warmup_s=0.0
         )
 
         def go(h: ServerHandle) -> LoadRun:
