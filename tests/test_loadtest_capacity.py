@@ -25,7 +25,7 @@ from reco.loadtest.capacity import (
 )
 from reco.loadtest.config import CapacityConfig, loadtest_config
 from reco.loadtest.runs import make_run, pool_runs, run_metrics
-from reco.stats import Verdict, quantile_ci, quantile_lower_bound
+from reco.stats import Verdict, bootstrap_ci, nearest_rank, quantile_ci, quantile_lower_bound
 
 
 @pytest.fixture(scope="module")
@@ -49,6 +49,33 @@ def test_quantile_ci_covers_the_true_quantile(q, n):
         assert e.value is not None and e.lo <= e.value <= e.hi
         covered += e.lo <= true_q <= e.hi
     assert covered >= 180
+
+
+def test_ratio_ci_carries_drift_between_repeats():
+    """Three repeats of a baseline whose speed drifts (scale 1.0, 1.15, 1.3, as the eager baseline's p50 did
+    over one study) against a steady variant 5x faster. The next study's ratio can be anywhere in that
+    drift: a CI over requests alone is too narrow to cover the per-repeat ratios; resampling the repeats
+    first covers them, and with one repeat per side it is the plain bootstrap over requests."""
+    rng = np.random.default_rng(3)
+    base = [s * rng.lognormal(np.log(30.0), 0.2, 400) for s in (1.0, 1.15, 1.3)]
+    fast = [rng.lognormal(np.log(6.0), 0.2, 400) for _ in range(3)]
+
+    def p99_ratio(a, b):
+        return nearest_rank(a, 0.99) / nearest_rank(b, 0.99)
+
+    per_repeat = [p99_ratio(b, f) for b, f in zip(base, fast, strict=True)]
+    requests_only = bootstrap_ci(p99_ratio, [[np.concatenate(base)], [np.concatenate(fast)]])
+    two_level = bootstrap_ci(p99_ratio, [base, fast])
+    assert requests_only.value == two_level.value and two_level.n == 1200
+    assert not requests_only.lo <= min(per_repeat) or not max(per_repeat) <= requests_only.hi
+    assert two_level.lo <= min(per_repeat) and max(per_repeat) <= two_level.hi
+    # No drift: the two-level interval is not much wider than the requests-only one (it errs wide, a bit).
+    steady = [rng.lognormal(np.log(30.0), 0.2, 400) for _ in range(3)]
+    a, b = (
+        bootstrap_ci(p99_ratio, [steady, fast]),
+        bootstrap_ci(p99_ratio, [[np.concatenate(steady)], [np.concatenate(fast)]]),
+    )
+    assert (a.hi - a.lo) < 2.0 * (b.hi - b.lo)
 
 
 def test_quantile_not_supported_is_none_never_the_max():

@@ -78,6 +78,12 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
         order = [(name, d) for name, _, _, d in calls if d.startswith(f"loadtest/{sub}/")]
         assert [name for name, _ in order] == ["baseline", "student", "baseline", "student"], order
         assert [d for _, d in order][::2] == [f"loadtest/{sub}/r0", f"loadtest/{sub}/r1"]
+    # Unloaded rounds are spread: with 2 repeats, one before the capacity searches, one after everything.
+    at = [d for *_, d in calls]
+    assert at.index("loadtest/unloaded/r0") < at.index("loadtest/capacity/r0")
+    assert at.index("loadtest/unloaded/r1") > max(
+        i for i, d in enumerate(at) if d.startswith("loadtest/equal_util/")
+    )
     for name in ("baseline", "student"):
         o = out.outcomes[name]
         assert o.error == ""
@@ -107,6 +113,33 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
     serve = serve_config(study_cfg()["serve"])
     check = check_scores(variant, tiny_data, serve, tmp_path / "requests.jsonl", [bad], 1e-5)
     assert not check.passed and check.max_abs_diff == pytest.approx(1e-3, rel=1e-3)
+
+
+def test_unloaded_rounds_are_spread_over_the_study():
+    from reco.loadtest.study import UNLOADED_SLOTS, unloaded_slots
+
+    assert UNLOADED_SLOTS[0] == "start" and UNLOADED_SLOTS[-1] == "end"
+    assert unloaded_slots(1) == [0] and unloaded_slots(2) == [0, 2] and unloaded_slots(3) == [0, 1, 2]
+    assert unloaded_slots(5) == [0, 1, 1, 2, 2] and unloaded_slots(0) == []
+
+
+def test_relative_slo_takes_the_median_of_reference_repeats_run_first(tiny_data, built, tmp_path):
+    """repeats=3, reference_repeats=5: the reference's round 0 and two extra runs come before the SLO
+    (the median of 3 usable p99s), its rounds 1 and 2 later, spread like every variant's."""
+    variant, dpath = built
+    cfg = study_cfg(
+        capacity={"slo_p99_ms": None, "slo_factor": 3.0, "reference_repeats": 3},
+        study={"repeats": 3, "unloaded_requests": 368, "equal_util_fraction": 0},
+    )
+    calls: list = []
+    out = run_study_logged([("baseline", variant)], tiny_data, dpath, cfg, tmp_path, calls)
+    o = out.outcomes["baseline"]
+    assert o.error == "" and len(o.unloaded) == 5
+    at = [d for *_, d in calls]
+    first_cap = at.index("loadtest/capacity/r0")
+    assert [d for d in at[:first_cap] if "unloaded" in d] == [f"loadtest/unloaded/r{r}" for r in (0, 3, 4)]
+    p99s = sorted(o.unloaded[i].quantiles["p99"].value for i in (0, 1, 2))  # the runs before the SLO
+    assert out.slo_p99_ms == pytest.approx(3.0 * p99s[1]) and "over 3 runs" in out.slo_source
 
 
 def test_failed_reference_without_a_slo_is_a_clear_error(tiny_data, built, tmp_path):

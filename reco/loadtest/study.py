@@ -13,8 +13,10 @@ so drift of the machine hits all variants alike):
    nowhere): the first measured window otherwise caught the tail of the servers' start-up -- measured
    in two case-study runs, the baseline's first unloaded window had p99 53.4 / 71.6 ms against 36.7-43.9
    in its later ones, its first 100 requests at p50 46 ms against ~27 ms after.
-   **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant. With a relative SLO the
-   reference gets extra rounds until it has `capacity.reference_repeats` (>= 5) runs.
+   **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant, its rounds spread over
+   the study -- start, after the capacity searches, end (unloaded_slots) -- so drift over the study shows
+   in their spread. With a relative SLO the reference gets extra rounds at the start until it has
+   `capacity.reference_repeats` (>= 5) runs.
 3. **SLO**, fixed before any capacity search: `capacity.slo_p99_ms` (preferred), else `slo_factor` x the
    MEDIAN unloaded p99 of the reference. Without an SLO (reference failed, none set) every variant's
    LoadOutcome.error says so and no capacity is searched.
@@ -344,16 +346,16 @@ def _servers(
 def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) -> None:
     lt, st = s.lt, s.lt.study
     relative = lt.capacity.slo_p99_ms is None
-    rounds = max(st.repeats, lt.capacity.reference_repeats if relative else 0)
     if st.settle_s > 0:
         _say(f"[load] settling: {st.settle_s:g} s of unrecorded traffic per variant")
         for n in s.alive():
             s.settle(n)
-    _say(f"\n[load] unloaded: {st.repeats} x {len(order)} variants, interleaved")
-    for r in range(rounds):
-        for n in s.alive():
-            if r < st.repeats or n == ref:
-                s.unloaded(n, r)
+    slots = unloaded_slots(st.repeats)
+    _unloaded_rounds(s, slots, 0)
+    if relative:  # the SLO needs the reference's median over reference_repeats runs before any search
+        for r in range(st.repeats, st.repeats + max(lt.capacity.reference_repeats - slots.count(0), 0)):
+            if ref in s.alive():
+                s.unloaded(ref, r)
 
     ref_p99s = [u.quantiles["p99"].value for u in s.outcomes[ref].unloaded if u.valid]
     try:
@@ -373,6 +375,7 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
         for r in range(st.repeats):
             for n in s.alive():
                 s.capacity(n, r, result.slo_p99_ms)
+    _unloaded_rounds(s, slots, 1)
 
     result.common_rate_qps = _common_rate(s, ref)
     if result.common_rate_qps is not None:
@@ -390,6 +393,31 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
             for n in s.alive():
                 if own.get(n):
                     s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n])
+    _unloaded_rounds(s, slots, 2)
+
+
+UNLOADED_SLOTS = ("start", "after the capacity searches", "end")
+
+
+def unloaded_slots(repeats: int) -> list[int]:
+    """Where in the study each unloaded round runs (an index into UNLOADED_SLOTS), spread evenly: 3 repeats
+    -> start, middle, end. Measured in two case-study runs with all rounds at the start: the eager
+    baseline's unloaded p50 drifted 26 -> 33 ms over the study, so rounds bunched in its first minutes
+    gave unloaded ratios whose CIs missed each other between runs; spread, the rounds sample that drift
+    and the ratio's interval (over repeats, then requests) carries it."""
+    last = len(UNLOADED_SLOTS) - 1
+    return [int(r * last / (repeats - 1) + 0.5) if repeats > 1 else 0 for r in range(repeats)]
+
+
+def _unloaded_rounds(s: _Study, slots: list[int], slot: int) -> None:
+    rounds = [r for r, at in enumerate(slots) if at == slot]
+    if rounds and s.alive():
+        _say(
+            f"\n[load] unloaded ({UNLOADED_SLOTS[slot]}): round(s) {rounds} x {len(s.alive())} variants, interleaved"
+        )
+    for r in rounds:
+        for n in s.alive():
+            s.unloaded(n, r)
 
 
 def _common_rate(s: _Study, ref: str) -> float | None:

@@ -4,8 +4,9 @@
   pooled over its *valid* repeats; a run whose generator could not vouch for it (`valid=False`) is shown
   but never feeds a figure a verdict reads. When no repeat is valid the figures come from the invalid
   ones, marked, and every verdict on them is INVALID.
-- **Latency ratios** (baseline / variant, > 1: the variant is faster) get a percentile-bootstrap CI
-  over the two pooled request samples, plus the median and range of the per-repeat ratios.
+- **Latency ratios** (baseline / variant, > 1: the variant is faster) get a two-level percentile-bootstrap
+  CI (repeats, then requests within them: reco.stats.bootstrap_ci), so drift between repeats widens it,
+  plus the median and range of the per-repeat ratios.
 - **Capacity** is the median of the repeats' highest passing rate with their range; the QPS gain's
   interval spans the capacity brackets and the repeats (_bracket_gain).
 """
@@ -123,9 +124,9 @@ def pool(kind: str, runs: list[LoadRun]) -> Latency | None:
 
 @dataclass(frozen=True)
 class Ratio:
-    """A ratio of two variants' figures: bootstrap CI over requests and the range over repeats."""
+    """A ratio of two variants' figures: bootstrap CI over repeats and requests, and the range over repeats."""
 
-    pooled: Estimate  # point from the pooled samples, 95 % percentile-bootstrap CI
+    pooled: Estimate  # point from the pooled samples, 95 % two-level (repeats, requests) bootstrap CI
     repeats: Estimate | None  # median ratio of the repeats with [min, max] pairwise ratio; None: no repeats
 
 
@@ -149,7 +150,8 @@ def latency_ratio(num: Latency, den: Latency, key: str) -> Ratio:
         return Ratio(Estimate(point, point, point, n), reps)
     q = QUANTILES[key]
     boot = bootstrap_ci(
-        lambda x, y: nearest_rank(x, q) / nearest_rank(y, q), [num.latencies_ms, den.latencies_ms]
+        lambda x, y: nearest_rank(x, q) / nearest_rank(y, q),
+        [[r.latencies_ms for r in num.used], [r.latencies_ms for r in den.used]],
     )
     return Ratio(boot, reps)
 

@@ -69,9 +69,11 @@ def like_for_like(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         "speed-up p99 common load",
     ]
     return [
-        "Speed-up = baseline latency / variant latency (> 1: faster), with a 95 % bootstrap CI over the "
-        "pooled requests and, in parentheses, the range of the per-repeat ratios. Utilisation = offered "
-        "rate / the variant's own median capacity at the SLO.",
+        "Speed-up = baseline latency / variant latency (> 1: faster), with a 95 % bootstrap CI that "
+        "resamples the repeats and then their requests (so drift between repeats widens it) and, in "
+        "parentheses, the range of the per-repeat ratios. Utilisation = offered rate / the variant's own "
+        "median capacity at the SLO. Unloaded repeats are spread over the study (start, middle, end), so "
+        "minute-scale drift of the machine shows up in that interval instead of between runs.",
         "",
         "- **Like for like: unloaded** (one request at a time: what the model and the server cost) and "
         "**at equal utilisation** (each variant at the same fraction of its own capacity).",
