@@ -23,7 +23,7 @@ from reco.runtime import load_scorer, ort_scorer
 from reco.steps import StepError, StepRun, accelerate, distill, get_step, prune  # noqa: F401 (registers them)
 from reco.steps.accelerate import auc_guard
 from reco.steps.accelerate.export import check_parity, export_onnx, random_batch, real_batch, torch_probs
-from reco.steps.accelerate.quantize import gemm_to_matmul
+from reco.steps.accelerate.quantize import QuantizeConfig, gemm_to_matmul, int8_saturates
 from reco.train.loop import predict_torch
 from reco.variant import ArtifactError, Variant
 
@@ -284,6 +284,26 @@ def test_int8_variant_scores_like_torch_from_its_dir(int8, parent, data):
     assert v.metrics["auc_rel_drop"] <= v.step_config["auc_guard"]
     table = json.loads(v.verify("report").read_text())["tuning"]["table"]
     assert len(table) == 3 and all(r["rank_p50_ms"] > 0 for r in table)
+
+
+def test_reduce_range_auto_follows_the_cpu(tmp_path):
+    """7-bit weights exactly where u8s8 can saturate: x86 without VNNI/AMX (VPMADDUBSW sums at int16)."""
+    info = tmp_path / "cpuinfo"
+    for flags, saturates in [
+        ("fpu avx2 fma", True),
+        ("avx2 avx512f avx512_vnni", False),
+        ("avx2 avx_vnni", False),
+    ]:
+        info.write_text(f"processor\t: 0\nflags\t\t: {flags}\n")
+        assert int8_saturates(info) is saturates, flags
+    info.write_text("processor\t: 0\nFeatures\t: fp asimd asimddp\n")  # aarch64: no x86 flags line
+    assert int8_saturates(info) is False
+    assert int8_saturates(tmp_path / "missing") is True
+    qc = QuantizeConfig("QInt8", False, "auto", ["MatMul"], True, True, False, 8, 512)
+    qc.validate()
+    assert qc.reduce_range is int8_saturates()  # resolved in place: the cache key and the report hold it
+    with pytest.raises(StepError, match="accelerate.quantize.reduce_range must be true, false or auto"):
+        QuantizeConfig("QInt8", False, "sometimes", ["MatMul"], True, True, False, 8, 512).validate()
 
 
 @pytest.mark.parametrize("rewrite", [True, False])

@@ -67,6 +67,7 @@ class AccelerateConfig:
     tune: TuneConfig | None = None  # null: keep the runtime's defaults
 
     def validate(self) -> None:
+        self.quantize.validate()
         if self.auc_guard < 0:
             raise StepError(f"accelerate: accelerate.auc_guard must be >= 0, got {self.auc_guard}")
 

@@ -79,6 +79,7 @@ class EmbedQuantConfig:
     def validate(self) -> None:
         if self.quantize is not None:
             self.quantize = typed(self.quantize, QuantizeConfig, "embed_quant.quantize")
+            self.quantize.validate()
         if self.tune is not None:
             self.tune = typed(self.tune, TuneConfig, "embed_quant.tune")
         if not self.precisions:
