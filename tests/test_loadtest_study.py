@@ -124,20 +124,23 @@ def test_unloaded_rounds_are_spread_over_the_study():
 
 
 def test_relative_slo_takes_the_median_of_reference_repeats_run_first(tiny_data, built, tmp_path):
-    """repeats=3, reference_repeats=5: the reference's round 0 and two extra runs come before the SLO
-    (the median of 3 usable p99s), its rounds 1 and 2 later, spread like every variant's."""
+    """repeats=2, reference_repeats=3: the reference's round 0 and two extra runs come before the SLO
+    (the median of those 3 p99s), its round 1 at the end, spread like every variant's."""
     variant, dpath = built
     cfg = study_cfg(
-        capacity={"slo_p99_ms": None, "slo_factor": 3.0, "reference_repeats": 3},
-        study={"repeats": 3, "unloaded_requests": 368, "equal_util_fraction": 0},
+        capacity={"slo_p99_ms": None, "slo_factor": 3.0, "reference_repeats": 3, "enabled": False},
+        study={"repeats": 2, "unloaded_requests": 368, "equal_util_fraction": 0},
     )
     calls: list = []
     out = run_study_logged([("baseline", variant)], tiny_data, dpath, cfg, tmp_path, calls)
     o = out.outcomes["baseline"]
-    assert o.error == "" and len(o.unloaded) == 5
-    at = [d for *_, d in calls]
-    first_cap = at.index("loadtest/capacity/r0")
-    assert [d for d in at[:first_cap] if "unloaded" in d] == [f"loadtest/unloaded/r{r}" for r in (0, 3, 4)]
+    assert o.error == "" and len(o.unloaded) == 4
+    at = [d for *_, d in calls if d.startswith("loadtest/")]
+    assert at == [f"loadtest/unloaded/r{r}" for r in (0, 2, 3)] + [
+        "loadtest/common/r0",
+        "loadtest/common/r1",
+        "loadtest/unloaded/r1",
+    ]
     p99s = sorted(o.unloaded[i].quantiles["p99"].value for i in (0, 1, 2))  # the runs before the SLO
     assert out.slo_p99_ms == pytest.approx(3.0 * p99s[1]) and "over 3 runs" in out.slo_source
 
