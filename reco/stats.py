@@ -25,7 +25,6 @@ from dataclasses import dataclass
 from enum import StrEnum
 
 import numpy as np
-from scipy import stats as sps
 
 CONF = 0.95
 
@@ -106,6 +105,8 @@ def quantile_lower_bound(x: np.ndarray, q: float, conf: float = CONF) -> float |
 
 def _order_bounds(n: int, q: float, conf: float) -> tuple[int, int]:
     """1-based order-statistic indices (lo, hi) of the two-sided `conf` CI of the q-quantile of n samples."""
+    from scipy import stats as sps  # here, not at the top: scipy.stats costs ~2 s to import
+
     a = (1 - conf) / 2
     # B = #samples below the true quantile ~ Binomial(n, q); x_(l) <= Q <= x_(u) when l <= B < u.
     return int(sps.binom.ppf(a, n, q)), int(sps.binom.ppf(1 - a, n, q)) + 1
@@ -247,6 +248,8 @@ def auc_delta(
     aucs, cov = delong(labels, [base_scores, scores])
     d = float(aucs[1] - aucs[0])
     se = math.sqrt(max(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], 0.0))
+    from scipy import stats as sps
+
     z = float(sps.norm.ppf(1 - (1 - conf) / 2))
     n = len(labels)
     absolute = Estimate(d, d - z * se, d + z * se, n)

@@ -18,9 +18,6 @@ from pathlib import Path
 from urllib.parse import urlparse
 
 import psutil
-from mlflow.entities import Metric, Param, RunTag
-from mlflow.exceptions import MlflowException
-from mlflow.tracking import MlflowClient
 from omegaconf import MISSING
 
 from reco.claim import claim
@@ -98,6 +95,11 @@ EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_de
 
 class Tracker:
     def __init__(self, uri: str, experiment: str, artifact_root: str | None = None) -> None:
+        # mlflow is imported where it is used: the config schemas live here, and every process that
+        # composes the config (each server, each Locust run) would otherwise pay its ~4 s import.
+        from mlflow.exceptions import MlflowException
+        from mlflow.tracking import MlflowClient
+
         check_reachable(uri)
         self.uri = uri
         # Parallel jobs (a multirun sweep) open one store at once. MLflow creates a fresh sqlite store's
@@ -142,6 +144,8 @@ class Tracker:
         tags: Mapping[str, str] | None = None,
         step: int = 0,
     ) -> None:
+        from mlflow.entities import Metric, Param, RunTag
+
         ms = [
             Metric(k, float(v), 0, step)
             for k, v in (metrics or {}).items()
@@ -203,6 +207,8 @@ def latest_variant_runs(uri: str, experiment: str) -> tuple[str, dict[str, dict]
         (parent run id, {variant name: {metric: value, "parent", "backend", "mode", "status"}}) with the
         variants in the order the pipeline built them.
     """
+    from mlflow.tracking import MlflowClient
+
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:

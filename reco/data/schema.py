@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import asdict, dataclass, field
-from typing import Literal
+from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 import torch
-from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
+if TYPE_CHECKING:  # torchrec costs ~3 s to import; a server of an ONNX variant never builds a KJT
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 Side = Literal["user", "item", "context"]
 
@@ -122,6 +124,8 @@ class Split:
 
 def to_kjt(ids: torch.Tensor, lengths: torch.Tensor, keys: list[str]) -> KeyedJaggedTensor:
     """Padded ids [B, F, L] + lengths [B, F] -> KeyedJaggedTensor (key-major, as TorchRec expects)."""
+    from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
+
     ids_fm = ids.transpose(0, 1)  # [F, B, L]
     lens_fm = lengths.transpose(0, 1)  # [F, B]
     pos = torch.arange(ids.shape[2])

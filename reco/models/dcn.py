@@ -18,7 +18,6 @@ from dataclasses import dataclass, field
 
 import torch
 from omegaconf import MISSING
-from torchrec.modules.crossnet import LowRankCrossNet
 
 from reco.data.schema import Schema
 from reco.models.embedding import EmbeddingRanker, mlp, mlp_flops
@@ -73,6 +72,8 @@ class DCN(EmbeddingRanker):
     Settings = DCNSettings
 
     def __init__(self, cfg: DCNConfig) -> None:
+        from torchrec.modules.crossnet import LowRankCrossNet  # here: see reco.models.embedding
+
         super().__init__(cfg)
         self.bottom = mlp([cfg.dense_in, *cfg.bottom])
         self.cross = LowRankCrossNet(

@@ -17,16 +17,19 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import torch
 from torch import nn
-from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 
 from reco.models.embedding import table_configs
 from reco.models.protocol import ArchConfig, RankingModel, TableSpec
 from reco.steps.embed_quant.rowwise import QTable, from_stored
 from reco.variant import ArtifactError, Variant
+
+if TYPE_CHECKING:
+    from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 
 ROLE = "qtorch"  # the artifact role of the file (Variant.serving_role of backend torchrec_quant)
 FILE = "model_qemb.pt"
@@ -51,6 +54,9 @@ def save(path: Path, model: RankingModel, tables: dict[str, QTable]) -> None:
 
 def quant_ebc(cfg: ArchConfig, tables: dict[str, QTable]) -> QuantEmbeddingBagCollection:
     """TorchRec's quantized EmbeddingBagCollection holding `tables` (feature -> QTable), one per table."""
+    # here, not at the top: see reco.models.embedding.table_configs
+    from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
+
     configs = table_configs(cfg, {f: q.precision.data_type for f, q in tables.items()})
     weights = {}
     for t in cfg.tables:

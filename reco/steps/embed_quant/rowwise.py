@@ -18,10 +18,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from enum import Enum
+from typing import TYPE_CHECKING
 
-import fbgemm_gpu  # noqa: F401 (registers torch.ops.fbgemm)
 import torch
-from torchrec.modules.embedding_configs import DataType
+
+if TYPE_CHECKING:
+    from torchrec.modules.embedding_configs import DataType
 
 SCALE_BIAS_BYTES = 4  # float16 scale + float16 bias per row
 
@@ -47,6 +49,8 @@ class Precision(Enum):
     @property
     def data_type(self) -> DataType:
         """TorchRec's name for it (EmbeddingBagConfig.data_type)."""
+        from torchrec.modules.embedding_configs import DataType  # here: see _fbgemm
+
         return {
             "fp32": DataType.FP32,
             "fp16": DataType.FP16,
@@ -100,7 +104,15 @@ class QTable:
         """float32 [N, d]: the values the kernels compute with."""
         if not self.precision.rowwise:
             return self.data.float()
-        return torch.ops.fbgemm.FusedNBitRowwiseQuantizedSBHalfToFloat(self.fused(), self.precision.bits)
+        return _fbgemm().FusedNBitRowwiseQuantizedSBHalfToFloat(self.fused(), self.precision.bits)
+
+
+def _fbgemm():
+    """torch.ops.fbgemm, registered on first use: importing fbgemm_gpu (with torchrec) costs ~3 s, paid
+    otherwise by every process that composes the config (this module's step registers a schema)."""
+    import fbgemm_gpu  # noqa: F401 (registers torch.ops.fbgemm)
+
+    return torch.ops.fbgemm
 
 
 def quantize_table(weight: torch.Tensor, p: Precision) -> QTable:
@@ -113,7 +125,7 @@ def quantize_table(weight: torch.Tensor, p: Precision) -> QTable:
         return QTable(p, dim, w.clone())
     if p is Precision.fp16:
         return QTable(p, dim, w.half())
-    fused = torch.ops.fbgemm.FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(w, p.bits)
+    fused = _fbgemm().FloatOrHalfToFusedNBitRowwiseQuantizedSBHalf(w, p.bits)
     codes = fused[:, :-SCALE_BIAS_BYTES].contiguous()
     sb = fused[:, -SCALE_BIAS_BYTES:].contiguous().view(torch.float16)  # [N, 2]
     return QTable(p, dim, codes, sb)
