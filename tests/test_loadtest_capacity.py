@@ -187,8 +187,12 @@ def test_a_close_step_is_extended_to_the_cap_then_inconclusive(lt, tmp_path):
         lt, start_rate=300, min_rate=300, max_rate=300, steps=1, step_requests=400, max_step_requests=1600
     )
     fake = FakeServer(slo=100.0, capacity=300.0)  # true p99 exactly at the SLO: no n can decide it
-    cap = find_capacity(fake, 100.0, c, tmp_path)
+    said: list[str] = []
+    cap = find_capacity(fake, 100.0, c, tmp_path, say=said.append)
     (s,) = cap.steps
+    # one progress line per window (at a slow variant's rate a window takes minutes)
+    assert [line.split("(n=")[1].split(")")[0] for line in said] == ["400", "800", "1,600"], said
+    assert said[0].endswith("-> INCONCLUSIVE, extending") and said[-1].endswith("-> INCONCLUSIVE"), said
     assert s.verdict == Verdict.INCONCLUSIVE and "straddles" in s.reason
     assert fake.calls == [(300.0, 400), (300.0, 400), (300.0, 800)]  # doubled, pooled, up to the cap
     assert s.run.n == 1600 and s.run.windows == 3
@@ -270,8 +274,10 @@ def test_lower_bound_coverage_at_a_screening_size():
 def test_screening_ends_a_step_far_past_capacity_early(lt, tmp_path):
     c = cap_cfg(lt, start_rate=8, growth=2.0, min_rate=1, screen_s=10, step_requests=400, steps=12)
     fake = FakeServer(slo=100.0, capacity=5.0)
-    res = find_capacity(fake, 100.0, c, tmp_path)
+    said: list[str] = []
+    res = find_capacity(fake, 100.0, c, tmp_path, say=said.append)
     first = res.steps[0]
+    assert said[0].startswith("8.0 req/s: FAIL (screening window"), said
     assert first.verdict == Verdict.FAIL and first.run.n == 80 and "screening" in first.reason
     passes = [s for s in res.steps if s.verdict == Verdict.PASS]
     assert passes and all(s.run.n >= P99_MIN_N for s in passes)  # a PASS always rests on a full window

@@ -50,6 +50,11 @@ from reco.stats import Verdict, min_n_for_quantile, quantile_lower_bound, verdic
 P99_MIN_N = min_n_for_quantile(0.99)  # 368
 SCREEN_MIN_N = 50  # a screening window never shorter: a handful of requests is all warm-up transient
 Measure = Callable[[float, int, Path], LoadRun]  # (rate req/s, requests in the window, out dir) -> run
+Say = Callable[[str], None]  # progress: one line per window (a slow variant's step takes minutes)
+
+
+def _quiet(msg: str) -> None:
+    pass
 
 
 def resolve_slo(capacity: CapacityConfig, reference_p99s_ms: Sequence[float | None]) -> tuple[float, str]:
@@ -94,9 +99,15 @@ def step_verdict(run: LoadRun, slo_p99_ms: float, max_error_rate: float) -> tupl
 
 
 def run_step(
-    measure: Measure, rate: float, slo_p99_ms: float, c: CapacityConfig, out_dir: Path
+    measure: Measure,
+    rate: float,
+    slo_p99_ms: float,
+    c: CapacityConfig,
+    out_dir: Path,
+    say: Say = _quiet,
 ) -> CapacityStep:
-    """Measure one rate until its verdict is decided or max_step_requests is reached (see module doc)."""
+    """Measure one rate until its verdict is decided or max_step_requests is reached (see module doc);
+    `say` gets one progress line per window."""
     runs: list[LoadRun] = []
     screen = screen_requests(rate, c)
     if screen:
@@ -104,12 +115,17 @@ def run_step(
         lo = quantile_lower_bound(runs[0].latencies_ms, 0.99)
         if runs[0].valid and lo is not None and lo > slo_p99_ms:
             reason = f"screening window: p99 >= {lo:.2f} ms (95% CI lower bound, n={runs[0].n}) > SLO"
+            say(f"{rate:.1f} req/s: FAIL ({reason} {slo_p99_ms:.2f} ms)")
             return CapacityStep(rate, runs[0], Verdict.FAIL, f"{reason} {slo_p99_ms:.2f} ms")
+        say(f"{rate:.1f} req/s: screening window n={runs[0].n} not a clear FAIL, measuring on")
     runs.append(measure(rate, int(c.step_requests) - screen, out_dir / f"w{len(runs):02d}"))
     while True:
         pooled = pool_runs(runs)
         verdict, reason = step_verdict(pooled, slo_p99_ms, c.max_error_rate)
-        if verdict != Verdict.INCONCLUSIVE or pooled.n >= c.max_step_requests:
+        done = verdict != Verdict.INCONCLUSIVE or pooled.n >= c.max_step_requests
+        p99 = pooled.quantiles["p99"].fmt(".2f")
+        say(f"{rate:.1f} req/s: p99 {p99} ms -> {verdict.value}{'' if done else ', extending'}")
+        if done:
             return CapacityStep(rate, pooled, verdict, reason)
         more = min(pooled.n, int(c.max_step_requests) - pooled.n)
         runs.append(measure(rate, more, out_dir / f"w{len(runs):02d}"))
@@ -128,6 +144,7 @@ def find_capacity(
     capacity: CapacityConfig,
     out_dir: str | Path,
     expect_fail: float | None = None,
+    say: Say = _quiet,
 ) -> Capacity:
     """Search the highest rate meeting the SLO (see the module docstring).
 
@@ -139,6 +156,7 @@ def find_capacity(
         expect_fail: a rate expected not to pass (an earlier repeat's lowest fail): tried right after a
             passing first step instead of start_rate x growth, so a repeat whose bracket has not moved
             is confirmed in two steps. Each step is still measured and judged on its own.
+        say: progress, one line per window.
     Returns:
         Capacity with every step in run order.
     """
@@ -159,7 +177,7 @@ def find_capacity(
     best, fail, invalid = 0.0, math.inf, math.inf
     steps: list[CapacityStep] = []
     for i in range(int(c.steps)):
-        step = run_step(measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps")
+        step = run_step(measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", say)
         steps.append(step)
         if step.verdict == Verdict.PASS:
             best = max(best, rate)

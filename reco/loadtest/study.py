@@ -185,7 +185,11 @@ class _Study:
             measure = open_loop_measure(
                 h.url, self.lt, self.requests, self.gen_cpus, triton_model=h.triton_model
             )
-            return find_capacity(measure, slo, cfg, d, expect_fail=hint)
+
+            def say(msg: str) -> None:
+                _say(f"    {name} capacity r{r}: {msg}")
+
+            return find_capacity(measure, slo, cfg, d, expect_fail=hint, say=say)
 
         cap = self.measure(name, f"capacity search {r}", go)
         if cap is not None:
