@@ -149,8 +149,9 @@ def test_capacity_search_on_a_real_server(server, tmp_path):
         steps=2,
         step_requests=368,
         step_warmup_s=0.3,
+        max_error_rate=0.05,  # a CI neighbour once timed out 4 of 368 requests at 100 req/s (1.09 %)
     )
-    # Only the search is under test here: a busy CI machine must not void its steps.
+    # Only the search is under test here: a busy CI machine must not void or fail its steps.
     lg = dataclasses.replace(settings.loadgen, max_cpu_pct=1000, max_lag_ms=1000)
     settings = with_settings(settings, capacity=c, loadgen=lg)
     measure = open_loop_measure(server["url"], settings, server["requests"])

@@ -112,15 +112,8 @@ def test_presets_share_one_variant_graph():
 def test_smoke_experiment_end_to_end(tmp_path, mlflow_server):
     """The smoke preset as `make smoke` runs it, logging over HTTP to a real tracking server (the
     embedded store is exercised end to end by tests/test_chaos.py, whose re-run also checks that every
-    finished variant is reused); the common-load rate is 120 req/s instead of 60, which halves the five
-    368-request windows (the load study's plumbing is under test, not its numbers)."""
-    proc = run_py(
-        tmp_path,
-        "experiment=smoke",
-        "loadtest.study.common_rate=120",
-        f"tracking.uri={mlflow_server}",
-        timeout=540,
-    )
+    finished variant is reused)."""
+    proc = run_py(tmp_path, "experiment=smoke", f"tracking.uri={mlflow_server}", timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
     client = MlflowClient(tracking_uri=mlflow_server)

@@ -5,11 +5,13 @@ from __future__ import annotations
 import dataclasses
 import http.client
 import json
+import os
 import socket
 import threading
 from urllib.parse import urlparse
 
 import numpy as np
+import psutil
 import pytest
 from conftest import make_variant
 
@@ -25,6 +27,7 @@ from reco.serve.request import parse_request
 from reco.variant import Variant
 
 pytestmark = pytest.mark.timeout(240)
+PIN = sorted(os.sched_getaffinity(0))[-1]  # the batched server's core
 
 
 def serve_settings(*overrides: str) -> ServeConfig:
@@ -41,7 +44,12 @@ def served(tiny_data, tmp_path_factory):
     vdir, dpath = make_variant(tiny_data, root)
     specs = {
         "plain": ["keep_warm=false"],
-        "batched": ["keep_warm=false", "batching.enabled=true", "batching.max_queue_delay_ms=50.0"],
+        "batched": [
+            "keep_warm=false",
+            "batching.enabled=true",
+            "batching.max_queue_delay_ms=50.0",
+            f"cpu_affinity=[{PIN}]",
+        ],
         "limited": ["keep_warm=false", "queue_limit=2", "retry_after_s=1", "body_timeout_s=3"],
         "workers": ["workers=2"],
     }
@@ -105,6 +113,16 @@ def a_test_row(data: Dataset, i: int = 0) -> dict:
 
 def scores(resp: dict) -> dict[int, float]:
     return {it["item_id"]: it["score"] for it in resp["items"]}
+
+
+def test_a_pinned_server_runs_every_thread_on_its_core(served):
+    """It loads on any core (servers of a study start at once) and pins every thread before serving."""
+    h = served["handles"]["batched"]
+    c = Client(h.url)
+    assert c.recommend(a_test_row(served["data"]))[0] == 200  # the batcher and executor threads exist
+    c.close()
+    threads = psutil.Process(h.pid).threads()
+    assert len(threads) > 1 and {tuple(os.sched_getaffinity(t.id)) for t in threads} == {(PIN,)}
 
 
 def test_recommend_returns_ranked_items_with_server_timing(plain, served):
