@@ -143,23 +143,23 @@ def test_capacity_search_on_a_real_server(server, tmp_path):
     settings = load_settings_for_test()
     c = dataclasses.replace(
         settings.capacity,
-        start_rate=100,
-        growth=2.0,
-        max_rate=200,
+        start_rate=40,  # well under the tiny server's capacity: at 100-200 req/s a busy AVX2 CI machine timed
+        growth=2.0,  # out 1-6 % of the requests (the search, not the server, is under test here)
+        max_rate=80,
         steps=2,
         step_requests=368,
         step_warmup_s=0.3,
-        max_error_rate=0.05,  # a CI neighbour once timed out 4 of 368 requests at 100 req/s (1.09 %)
+        max_error_rate=0.05,
     )
     # Only the search is under test here: a busy CI machine must not void or fail its steps.
     lg = dataclasses.replace(settings.loadgen, max_cpu_pct=1000, max_lag_ms=1000)
     settings = with_settings(settings, capacity=c, loadgen=lg)
     measure = open_loop_measure(server["url"], settings, server["requests"])
     cap = find_capacity(measure, 5_000.0, c, tmp_path / "cap")
-    assert [s.rate for s in cap.steps] == [100.0, 200.0], capacity_table(cap)
+    assert [s.rate for s in cap.steps] == [40.0, 80.0], capacity_table(cap)
     assert all(s.verdict == Verdict.PASS for s in cap.steps), capacity_table(cap)
-    assert cap.highest_pass == 200.0 and cap.lowest_fail is None
-    for i, s in enumerate(cap.steps):  # a count, whatever the rate: the same power at 100 and 200 req/s
+    assert cap.highest_pass == 80.0 and cap.lowest_fail is None
+    for i, s in enumerate(cap.steps):  # a count, whatever the rate: the same power at 40 and 80 req/s
         assert s.run.n == 368 and s.run.offered_qps == s.rate and s.run.quantiles["p99"].hi <= 5_000.0
         assert (tmp_path / "cap" / f"step_{i:02d}_{s.rate:.0f}qps" / "w00" / "latencies.csv").exists()
 
