@@ -102,14 +102,17 @@ def _schemas() -> dict[tuple[str, str], type | dict]:
     """(group, schema name) -> dataclass. A group YAML lists its schema first in its defaults:
     `defaults: [schema, _self_]` (conf/step/*.yaml: `[prune_schema, _self_]` etc.)."""
     # Each module owns its config dataclass (as TorchRec's embedding_configs sits beside its modules);
-    # this is only the index. Imported here, not at module top, to keep `import reco.config` light.
+    # this is only the index. Every server and test process composes the config, so these modules (and
+    # the steps' and models' they import) keep torchrec, fbgemm_gpu, mlflow and scipy.stats out of their
+    # module top, importing them where used (~6 s per process otherwise; guarded by
+    # tests/test_dependencies.py::test_a_server_of_an_onnx_variant_imports_no_training_stack).
     from reco.data.config import DataConfig
     from reco.export.triton import TritonExportConfig
     from reco.loadtest.config import LoadtestConfig
     from reco.search import SearchConfig
     from reco.serve.config import ServeConfig
     from reco.steps import steps
-    from reco.tracking import TrackingConfig
+    from reco.tracking_server import TrackingConfig
     from reco.train.loop import TrainConfig
 
     schemas: dict[tuple[str, str], type | dict] = {

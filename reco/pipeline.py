@@ -30,7 +30,8 @@ from reco.measure import RankLatencyConfig, predict, rank_latency, score_metrics
 from reco.profile import ProfileConfig, profile_rank
 from reco.runtime import load_scorer
 from reco.steps import StepRun
-from reco.tracking import Tracker, TrackingConfig, environment_tags, flatten
+from reco.tracking import Tracker, environment_tags, flatten
+from reco.tracking_server import TrackingConfig
 from reco.train.loop import TrainConfig
 from reco.variant import ArtifactError, Variant, atomic_write
 

@@ -105,7 +105,7 @@ def quantile_lower_bound(x: np.ndarray, q: float, conf: float = CONF) -> float |
 
 def _order_bounds(n: int, q: float, conf: float) -> tuple[int, int]:
     """1-based order-statistic indices (lo, hi) of the two-sided `conf` CI of the q-quantile of n samples."""
-    from scipy import stats as sps  # here, not at the top: scipy.stats costs ~2 s to import
+    from scipy import stats as sps  # not at the top: see reco.config._schemas
 
     a = (1 - conf) / 2
     # B = #samples below the true quantile ~ Binomial(n, q); x_(l) <= Q <= x_(u) when l <= B < u.
@@ -245,11 +245,11 @@ def auc_delta(
         (absolute ΔAUC = auc - base_auc, relative ΔAUC = ΔAUC / base_auc), each with its CI; the
         relative CI treats the base AUC as fixed (its own error is in the paired variance).
     """
+    from scipy import stats as sps
+
     aucs, cov = delong(labels, [base_scores, scores])
     d = float(aucs[1] - aucs[0])
     se = math.sqrt(max(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], 0.0))
-    from scipy import stats as sps
-
     z = float(sps.norm.ppf(1 - (1 - conf) / 2))
     n = len(labels)
     absolute = Estimate(d, d - z * se, d + z * se, n)

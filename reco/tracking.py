@@ -13,15 +13,15 @@ import socket
 import subprocess
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
-from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import urlparse
 
 import psutil
-from omegaconf import MISSING
+from mlflow.entities import Metric, Param, RunTag
+from mlflow.exceptions import MlflowException
+from mlflow.tracking import MlflowClient
 
 from reco.claim import claim
-from reco.tracking_server import TrackingServerConfig
 
 # MLflow rejects longer param values.
 _MAX_PARAM = 6000
@@ -29,18 +29,6 @@ _MAX_PARAM = 6000
 
 class TrackingError(RuntimeError):
     pass
-
-
-@dataclass
-class TrackingConfig:
-    """The `tracking` config group (conf/tracking/default.yaml)."""
-
-    uri: str = MISSING  # sqlite:///mlruns/mlflow.db (embedded) or http://host:port (a tracking server)
-    # where a new experiment's artifacts go with the embedded store; a tracking server keeps them in its
-    # own artifact store (tracking.server.artifacts_destination), proxied over HTTP
-    artifact_root: str | None = MISSING
-    log_models: bool = MISSING  # copy each variant's model files into its MLflow run
-    server: TrackingServerConfig = MISSING  # what `make mlflow-server` starts (reco.tracking_server)
 
 
 def flatten(d: Mapping, prefix: str = "") -> dict[str, object]:
@@ -95,11 +83,6 @@ EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_de
 
 class Tracker:
     def __init__(self, uri: str, experiment: str, artifact_root: str | None = None) -> None:
-        # mlflow is imported where it is used: the config schemas live here, and every process that
-        # composes the config (each server, each Locust run) would otherwise pay its ~4 s import.
-        from mlflow.exceptions import MlflowException
-        from mlflow.tracking import MlflowClient
-
         check_reachable(uri)
         self.uri = uri
         # Parallel jobs (a multirun sweep) open one store at once. MLflow creates a fresh sqlite store's
@@ -144,8 +127,6 @@ class Tracker:
         tags: Mapping[str, str] | None = None,
         step: int = 0,
     ) -> None:
-        from mlflow.entities import Metric, Param, RunTag
-
         ms = [
             Metric(k, float(v), 0, step)
             for k, v in (metrics or {}).items()
@@ -207,8 +188,6 @@ def latest_variant_runs(uri: str, experiment: str) -> tuple[str, dict[str, dict]
         (parent run id, {variant name: {metric: value, "parent", "backend", "mode", "status"}}) with the
         variants in the order the pipeline built them.
     """
-    from mlflow.tracking import MlflowClient
-
     client = MlflowClient(tracking_uri=uri)
     exp = client.get_experiment_by_name(experiment)
     if exp is None:

@@ -4,6 +4,8 @@
 `tracking.server` settings (conf/tracking/default.yaml): a sqlite backend store and a proxied artifact
 store (clients upload artifacts through the server, so they need no access to its disk), bound to
 127.0.0.1. Experiments then log over HTTP with `python run.py ... tracking.uri=http://127.0.0.1:5000`.
+The whole `tracking` group's schema lives here too, away from reco.tracking's mlflow imports (see
+reco.config._schemas).
 """
 
 from __future__ import annotations
@@ -36,6 +38,18 @@ class TrackingServerConfig:
         MISSING  # where the server stores artifacts (a path here; s3://... in production)
     )
     workers: int = MISSING  # server worker processes
+
+
+@dataclass
+class TrackingConfig:
+    """The `tracking` config group (conf/tracking/default.yaml)."""
+
+    uri: str = MISSING  # sqlite:///mlruns/mlflow.db (embedded) or http://host:port (a tracking server)
+    # where a new experiment's artifacts go with the embedded store; a tracking server keeps them in its
+    # own artifact store (tracking.server.artifacts_destination), proxied over HTTP
+    artifact_root: str | None = MISSING
+    log_models: bool = MISSING  # copy each variant's model files into its MLflow run
+    server: TrackingServerConfig = MISSING  # what `make mlflow-server` starts (reco.tracking_server)
 
 
 def server_command(c: TrackingServerConfig) -> list[str]:

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Literal
 import numpy as np
 import torch
 
-if TYPE_CHECKING:  # torchrec costs ~3 s to import; a server of an ONNX variant never builds a KJT
+if TYPE_CHECKING:  # torchrec is imported where used: see reco.config._schemas
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
 Side = Literal["user", "item", "context"]

@@ -72,7 +72,7 @@ class DCN(EmbeddingRanker):
     Settings = DCNSettings
 
     def __init__(self, cfg: DCNConfig) -> None:
-        from torchrec.modules.crossnet import LowRankCrossNet  # here: see reco.models.embedding
+        from torchrec.modules.crossnet import LowRankCrossNet  # here: see reco.config._schemas
 
         super().__init__(cfg)
         self.bottom = mlp([cfg.dense_in, *cfg.bottom])

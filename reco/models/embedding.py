@@ -18,7 +18,7 @@ from torch import nn
 from reco.data.schema import to_kjt
 from reco.models.protocol import ArchConfig, ModelSettings, TableSpec
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torchrec is imported where used: see reco.config._schemas
     from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
     from torchrec.sparse.jagged_tensor import KeyedJaggedTensor
 
@@ -26,8 +26,6 @@ if TYPE_CHECKING:
 def table_configs(cfg: ArchConfig, data_types: dict[str, DataType] | None = None) -> list[EmbeddingBagConfig]:
     """TorchRec's config of every table (sum pooling, one feature each); `data_types`: feature -> DataType
     (the quantized collection's per-table precision), else fp32."""
-    # torchrec is imported where it is used (also below): this module is imported to register its config
-    # schema by every process that composes the config, servers of ONNX variants included (~3 s saved).
     from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig, PoolingType
 
     return [

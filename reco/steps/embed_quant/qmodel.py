@@ -28,7 +28,7 @@ from reco.models.protocol import ArchConfig, RankingModel, TableSpec
 from reco.steps.embed_quant.rowwise import QTable, from_stored
 from reco.variant import ArtifactError, Variant
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torchrec is imported where used: see reco.config._schemas
     from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 
 ROLE = "qtorch"  # the artifact role of the file (Variant.serving_role of backend torchrec_quant)
@@ -54,7 +54,6 @@ def save(path: Path, model: RankingModel, tables: dict[str, QTable]) -> None:
 
 def quant_ebc(cfg: ArchConfig, tables: dict[str, QTable]) -> QuantEmbeddingBagCollection:
     """TorchRec's quantized EmbeddingBagCollection holding `tables` (feature -> QTable), one per table."""
-    # here, not at the top: see reco.models.embedding.table_configs
     from torchrec.quant.embedding_modules import EmbeddingBagCollection as QuantEmbeddingBagCollection
 
     configs = table_configs(cfg, {f: q.precision.data_type for f, q in tables.items()})

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-if TYPE_CHECKING:
+if TYPE_CHECKING:  # torchrec is imported where used: see reco.config._schemas
     from torchrec.modules.embedding_configs import DataType
 
 SCALE_BIAS_BYTES = 4  # float16 scale + float16 bias per row
@@ -49,7 +49,7 @@ class Precision(Enum):
     @property
     def data_type(self) -> DataType:
         """TorchRec's name for it (EmbeddingBagConfig.data_type)."""
-        from torchrec.modules.embedding_configs import DataType  # here: see _fbgemm
+        from torchrec.modules.embedding_configs import DataType
 
         return {
             "fp32": DataType.FP32,
@@ -108,8 +108,8 @@ class QTable:
 
 
 def _fbgemm():
-    """torch.ops.fbgemm, registered on first use: importing fbgemm_gpu (with torchrec) costs ~3 s, paid
-    otherwise by every process that composes the config (this module's step registers a schema)."""
+    """torch.ops.fbgemm, registered on first use (fbgemm_gpu is not imported at the top: see
+    reco.config._schemas)."""
     import fbgemm_gpu  # noqa: F401 (registers torch.ops.fbgemm)
 
     return torch.ops.fbgemm
