@@ -268,6 +268,7 @@ def _compact(line: str, path: Path, lineno: int) -> bytes:
 @events.test_start.add_listener
 def _test_start(environment, **_kw) -> None:
     REC.reset()
+    USER_SEQ[0] = 0  # a kept-running process draws the same request streams in every test
     o = environment.parsed_options
     if o is None:
         return
@@ -468,8 +469,8 @@ class RecoUser(FastHttpUser):
         o = self.environment.parsed_options
         if o is not None and o.load_mode == "open":
             self.open_loop(o)
-        elif REC.window_closed and o is not None and (o.headless or REC.index >= 0):
-            gevent.sleep(0.05)  # the window is over: nothing more to measure (a worker's: ever)
+        elif REC.window_closed:
+            gevent.sleep(0.05)  # the window is over: nothing more to measure; the test stops once drained
         else:
             now = time.perf_counter()
             in_window = REC.assign(now, o) if o is not None else False
@@ -551,6 +552,15 @@ def _extend_web_ui(environment) -> None:
         }
     ]
 
+    @web_ui.app.route("/reco/state")
+    def _reco_state():
+        # Unlike /stats/requests (cached for 2 s), read now: a driver waits on it between tests.
+        return {"state": environment.runner.state, "latency_file": environment.parsed_options.latency_file}
+
+    @web_ui.app.route("/reco/reports", methods=["POST"])
+    def _reco_reports():
+        return {"written": [str(p) for p in write_reports(environment)]}
+
     @web_ui.app.after_request
     def _reco_stats(response):
         if request.path != "/stats/requests" or response.status_code != 200:
@@ -559,3 +569,31 @@ def _extend_web_ui(environment) -> None:
         data["extended_stats"] = [{"key": "reco", "data": reco_tab_rows(environment.host)}]
         response.set_data(json.dumps(data))
         return response
+
+
+def write_reports(environment) -> list[Path]:
+    """Locust's own reports of the test that just stopped, beside its --latency-file (the names and
+    formats headless --csv/--html/--json-file give): what a driver that keeps this process running across
+    tests (reco.loadtest.locust_pool) keeps per test. No path is taken from the request."""
+    import csv
+
+    from locust.html import get_html_report
+
+    if environment.runner.state not in ("stopped", "ready"):
+        raise RuntimeError(
+            f"reports are written once the test has stopped (state {environment.runner.state})"
+        )
+    base = Path(environment.parsed_options.latency_file).parent / "locust"
+    writer = environment.web_ui.stats_csv_writer
+    out = []
+    for suffix, fill in (
+        ("_stats.csv", writer.requests_csv),
+        ("_failures.csv", writer.failures_csv),
+        ("_exceptions.csv", writer.exceptions_csv),
+    ):
+        with open(f"{base}{suffix}", "w", newline="") as f:
+            fill(csv.writer(f))
+        out.append(Path(f"{base}{suffix}"))
+    Path(f"{base}_report.html").write_text(get_html_report(environment, show_download_link=False))
+    Path(f"{base}_stats.json").write_text(json.dumps(environment.runner.stats.serialize_stats(), indent=4))
+    return [*out, Path(f"{base}_report.html"), Path(f"{base}_stats.json")]

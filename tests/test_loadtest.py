@@ -22,6 +22,7 @@ from reco.config import compose
 from reco.loadtest.capacity import capacity_table, find_capacity, open_loop_measure
 from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
 from reco.loadtest.histogram import read_latencies
+from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.requests import request_bodies, write_requests
 from reco.loadtest.runner import LOCUSTFILE, LoadTestError, plan_cpus, run_load, with_settings
 from reco.loadtest.runs import run_metrics
@@ -48,9 +49,8 @@ METRICS = (
 
 def load_settings_for_test(**over) -> LoadtestConfig:
     c = loadtest_config(compose([]).loadtest)
-    return with_settings(
-        c, warmup_s=1, drain_s=1, loadgen=dataclasses.replace(c.loadgen, keep_warm=False), **over
-    )
+    over = {"warmup_s": 1, "drain_s": 1, **over}
+    return with_settings(c, loadgen=dataclasses.replace(c.loadgen, keep_warm=False), **over)
 
 
 @pytest.fixture(scope="module")
@@ -137,6 +137,49 @@ def test_open_loop_poisson_arrivals_timed_from_schedule(server, tmp_path):
     assert 0.6 < gaps.std() / gaps.mean() < 1.5
     assert "e2e_p99_ms" not in m and res.quantiles["p99"].fmt() == f"n/a (n={res.n})"  # n < 368: no p99
     assert m["e2e_p90_ms"] == np.sort(lat.ok_ms)[math.ceil(0.9 * len(lat)) - 1]
+
+
+def payload_stream(out: Path) -> list[int]:
+    """Which request-file rows a window sent, in order (recorded with score_every=1)."""
+    lines = (out / "latencies.csv.scores.jsonl").read_text().splitlines()
+    return [json.loads(ln)["payload"] for ln in lines]
+
+
+def test_kept_locust_process_runs_every_window_like_a_fresh_one(server, tmp_path):
+    """A study keeps one Locust process across its windows: each window still gets exactly its n, its own
+    record, log and reports, the same request stream a headless process draws, and a process that died
+    is replaced at the next window."""
+    # No warm-up: its length in requests depends on the server's speed, so the windows' streams would not align.
+    closed = load_settings_for_test(
+        mode=LoadMode.closed, users=1, window_requests=60, score_every=1, warmup_s=0
+    )
+    open_ = load_settings_for_test(mode=LoadMode.open, rate=60.0, window_requests=80)
+    fresh = run_load(server["url"], closed, tmp_path / "fresh", server["requests"], reports=False)
+    with LocustPool(tmp_path / "pool") as pool:
+        a = run_load(server["url"], closed, tmp_path / "a", server["requests"], pool=pool)
+        (kept,) = pool.kept.values()
+        b = run_load(server["url"], open_, tmp_path / "b", server["requests"], reports=False, pool=pool)
+        c = run_load(server["url"], closed, tmp_path / "c", server["requests"], reports=False, pool=pool)
+        assert list(pool.kept.values()) == [kept] and kept.tests == 3 and kept.proc.poll() is None
+        kept.proc.kill()
+        kept.proc.wait()
+        d = run_load(server["url"], open_, tmp_path / "d", server["requests"], reports=False, pool=pool)
+        (new,) = pool.kept.values()
+        assert new.proc.pid != kept.proc.pid
+    assert new.proc.poll() is not None  # closed with the pool
+    assert (fresh.n, a.n, b.n, c.n, d.n) == (60, 60, 80, 60, 80)
+    assert b.offered_qps == 60.0 and b.error_rate == 0.0 and all(r.valid for r in (a, b, c, d))
+    assert (
+        payload_stream(tmp_path / "a") == payload_stream(tmp_path / "c") == payload_stream(tmp_path / "fresh")
+    )
+    # Locust's own reports of that window alone: its stats count every request it sent, warm-up included.
+    summary = json.loads((tmp_path / "a" / "latencies.csv.summary.json").read_text())
+    final = json.loads((tmp_path / "a" / "locust_stats.json").read_text())
+    assert summary["n_all"] == sum(e["num_requests"] for e in final)
+    names = {p.name for p in a.artifacts}
+    assert {"locust_stats.csv", "locust_report.html", "latency_cdf.png"} <= names
+    assert (tmp_path / "a" / "locust.log").exists()  # its part of the kept process's log (empty: no warnings)
+    assert "locust_report.html" not in {p.name for p in b.artifacts}  # reports=False: none written
 
 
 def test_capacity_search_on_a_real_server(server, tmp_path):

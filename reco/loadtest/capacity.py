@@ -42,6 +42,7 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 from reco.loadtest.config import CapacityConfig, LoadMode, LoadtestConfig, loadtest_config
+from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.outcome import Capacity, CapacityStep, LoadRun
 from reco.loadtest.runner import run_load, with_settings
 from reco.loadtest.runs import pool_runs
@@ -223,10 +224,11 @@ def open_loop_measure(
     cpus: list[int] | None = None,
     kind: str = "capacity",
     triton_model: str | None = None,
+    pool: LocustPool | None = None,
 ) -> Measure:
     """A Measure running one open-loop Locust window of exactly n requests at the rate (run_load),
     after capacity.step_warmup_s of unrecorded traffic, capped at max_window_s (KServe v2 requests to
-    `triton_model` when the server is Triton)."""
+    `triton_model` when the server is Triton; in a process of `pool` when given)."""
     c = loadtest_config(cfg)
 
     def measure(rate: float, n: int, out_dir: Path) -> LoadRun:
@@ -234,7 +236,15 @@ def open_loop_measure(
             c, mode=LoadMode.open, rate=rate, window_requests=n, warmup_s=c.capacity.step_warmup_s
         )
         return run_load(
-            url, s, out_dir, requests_path, cpus, kind=kind, reports=False, triton_model=triton_model
+            url,
+            s,
+            out_dir,
+            requests_path,
+            cpus,
+            kind=kind,
+            reports=False,
+            triton_model=triton_model,
+            pool=pool,
         )
 
     return measure

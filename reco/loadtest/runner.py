@@ -41,7 +41,6 @@ import math
 import os
 import resource
 import signal
-import socket
 import subprocess
 import sys
 import threading
@@ -56,17 +55,15 @@ from typing import Any
 
 import psutil
 
-from reco.children import die_with_parent
 from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
 from reco.loadtest.distributed import merge_records, worker_file
 from reco.loadtest.histogram import plot_cdf, read_latencies
+from reco.loadtest.locust_pool import LOCUSTFILE, LocustPool, child_setup
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.runs import make_run
 from reco.loadtest.triton_stats import scrape_stats, stats_summary
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
-from reco.serve.process import log_tail
-
-LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
+from reco.serve.process import free_port, log_tail
 
 
 class LoadTestError(RuntimeError):
@@ -110,6 +107,27 @@ def locust_command(
     triton_model: str | None = None,
 ) -> list[str]:
     """The headless Locust command line of one load test (KServe v2 to `triton_model` when given)."""
+    users, run_time, opts = window_options(c, out_dir / "latencies.csv")
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--headless", "--host", url,
+        "-u", str(users), "-r", str(c.spawn_rate), "-t", f"{run_time}s", "--only-summary",
+        "--loglevel", "WARNING", "--exit-code-on-error", "0",
+    ]  # fmt: skip
+    for k, v in opts.items():
+        cmd += ["--" + k.replace("_", "-"), str(v)]
+    if requests_path is not None:
+        cmd += ["--requests-file", str(requests_path)]
+    if triton_model:
+        cmd += ["--triton-model", triton_model]
+    if reports:
+        cmd += ["--csv", str(out_dir / "locust"), "--html", str(out_dir / "locust_report.html")]
+        cmd += ["--json-file", str(out_dir / "locust_stats")]
+    return cmd
+
+
+def window_options(c: LoadtestConfig, latency_file: Path) -> tuple[int, int, dict[str, object]]:
+    """(users, run time s, the locustfile's options by dest name) of one window: the headless command's
+    flags and the kept process's /swarm form (reco.loadtest.locust_pool) carry the same values."""
     if c.window_requests is None and c.duration_s <= 0:
         raise ValueError(
             f"loadtest.duration_s: expected > 0 when window_requests is null, got {c.duration_s}"
@@ -121,37 +139,20 @@ def locust_command(
     users = int(c.users) if c.mode == LoadMode.closed else c.workers
     # A safety net only: the locustfile stops the test itself once the window has drained.
     run_time = math.ceil(c.warmup_s + _window_cap_s(c) + c.drain_s + 30)
-    cmd = [
-        sys.executable, "-m", "locust",
-        "-f", str(LOCUSTFILE),
-        "--headless",
-        "--host", url,
-        "-u", str(users),
-        "-r", str(c.spawn_rate),
-        "-t", f"{run_time}s",
-        "--only-summary",
-        "--loglevel", "WARNING",
-        "--exit-code-on-error", "0",
-        "--load-mode", c.mode.value,
-        "--rate", str(float(c.rate)),
-        "--max-inflight", str(int(c.max_inflight)),
-        "--think-time-s", str(float(c.think_time_s)),
-        "--warmup-s", str(float(c.warmup_s)),
-        "--duration-s", str(_window_cap_s(c)),
-        "--window-requests", str(int(c.window_requests or 0)),
-        "--drain-s", str(float(c.drain_s)),
-        "--score-every", str(int(c.score_every)),
-        "--latency-file", str(out_dir / "latencies.csv"),
-        "--seed", str(int(c.seed)),
-    ]  # fmt: skip
-    if requests_path is not None:
-        cmd += ["--requests-file", str(requests_path)]
-    if triton_model:
-        cmd += ["--triton-model", triton_model]
-    if reports:
-        cmd += ["--csv", str(out_dir / "locust"), "--html", str(out_dir / "locust_report.html")]
-        cmd += ["--json-file", str(out_dir / "locust_stats")]
-    return cmd
+    opts: dict[str, object] = {
+        "load_mode": c.mode.value,
+        "rate": float(c.rate),
+        "max_inflight": int(c.max_inflight),
+        "think_time_s": float(c.think_time_s),
+        "warmup_s": float(c.warmup_s),
+        "duration_s": _window_cap_s(c),
+        "window_requests": int(c.window_requests or 0),
+        "drain_s": float(c.drain_s),
+        "score_every": int(c.score_every),
+        "latency_file": str(latency_file),
+        "seed": int(c.seed),
+    }
+    return users, run_time, opts
 
 
 def _check_workers(c: LoadtestConfig) -> None:
@@ -193,13 +194,6 @@ def worker_command(
     return cmd
 
 
-def free_port() -> int:
-    """A TCP port free on 127.0.0.1 now (for the Locust master)."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
 @dataclass
 class _Gen:
     """One load generator process."""
@@ -213,7 +207,7 @@ def _spawn(name: str, cmd: list[str], log_path: Path, cwd: Path, cpus: list[int]
     with open(log_path, "wb") as log:
         proc = subprocess.Popen(
             cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-            preexec_fn=functools.partial(_child_setup, os.getpid(), cpus),
+            preexec_fn=functools.partial(child_setup, os.getpid(), cpus),
         )  # fmt: skip
     return _Gen(name, proc, log_path)
 
@@ -285,13 +279,6 @@ def stop_on_signals() -> Iterator[None]:
         signal.signal(signal.SIGTERM, previous)
 
 
-def _child_setup(parent_pid: int, cpus: list[int] | None) -> None:
-    """In the Locust child before exec: die with the caller (PR_SET_PDEATHSIG), run on `cpus`."""
-    die_with_parent(parent_pid)
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-
-
 def run_load(
     url: str,
     cfg: LoadtestConfig | Mapping,
@@ -302,6 +289,7 @@ def run_load(
     kind: str = "load",
     reports: bool = True,
     triton_model: str | None = None,
+    pool: LocustPool | None = None,
 ) -> LoadRun:
     """One load test of the server at `url` (see the module docstring).
 
@@ -314,6 +302,8 @@ def run_load(
         kind: LoadRun.kind ("unloaded", "common", "equal_util", "capacity", ...).
         reports: also Locust's CSV/HTML/JSON reports and the CDF plot (~2 s; capacity windows skip them).
         triton_model: the server is Triton serving this model (ServerHandle.triton_model); None: reco's.
+        pool: run the window in a Locust process kept across windows (a single-process generator);
+            None: a headless Locust process for this window alone.
     Returns:
         The LoadRun of the measured window. Raises LoadTestError when Locust does not start, writes no
         latency file, or (workers > 1) a worker or the master exits before every window is done.
@@ -339,12 +329,19 @@ def run_load(
 
     spinners: list[subprocess.Popen] = []
     gens: list[_Gen] = []
+    kept = pool.get(url, req, triton_model, cpus, c.seed) if pool is not None and n == 1 else None
+    kept_log_at, finished = (kept.log.stat().st_size if kept else 0), False
     with stop_on_signals():
         try:
             if lg.keep_warm:
                 spinners = start_keep_warm(cpus or sorted(os.sched_getaffinity(0)))
             children_cpu0, wall0 = _children_cpu_s(), time.time()
-            if n == 1:
+            if kept is not None:
+                gens.append(_Gen("Locust", kept.proc, kept.log))
+                users, run_time, opts = window_options(c, lat_path)
+                form = {"user_count": users, "spawn_rate": c.spawn_rate, "host": url, "run_time": run_time}
+                kept.swarm(form | opts)
+            elif n == 1:
                 gens.append(_spawn("Locust", cmd, log_path, out, cpus))
             else:
                 port = free_port()
@@ -362,7 +359,7 @@ def run_load(
             if not _wait_for(started, gens, time.time() + float(lg.startup_timeout_s), check):
                 why = f"exit code {proc.returncode}" if proc.poll() is not None else "timeout"
                 raise LoadTestError(
-                    f"Locust did not start the test ({why}); {log_path}:\n{log_tail(log_path)}"
+                    f"Locust did not start the test ({why}); {gens[0].log}:\n{log_tail(gens[0].log)}"
                 )
             time.sleep(0.05)  # the file is written in one call; let it land
             t0 = max(float(p.read_text()) for p in started)
@@ -375,15 +372,25 @@ def run_load(
             if n > 1 and not _wait_for(done, gens, time.time() + c.drain_s + 60, check):
                 check()
                 raise LoadTestError(f"Locust workers did not finish their windows in time; {log_path}")
-            proc.wait(timeout=c.drain_s + 60)
+            if kept is not None:
+                kept.wait_stopped(time.time() + c.drain_s + 60)
+                if reports:
+                    kept.write_reports()
+            else:
+                proc.wait(timeout=c.drain_s + 60)
             for g in gens[1:]:
                 g.proc.wait(timeout=30)
             if cpu_a is None or cpu_b is None:
                 # Locust ended before a window sample (a starved runner overslept): fall back to its CPU
                 # over its whole life, taken from the reaped children's rusage.
                 cpu_a, wall_a, cpu_b, wall_b = 0.0, wall0, _children_cpu_s() - children_cpu0, time.time()
+            finished = True
         finally:
-            for g in gens:
+            if kept is not None:
+                _copy_tail(kept.log, kept_log_at, log_path)  # this window's part of the kept log
+                if not finished:  # mid-test, or gone: a fresh process for the next window
+                    pool.discard(kept.key)
+            for g in gens if kept is None else []:
                 if g.proc.poll() is None:
                     g.proc.kill()
                     g.proc.wait()
@@ -461,6 +468,12 @@ def run_load(
         if p.exists() and p.stat().st_size > 0
     ]
     return run
+
+
+def _copy_tail(src: Path, offset: int, dst: Path) -> None:
+    with open(src, "rb") as f:
+        f.seek(offset)
+        dst.write_bytes(f.read())
 
 
 def _params(c: LoadtestConfig, cpus: list[int] | None, requests_path: str | Path | None) -> dict[str, object]:

@@ -51,6 +51,7 @@ from reco.data.schema import Dataset
 from reco.loadtest.capacity import find_capacity, open_loop_measure, resolve_slo, write_capacity
 from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
 from reco.loadtest.correctness import check_scores
+from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
@@ -82,6 +83,7 @@ class _Study:
         self.requests = Path()
         self.gen_cpus: list[int] | None = None
         self.rank_p50_ms: dict[str, float] = {}  # in-process ranking latency: a capacity estimate
+        self.pool: LocustPool | None = None  # Locust processes kept across the study's windows
 
     def fail(self, name: str, msg: str) -> None:
         o = self.outcomes[name]
@@ -129,6 +131,7 @@ class _Study:
                 self.gen_cpus,
                 kind="unloaded",
                 triton_model=h.triton_model,
+                pool=self.pool,
             )
 
         run = self.measure(name, f"unloaded run {r}", go)
@@ -172,6 +175,7 @@ class _Study:
                 kind="settle",
                 reports=False,
                 triton_model=h.triton_model,
+                pool=self.pool,
             )
 
         self.measure(name, "settling run", go)
@@ -183,7 +187,7 @@ class _Study:
 
         def go(h: ServerHandle) -> Capacity:
             measure = open_loop_measure(
-                h.url, self.lt, self.requests, self.gen_cpus, triton_model=h.triton_model
+                h.url, self.lt, self.requests, self.gen_cpus, triton_model=h.triton_model, pool=self.pool
             )
 
             def say(msg: str) -> None:
@@ -219,6 +223,7 @@ class _Study:
                 self.gen_cpus,
                 kind=kind,
                 triton_model=h.triton_model,
+                pool=self.pool,
             )
 
         run = self.measure(name, f"{kind} run {r} at {rate:.1f} req/s", go)
@@ -285,7 +290,8 @@ def run_study(
     variant_of = dict(chosen)
     s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}
     t_start = time.time()
-    with stop_on_signals(), _servers(s, variant_of, order, data_path, server_cpus):
+    pool = LocustPool(out / "locust", lt.loadgen.startup_timeout_s, say=_say)
+    with stop_on_signals(), _servers(s, variant_of, order, data_path, server_cpus), pool as s.pool:
         _measure_all(s, result, ref, order)
     _say(f"[load] measured in {time.time() - t_start:.0f} s")
     if st.correctness.enabled:

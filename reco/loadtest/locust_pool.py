@@ -1,0 +1,173 @@
+"""Locust processes kept running across a study's load tests, each test started over Locust's web API.
+
+    with LocustPool(out / "locust") as pool:
+        run_load(url, cfg, out / "a", requests, cpus, pool=pool)   # starts one Locust (web mode)
+        run_load(url2, cfg, out / "b", requests, cpus, pool=pool)  # the same process: POST /swarm
+
+A headless Locust process per window paid Python's and Locust's imports (~1.2 s here) every time: with
+~20 windows, 24 of the smoke experiment's 141 s. A kept process is started once per (request file,
+Triton model, cores, seed) -- what it reads at start-up -- with its web UI on 127.0.0.1, and each test is
+a POST /swarm carrying that window's options (Locust copies every form field that names a parsed option
+into it): host, users, load mode, rate, window, latency file. The locustfile's own routes tell when the
+test has stopped (/reco/state; Locust's /stats/requests is cached for 2 s) and write Locust's reports of
+that test beside its latency file (/reco/reports). The study prints the web UI's address, so a person can
+watch the study's tests live in Locust's UI, "reco" tab included.
+
+One process per key serves one window at a time (the study is sequential). A process that died, or that a
+window left in an unknown state (an exception mid-window), is killed and replaced at the next window.
+Single-process generators only: a distributed window (loadtest.workers > 1) starts its master and workers
+per window, as a headless run (reco.loadtest.runner).
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.parse
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from reco.children import die_with_parent
+from reco.serve.process import free_port, log_tail
+
+LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
+
+Key = tuple[str, str, tuple[int, ...], int]  # request file, Triton model, cores, seed
+
+
+class PoolError(RuntimeError):
+    pass
+
+
+@dataclass
+class KeptLocust:
+    """One web-mode Locust process and where its UI and log are."""
+
+    proc: subprocess.Popen
+    web: str  # http://127.0.0.1:<port>
+    log: Path
+    key: Key
+    tests: int = field(default=0)  # tests started so far
+
+    def call(self, path: str, form: dict[str, object] | None = None, timeout_s: float = 10.0) -> dict:
+        """GET (or POST `form` to) the web UI's `path`; its JSON answer."""
+        data = urllib.parse.urlencode({k: str(v) for k, v in form.items()}).encode() if form else None
+        with urllib.request.urlopen(self.web + path, data=data, timeout=timeout_s) as r:
+            return json.loads(r.read())
+
+    def state(self) -> str:
+        return str(self.call("/reco/state")["state"])
+
+    def swarm(self, form: dict[str, object]) -> None:
+        """Start a test; `form` holds user_count, spawn_rate, host, run_time and parsed options."""
+        answer = self.call("/swarm", form)
+        if not answer.get("success"):
+            raise PoolError(f"Locust refused the test: {answer.get('message')}; {self.log}")
+        self.tests += 1
+
+    def wait_stopped(self, deadline: float) -> None:
+        """Until the test has stopped (Locust ends it itself once the window has drained)."""
+        while self.state() not in ("stopped", "ready"):
+            if self.proc.poll() is not None or time.time() > deadline:
+                raise PoolError(f"Locust did not stop the test in time; {self.log}:\n{log_tail(self.log)}")
+            time.sleep(0.02)
+
+    def write_reports(self) -> list[Path]:
+        """Locust's CSV/HTML/JSON reports of the stopped test, beside its latency file."""
+        return [Path(p) for p in self.call("/reco/reports", {"_": 1}, timeout_s=60.0)["written"]]
+
+
+def child_setup(parent_pid: int, cpus: list[int] | tuple[int, ...] | None) -> None:
+    """In a Locust child before exec: die with the caller (PR_SET_PDEATHSIG), run on `cpus`."""
+    die_with_parent(parent_pid)
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+
+
+class LocustPool:
+    """Web-mode Locust processes, one per Key, started on first use and stopped on close()."""
+
+    def __init__(
+        self, log_dir: str | Path, startup_timeout_s: float = 60.0, say: Callable[[str], None] | None = None
+    ) -> None:
+        self.log_dir = Path(log_dir)
+        self.startup_timeout_s = startup_timeout_s
+        self.say = say  # told each new process's web UI address
+        self.kept: dict[Key, KeptLocust] = {}
+
+    def __enter__(self) -> LocustPool:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def get(
+        self,
+        url: str,
+        requests_path: Path | None,
+        triton_model: str | None,
+        cpus: list[int] | None,
+        seed: int,
+    ) -> KeptLocust:
+        """The running process for these start-up settings (started now if there is none alive)."""
+        key: Key = (str(requests_path or ""), triton_model or "", tuple(cpus or ()), int(seed))
+        k = self.kept.get(key)
+        if k is not None and k.proc.poll() is None:
+            return k
+        self.discard(key)
+        k = self._start(url, key)
+        self.kept[key] = k
+        if self.say is not None:
+            self.say(f"[load] Locust web UI of the tests that follow (live, tab 'reco'): {k.web}")
+        return k
+
+    def _start(self, url: str, key: Key) -> KeptLocust:
+        req, triton, cpus, seed = key
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        port = free_port()
+        cmd = [
+            sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--host", url,
+            "--web-host", "127.0.0.1", "--web-port", str(port), "--loglevel", "WARNING",
+            "--exit-code-on-error", "0", "--seed", str(seed),
+        ]  # fmt: skip
+        if req:
+            cmd += ["--requests-file", req]
+        if triton:
+            cmd += ["--triton-model", triton]
+        log = self.log_dir / f"locust-{port}.log"
+        with open(log, "wb") as f:
+            proc = subprocess.Popen(
+                cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.log_dir,
+                preexec_fn=functools.partial(child_setup, os.getpid(), cpus),
+            )  # fmt: skip
+        k = KeptLocust(proc, f"http://127.0.0.1:{port}", log, key)
+        deadline = time.time() + self.startup_timeout_s
+        while True:
+            try:
+                k.state()
+                return k
+            except (urllib.error.URLError, ConnectionError, TimeoutError) as e:
+                if proc.poll() is not None or time.time() > deadline:
+                    why = f"exit code {proc.returncode}" if proc.poll() is not None else f"no answer: {e}"
+                    proc.kill()
+                    proc.wait()
+                    raise PoolError(f"Locust did not start ({why}); {log}:\n{log_tail(log)}") from None
+                time.sleep(0.05)
+
+    def discard(self, key: Key) -> None:
+        """Kill and forget one process (a window failed in it, or it died)."""
+        k = self.kept.pop(key, None)
+        if k is not None and k.proc.poll() is None:
+            k.proc.kill()
+            k.proc.wait()
+
+    def close(self) -> None:
+        for key in list(self.kept):
+            self.discard(key)
