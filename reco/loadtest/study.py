@@ -290,7 +290,7 @@ def run_study(
     variant_of = dict(chosen)
     s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}
     t_start = time.time()
-    pool = LocustPool(out / "locust", lt.loadgen.startup_timeout_s, say=_say)
+    pool = LocustPool(out, lt.loadgen.startup_timeout_s, say=_say)  # its logs: out/locust-<port>.log
     with stop_on_signals(), _servers(s, variant_of, order, data_path, server_cpus), pool as s.pool:
         _measure_all(s, result, ref, order)
     _say(f"[load] measured in {time.time() - t_start:.0f} s")
