@@ -101,8 +101,18 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
         assert final["correctness_passed"] == 1.0 and final["repeats"] == 2.0
         assert final["e2e_p50_ms_lo"] <= final["e2e_p50_ms"] <= final["e2e_p50_ms_hi"]
         assert "unloaded_e2e_p50_ms" in final and "unloaded_e2e_p99_ms" not in final  # n/a: not logged
-    # The servers were stopped.
-    assert not [p for p in psutil.Process().children(recursive=True) if "reco.serve" in " ".join(p.cmdline())]
+    # The servers were stopped, and so was the one Locust process that ran every window.
+    left = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
+    assert not [c for c in left if "reco.serve" in c or "locust" in c], left
+    (kept_log,) = tmp_path.glob("locust-*.log")  # one kept process for the 2 x (1 + 2 + 2 + 2 + 2) windows
+    # Where the time went, per kind of run and variant (the report's setup section prints it).
+    assert set(out.seconds) == {"servers' start", "settle", "unloaded", "capacity", "common", "equal_util"}
+    assert all(
+        set(by) == {"baseline", "student"} and min(by.values()) > 0
+        for k, by in out.seconds.items()
+        if k != "servers' start"
+    )
+    assert json.loads((tmp_path / "time_spent.json").read_text()) == out.seconds
 
     # The check can fail: one served score off by 1e-3 is caught.
     scores = sorted((tmp_path / "student" / "common").glob("r*/latencies.csv.scores.jsonl"))

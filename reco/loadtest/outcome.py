@@ -100,3 +100,17 @@ class StudyOutcome:
     outcomes: dict[str, LoadOutcome] = field(default_factory=dict)
     reference: str = ""  # the variant behind a relative SLO and the common load
     settle_s: float = 0.0  # unrecorded traffic per variant before the first measured window
+    seconds: dict[str, dict[str, float]] = field(
+        default_factory=dict
+    )  # kind -> variant -> wall s (time_spent)
+
+
+def time_spent(seconds: dict[str, dict[str, float]]) -> str:
+    """'capacity 310 s (baseline 250, pruned 40, ...), common 90 s (...), ...': where a study's time went,
+    largest first -- what to cut when a study is too slow."""
+    parts = []
+    for kind, by in sorted(seconds.items(), key=lambda kv: -sum(kv[1].values())):
+        top = sorted(by.items(), key=lambda kv: -kv[1])
+        each = "" if list(by) == ["all"] else " (" + ", ".join(f"{n} {t:.0f}" for n, t in top) + ")"
+        parts.append(f"{kind} {sum(by.values()):.0f} s{each}")
+    return ", ".join(parts)

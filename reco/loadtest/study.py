@@ -36,6 +36,7 @@ the pipeline can forward them to the variant's MLflow run (metric names: `study_
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 import statistics
@@ -52,7 +53,7 @@ from reco.loadtest.capacity import find_capacity, open_loop_measure, resolve_slo
 from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
 from reco.loadtest.correctness import check_scores
 from reco.loadtest.locust_pool import LocustPool
-from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome
+from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome, time_spent
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
 from reco.loadtest.runs import run_metrics
@@ -84,6 +85,7 @@ class _Study:
         self.gen_cpus: list[int] | None = None
         self.rank_p50_ms: dict[str, float] = {}  # in-process ranking latency: a capacity estimate
         self.pool: LocustPool | None = None  # Locust processes kept across the study's windows
+        self.seconds: dict[str, dict[str, float]] = {}  # kind of run -> variant -> wall seconds spent
 
     def fail(self, name: str, msg: str) -> None:
         o = self.outcomes[name]
@@ -94,9 +96,11 @@ class _Study:
         """Variants still being measured (their server runs and no run of theirs raised)."""
         return [n for n in self.outcomes if n in self.servers]
 
-    def measure(self, name: str, what: str, fn: Callable[[ServerHandle], Any]) -> Any:
-        """fn(server) for one variant; an exception drops the variant from the rest of the study."""
+    def measure(self, name: str, kind: str, what: str, fn: Callable[[ServerHandle], Any]) -> Any:
+        """fn(server) for one variant, its wall time added to seconds[kind][name]; an exception drops the
+        variant from the rest of the study."""
         h = self.servers[name]
+        t0 = time.time()
         try:
             if h.proc.poll() is not None:
                 raise LoadTestError(
@@ -107,6 +111,9 @@ class _Study:
             self.fail(name, f"{what} failed: {type(e).__name__}: {e}")
             del self.servers[name]
             return None
+        finally:
+            by = self.seconds.setdefault(kind, {})
+            by[name] = by.get(name, 0.0) + time.time() - t0
 
     def emit(self, name: str, metrics: dict[str, float], paths: list[Path], subdir: str) -> None:
         if self.log is not None:
@@ -134,7 +141,7 @@ class _Study:
                 pool=self.pool,
             )
 
-        run = self.measure(name, f"unloaded run {r}", go)
+        run = self.measure(name, "unloaded", f"unloaded run {r}", go)
         if run is not None:
             self.outcomes[name].unloaded.append(run)
             self.emit(name, {}, run.artifacts, f"loadtest/unloaded/r{r}")
@@ -178,7 +185,7 @@ class _Study:
                 pool=self.pool,
             )
 
-        self.measure(name, "settling run", go)
+        self.measure(name, "settle", "settling run", go)
 
     def capacity(self, name: str, r: int, slo: float) -> None:
         d = self.out / name / "capacity" / f"r{r}"
@@ -195,7 +202,7 @@ class _Study:
 
             return find_capacity(measure, slo, cfg, d, expect_fail=hint, say=say)
 
-        cap = self.measure(name, f"capacity search {r}", go)
+        cap = self.measure(name, "capacity", f"capacity search {r}", go)
         if cap is not None:
             self.outcomes[name].capacity.append(cap)
             self.emit(name, {}, write_capacity(cap, d), f"loadtest/capacity/r{r}")
@@ -226,7 +233,7 @@ class _Study:
                 pool=self.pool,
             )
 
-        run = self.measure(name, f"{kind} run {r} at {rate:.1f} req/s", go)
+        run = self.measure(name, kind, f"{kind} run {r} at {rate:.1f} req/s", go)
         if run is not None:
             getattr(self.outcomes[name], kind).append(run)
             self.emit(name, {}, run.artifacts, f"loadtest/{kind}/r{r}")
@@ -292,8 +299,11 @@ def run_study(
     t_start = time.time()
     pool = LocustPool(out, lt.loadgen.startup_timeout_s, say=_say)  # its logs: out/locust-<port>.log
     with stop_on_signals(), _servers(s, variant_of, order, data_path, server_cpus), pool as s.pool:
+        s.seconds["servers' start"] = {"all": time.time() - t_start}
         _measure_all(s, result, ref, order)
-    _say(f"[load] measured in {time.time() - t_start:.0f} s")
+    result.seconds = s.seconds
+    _say(f"[load] measured in {time.time() - t_start:.0f} s; " + time_spent(s.seconds))
+    (out / "time_spent.json").write_text(json.dumps(s.seconds, indent=1))
     if st.correctness.enabled:
         for n in order:
             _correctness(s, n, variant_of[n], data)

@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from pathlib import Path
 
+from reco.loadtest.outcome import time_spent
 from reco.report import sections
 from reco.report.context import StudyContext
 from reco.report.figures import KINDS, VariantFigures
@@ -47,6 +48,7 @@ def setup(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
             f"- keep_warm: {'on' if study.keep_warm else 'off'}; before the first measured window every "
             f"server got {study.settle_s:g} s of unrecorded traffic (`loadtest.study.settle_s`)",
             f"- Repeats per variant: {_repeat_counts(figs)}",
+            f"- Time spent load-testing, largest first: {time_spent(study.seconds) or 'not recorded'}",
         ]
     oracle = metric(base, "oracle_auc")
     if oracle is not None:
