@@ -231,6 +231,32 @@ def test_bad_triton_body_counts_as_failed_request(served, tmp_path):
     assert {r.split(",")[3] for r in rows} == {"422"}  # the status inside Triton's 200
 
 
+PROXY_WAITS = """
+from pytriton.models.model import Model
+from reco.serve.triton_backend import patient_handshake
+fake = type("M", (), {"model_version": 1, "SCRIPT_FILES_TO_COPY": Model.SCRIPT_FILES_TO_COPY})()
+before = Model.get_proxy_model_files(fake)["file:1/communication.py"]
+patient_handshake()
+after = Model.get_proxy_model_files(fake)["file:1/communication.py"]
+print(b"timeout_s: float = 1.0)" in before, b"timeout_s: float = 60.0)" in after, len(after) - len(before))
+"""
+
+
+def test_shipped_proxy_waits_for_the_first_instance(triton_venv):
+    """A model's later instances wait 60 s, not PyTriton's hard-coded 1 s, for the first one's handshake:
+    the 1 s failed a CI run's batched (2-instance) model on a busy machine."""
+    r = subprocess.run(
+        [str(triton_venv), "-c", PROXY_WAITS],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+    )
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert r.stdout.split() == ["True", "True", "1"], r.stdout
+
+
 def test_port_taken_names_serve_port(triton_venv, tiny_data, tmp_path):
     vdir, dpath = make_variant(tiny_data, tmp_path)
     with socket.socket() as s:

@@ -174,6 +174,39 @@ def check_port(host: str, port: int) -> None:
             ) from None
 
 
+# PyTriton ships its proxy (model.py, communication.py) to Triton with every model it loads. There, each
+# instance after the first waits for the first one's handshake socket for 1 s, hard-coded; instances start
+# at once, so on a busy machine the first can take longer and the model never loads (CI, 2026-12-01: two
+# Triton servers and reco's starting on one core beside another test: "Timeout occurred while waiting for
+# config file .../reco_batched-config.sock", load failed). The shipped copy gets a patient wait instead.
+HANDSHAKE_DEFAULT = b"def get_config_from_handshake_server(socket_path: pathlib.Path, timeout_s: float = 1.0)"
+HANDSHAKE_WAIT_S = 60.0
+
+
+def patient_handshake() -> None:
+    """Make the proxy code PyTriton ships wait HANDSHAKE_WAIT_S for an instance's handshake (see above).
+    A PyTriton whose code no longer holds the 1-s default is left as it is, with a warning."""
+    from pytriton.models.model import Model
+
+    ship = Model.get_proxy_model_files
+    if getattr(ship, "patient", False):
+        return
+
+    def files(self) -> dict[str, bytes]:
+        out = ship(self)
+        for name, code in out.items():
+            if name.endswith("/communication.py"):
+                if HANDSHAKE_DEFAULT not in code:
+                    log.warning("PyTriton's handshake wait changed; %s shipped as it is", name)
+                    continue
+                wait = HANDSHAKE_DEFAULT.replace(b"1.0)", f"{HANDSHAKE_WAIT_S})".encode())
+                out[name] = code.replace(HANDSHAKE_DEFAULT, wait)
+        return out
+
+    files.patient = True  # type: ignore[attr-defined]
+    Model.get_proxy_model_files = files
+
+
 def bind_model(triton, loaded: Loaded, cfg: ServeConfig) -> None:
     """Bind the request pipeline as Triton model `cfg.triton.model_name` (instances, dynamic batcher).
 
@@ -282,6 +315,7 @@ def _run(args: argparse.Namespace) -> int:
         open_stats = TritonSecurityConfig(
             restricted_endpoints=[e for e in DEFAULT_PROTECTED_ENDPOINTS if e != "statistics"]
         )
+        patient_handshake()
         with Triton(config=triton_config(cfg), security_config=open_stats) as triton:
             bind_model(triton, loaded, cfg)
             try:
