@@ -92,6 +92,8 @@ def test_closed_loop_exact_percentiles_land_in_mlflow(server, tmp_path):
         assert m[f"e2e_{name}_ms_lo"] <= m[f"e2e_{name}_ms"] <= m[f"e2e_{name}_ms_hi"]
     for stage in ("features", "retrieval", "rank", "queue", "total"):
         assert m[f"server_{stage}_mean_ms"] > 0 and m[f"server_{stage}_p99_ms"] > 0
+    # The model call's CPU time (its thread's), beside the rank stage's wall time: never more than it.
+    assert 0 < m["cpu_rank_mean_ms"] <= m["server_rank_mean_ms"] * 1.01 and m["cpu_rank_p99_ms"] > 0
 
     # Exact: the percentiles are observed latencies of the raw file (nearest rank), recomputed here.
     lat_file = tmp_path / "closed" / "latencies.csv"

@@ -134,9 +134,11 @@ def test_recommend_returns_ranked_items_with_server_timing(plain, served):
     s = [it["score"] for it in items]
     assert s == sorted(s, reverse=True) and all(0 < x < 1 for x in s)
     timing = dict(part.split(";dur=") for part in headers["server-timing"].split(", "))
-    assert list(timing) == list(STAGES)
+    assert list(timing) == [*STAGES, "rank_cpu"]
     t = {k: float(v) for k, v in timing.items()}
     assert all(v >= 0 for v in t.values())
+    # The model call's thread used CPU, and no more than the call's wall time (rank also holds the top-k).
+    assert 0 < t["rank_cpu"] <= t["rank"] + 0.01
     # The stages partition the request: they add up to the total (up to the header's rounding).
     assert abs(sum(t[k] for k in STAGES if k != "total") - t["total"]) < 0.01
 

@@ -432,7 +432,9 @@ def run_load(
     elif before and after:
         from reco.serve.metrics import stage_summary
 
-        stages = stage_summary(before, after)
+        stages = stage_summary(before, after) | stage_summary(
+            before, after, family="reco_cpu_seconds", prefix="cpu_"
+        )
     run = make_run(
         lat.window_ms(int(summary.get("unanswered", 0))),
         kind=kind,

@@ -207,7 +207,7 @@ def stage_bars(figs: list[VariantFigures], path: Path) -> Path | None:
             k.removeprefix("server_").removesuffix("_mean_ms")
             for _, st, _ in rows
             for k in st
-            if k.endswith("_mean_ms") and k != "server_total_mean_ms"
+            if k.startswith("server_") and k.endswith("_mean_ms") and k != "server_total_mean_ms"
         )
     )
     colour = {

@@ -304,6 +304,8 @@ def stages(figs: list[VariantFigures]) -> list[str]:
                 short(lat.quantiles["p99"]),
                 num(st.get("server_total_p99_ms")),
                 num(out.get("outside_handler_p99_ms")),
+                num(st.get("server_rank_p99_ms")),
+                num(st.get("cpu_rank_p99_ms")),
             ]
         )
     if not rows:
@@ -316,12 +318,17 @@ def stages(figs: list[VariantFigures]) -> list[str]:
         "e2e p99",
         "server total p99",
         "outside p99",
+        "rank p99",
+        "rank CPU p99",
     ]
     return [
         "The server's `total` (Server-Timing and Prometheus) runs from handler entry to just before the "
         "response body is written; accept, HTTP parsing, event-loop backlog, writing the body and the "
         "network are **outside the handler** = client e2e − server total (ms). Server quantiles come from "
-        "Prometheus buckets (interpolated), and a difference of p99s is only indicative.",
+        "Prometheus buckets (interpolated), and a difference of p99s is only indicative. `rank CPU` is the "
+        "CPU time of the thread that made the model call (the whole call at one intra-op thread): beside "
+        "the rank stage's wall time it tells a slower CPU (both grow: contention for memory or caches, a "
+        "lower clock) from a call that waited for one (only the wall time grows).",
         "",
         *table(header, rows),
     ]

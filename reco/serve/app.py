@@ -206,11 +206,12 @@ class RecoService:
             except BatcherFailed as e:
                 raise RequestError(503, "", str(e)) from None
             probs, rank_s = scored.probs, scored.rank_s
+            self.metrics.rank_cpu.observe(scored.rank_cpu_s)
             if scored.reports_batch:
                 self.metrics.batch_rows.observe(scored.batch_rows)
                 self.metrics.batch_requests.observe(scored.batch_requests)
         else:
-            probs, rank_s = np.empty(0, dtype=np.float32), 0.0
+            probs, rank_s, scored = np.empty(0, dtype=np.float32), 0.0, None
         t4 = time.perf_counter()
         ids, scores = top_k(self.name, items, probs, req.k)
         t5 = time.perf_counter()
@@ -227,6 +228,8 @@ class RecoService:
         }
         self.metrics.observe(times)
         timing = ", ".join(f"{s};dur={times[s] * 1000:.3f}" for s in STAGES)
+        if scored is not None:
+            timing += f", rank_cpu;dur={scored.rank_cpu_s * 1000:.3f}"
         return Response(payload, 200, {"Server-Timing": timing}, media_type="application/json")
 
     async def healthz(self, request: HttpRequest) -> Response:

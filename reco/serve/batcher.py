@@ -48,6 +48,7 @@ class Scored:
     batch_rows: int = 0
     batch_requests: int = 1
     reports_batch: bool = True  # one block per model call carries the call's batch statistics
+    rank_cpu_s: float = 0.0  # CPU time of the thread that made the model call (time.thread_time)
 
 
 class DirectRanker:
@@ -61,12 +62,12 @@ class DirectRanker:
     def _call(
         self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, t_submit: float, deadline: float
     ) -> Scored:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if t0 > deadline:  # checked on the model's thread: the wait behind other calls counts
             raise Overdue(t0 - deadline)
         probs = self.scorer(dense, ids, mask)
-        t1 = time.perf_counter()
-        return Scored(probs, t0 - t_submit, t1 - t0, len(probs), 1)
+        t1, c1 = time.perf_counter(), time.thread_time()
+        return Scored(probs, t0 - t_submit, t1 - t0, len(probs), 1, rank_cpu_s=c1 - c0)
 
     async def score(
         self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, deadline: float = math.inf
@@ -246,7 +247,7 @@ class DynamicBatcher:
                     b.fut.set_result(r)
 
     def _call(self, batch: list[_Block]) -> list[Scored]:
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         if len(batch) == 1:
             probs = self.scorer(batch[0].dense, batch[0].ids, batch[0].mask)
         else:
@@ -255,10 +256,11 @@ class DynamicBatcher:
                 np.concatenate([b.ids for b in batch]),
                 np.concatenate([b.mask for b in batch]),
             )
-        t1 = time.perf_counter()
+        t1, cpu = time.perf_counter(), time.thread_time() - c0
         rows = sum(b.rows for b in batch)
         out, lo = [], 0
         for j, b in enumerate(batch):
-            out.append(Scored(probs[lo : lo + b.rows], t0 - b.t_enqueue, t1 - t0, rows, len(batch), j == 0))
+            share = probs[lo : lo + b.rows]
+            out.append(Scored(share, t0 - b.t_enqueue, t1 - t0, rows, len(batch), j == 0, rank_cpu_s=cpu))
             lo += b.rows
         return out

@@ -35,6 +35,12 @@ class ServeMetrics:
             "reco_stage_seconds", "Time per request stage", ["stage"], buckets=BUCKETS, **kw
         )
         self._stage = {s: self.stage.labels(stage=s) for s in STAGES}
+        # CPU time of the model call's thread (the whole call when intra_op_threads = 1): beside the rank
+        # stage's wall time it tells a slower CPU (both grow) from waiting for one (only the wall grows).
+        self.cpu = Histogram(
+            "reco_cpu_seconds", "CPU time of a stage's thread", ["stage"], buckets=BUCKETS, **kw
+        )
+        self.rank_cpu = self.cpu.labels(stage="rank")
         self.requests = Counter("reco_requests", "Requests answered, by HTTP status", ["status"], **kw)
         self.shed = Counter(
             "reco_shed", "Requests shed (503 + Retry-After, no model call), by reason", ["reason"], **kw
@@ -79,11 +85,12 @@ class ServeMetrics:
 # Reading metrics back (load tester side) ------------------------------------------------------------
 
 
-def parse_stage_histograms(text: str) -> dict[str, dict]:
+def parse_stage_histograms(text: str, family: str = "reco_stage_seconds") -> dict[str, dict]:
     """The stage histograms in a /metrics scrape, summed over workers.
 
     Args:
         text: Prometheus exposition text.
+        family: the histogram (reco_stage_seconds: wall time per stage; reco_cpu_seconds: CPU time).
     Returns:
         {stage: {"sum": s, "count": n, "le": [bounds], "cum": [cumulative counts]}}.
     """
@@ -91,7 +98,7 @@ def parse_stage_histograms(text: str) -> dict[str, dict]:
 
     out: dict[str, dict] = {}
     for fam in text_string_to_metric_families(text):
-        if fam.name != "reco_stage_seconds":
+        if fam.name != family:
             continue
         for s in fam.samples:
             st = out.setdefault(s.labels.get("stage", ""), {"sum": 0.0, "count": 0.0, "buckets": {}})
@@ -109,27 +116,34 @@ def parse_stage_histograms(text: str) -> dict[str, dict]:
     return out
 
 
-def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, float]:
+def stage_summary(
+    before: str,
+    after: str,
+    quantile: float = 0.99,
+    family: str = "reco_stage_seconds",
+    prefix: str = "server_",
+) -> dict[str, float]:
     """Per-stage mean and quantile (ms) of the requests served between two scrapes.
 
     Args:
         before: /metrics text scraped at the start of the window.
         after: /metrics text scraped at its end.
         quantile: the quantile to report (0.99 -> keys ..._p99_ms).
+        family, prefix: which histograms, and the keys' prefix (reco_cpu_seconds, "cpu_": CPU time).
     Returns:
-        server_{stage}_mean_ms, server_{stage}_p99_ms (quantile interpolated inside its bucket).
+        {prefix}{stage}_mean_ms, {prefix}{stage}_p99_ms (quantile interpolated inside its bucket).
     """
-    a, b = parse_stage_histograms(before), parse_stage_histograms(after)
+    a, b = parse_stage_histograms(before, family), parse_stage_histograms(after, family)
     out: dict[str, float] = {}
     for stage, hb in b.items():
         ha = a.get(stage, {"sum": 0.0, "count": 0.0, "le": hb["le"], "cum": [0.0] * len(hb["le"])})
         n = hb["count"] - ha["count"]
         if n <= 0:
             continue
-        out[f"server_{stage}_mean_ms"] = (hb["sum"] - ha["sum"]) / n * 1000
+        out[f"{prefix}{stage}_mean_ms"] = (hb["sum"] - ha["sum"]) / n * 1000
         cum = np.array(hb["cum"]) - np.array(ha["cum"])
         les = np.array(hb["le"])
-        out[f"server_{stage}_p{round(quantile * 100)}_ms"] = _bucket_quantile(les, cum, quantile) * 1000
+        out[f"{prefix}{stage}_p{round(quantile * 100)}_ms"] = _bucket_quantile(les, cum, quantile) * 1000
     return out
 
 
