@@ -51,7 +51,10 @@ ends the test with an error (and `<latency file>.failed`): the window is not val
 
 Web UI: a "reco" tab shows the exact end-to-end percentiles of the running test with their 95 % CIs
 and n (reco.stats; failures count as +inf) and the server's per-stage times scraped from its /metrics
-since the test started -- the figures the study records.
+since the test started -- the figures the study records. Two routes serve a driver that keeps this
+process running across tests (reco.loadtest.locust_pool; each test a POST /swarm with its options):
+GET /reco/state (the runner's state, read now) and POST /reco/reports (Locust's CSV/HTML/JSON reports of
+the stopped test, written beside its --latency-file).
 """
 
 from __future__ import annotations
@@ -555,7 +558,7 @@ def _extend_web_ui(environment) -> None:
     @web_ui.app.route("/reco/state")
     def _reco_state():
         # Unlike /stats/requests (cached for 2 s), read now: a driver waits on it between tests.
-        return {"state": environment.runner.state, "latency_file": environment.parsed_options.latency_file}
+        return {"state": environment.runner.state}
 
     @web_ui.app.route("/reco/reports", methods=["POST"])
     def _reco_reports():

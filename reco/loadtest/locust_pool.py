@@ -1,6 +1,6 @@
 """Locust processes kept running across a study's load tests, each test started over Locust's web API.
 
-    with LocustPool(out / "locust") as pool:
+    with LocustPool(log_dir) as pool:
         run_load(url, cfg, out / "a", requests, cpus, pool=pool)   # starts one Locust (web mode)
         run_load(url2, cfg, out / "b", requests, cpus, pool=pool)  # the same process: POST /swarm
 
@@ -31,7 +31,7 @@ import urllib.error
 import urllib.parse
 import urllib.request
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 from reco.children import die_with_parent
@@ -54,11 +54,11 @@ class KeptLocust:
     web: str  # http://127.0.0.1:<port>
     log: Path
     key: Key
-    tests: int = field(default=0)  # tests started so far
+    tests: int = 0  # tests started so far
 
     def call(self, path: str, form: dict[str, object] | None = None, timeout_s: float = 10.0) -> dict:
-        """GET (or POST `form` to) the web UI's `path`; its JSON answer."""
-        data = urllib.parse.urlencode({k: str(v) for k, v in form.items()}).encode() if form else None
+        """GET the web UI's `path` (POST `form` when given); its JSON answer."""
+        data = None if form is None else urllib.parse.urlencode({k: str(v) for k, v in form.items()}).encode()
         with urllib.request.urlopen(self.web + path, data=data, timeout=timeout_s) as r:
             return json.loads(r.read())
 
@@ -81,7 +81,7 @@ class KeptLocust:
 
     def write_reports(self) -> list[Path]:
         """Locust's CSV/HTML/JSON reports of the stopped test, beside its latency file."""
-        return [Path(p) for p in self.call("/reco/reports", {"_": 1}, timeout_s=60.0)["written"]]
+        return [Path(p) for p in self.call("/reco/reports", {}, timeout_s=60.0)["written"]]
 
 
 def child_setup(parent_pid: int, cpus: list[int] | tuple[int, ...] | None) -> None:

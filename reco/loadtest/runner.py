@@ -1,4 +1,4 @@
-"""Run one load test: Locust headless in its own process, exact quantiles with CIs, server stage times.
+"""Run one load test: Locust in its own process, exact quantiles with CIs, server stage times.
 
     run = run_load(url, cfg, out_dir, requests_path, cpus=[0], kind="common")   # -> LoadRun
     run.quantiles["p99"].fmt()  -> '12.3 [11.9, 13.0] (n=1,000)' or 'n/a (n=120)'
@@ -6,8 +6,11 @@
 
     server_cpus, loadgen_cpus = plan_cpus()   # e.g. ([1], [0]) on two cores
 
-`cfg` is the `loadtest` config (LoadtestConfig, or its dict). The window ends after `window_requests`
-requests (capped at `max_window_s`) or after `duration_s` (see loadtest/locustfile.py). The generator is
+Locust runs headless, one process per window, or, given a LocustPool (reco.loadtest.locust_pool, what a
+study uses), in a web-mode process kept across windows, each window a POST /swarm; a window leaves the
+same files either way (but Locust's stats-history CSV, headless only). `cfg` is the `loadtest` config
+(LoadtestConfig, or its dict). The window ends after `window_requests` requests (capped at
+`max_window_s`) or after `duration_s` (see loadtest/locustfile.py). The generator is
 pinned to `cpus` (give it cores the server is not on). The server's /metrics is scraped when the window
 opens and when it closes (the generator writes both times), so warm-up requests are in neither the
 client's nor the server's figures.
