@@ -100,9 +100,8 @@ class StudyOutcome:
     outcomes: dict[str, LoadOutcome] = field(default_factory=dict)
     reference: str = ""  # the variant behind a relative SLO and the common load
     settle_s: float = 0.0  # unrecorded traffic per variant before the first measured window
-    seconds: dict[str, dict[str, float]] = field(
-        default_factory=dict
-    )  # kind -> variant -> wall s (time_spent)
+    # Where the study's time went: kind of run -> variant -> wall seconds (time_spent formats it).
+    seconds: dict[str, dict[str, float]] = field(default_factory=dict)
 
 
 def time_spent(seconds: dict[str, dict[str, float]]) -> str:
