@@ -84,11 +84,22 @@ class KeptLocust:
         return [Path(p) for p in self.call("/reco/reports", {}, timeout_s=60.0)["written"]]
 
 
-def child_setup(parent_pid: int, cpus: list[int] | tuple[int, ...] | None) -> None:
+def _child_setup(parent_pid: int, cpus: list[int] | tuple[int, ...] | None) -> None:
     """In a Locust child before exec: die with the caller (PR_SET_PDEATHSIG), run on `cpus`."""
     die_with_parent(parent_pid)
     if cpus:
         os.sched_setaffinity(0, cpus)
+
+
+def spawn_locust(
+    cmd: list[str], log: Path, cwd: Path, cpus: list[int] | tuple[int, ...] | None
+) -> subprocess.Popen:
+    """Start a Locust process writing stdout and stderr to `log`; it dies with us and runs on `cpus`."""
+    with open(log, "wb") as f:
+        return subprocess.Popen(
+            cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
+            preexec_fn=functools.partial(_child_setup, os.getpid(), cpus),
+        )  # fmt: skip
 
 
 class LocustPool:
@@ -142,11 +153,7 @@ class LocustPool:
         if triton:
             cmd += ["--triton-model", triton]
         log = self.log_dir / f"locust-{port}.log"
-        with open(log, "wb") as f:
-            proc = subprocess.Popen(
-                cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=self.log_dir,
-                preexec_fn=functools.partial(child_setup, os.getpid(), cpus),
-            )  # fmt: skip
+        proc = spawn_locust(cmd, log, self.log_dir, cpus)
         k = KeptLocust(proc, f"http://127.0.0.1:{port}", log, key)
         deadline = time.time() + self.startup_timeout_s
         while True:

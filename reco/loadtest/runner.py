@@ -61,7 +61,7 @@ import psutil
 from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
 from reco.loadtest.distributed import merge_records, worker_file
 from reco.loadtest.histogram import plot_cdf, read_latencies
-from reco.loadtest.locust_pool import LOCUSTFILE, LocustPool, child_setup
+from reco.loadtest.locust_pool import LOCUSTFILE, LocustPool, spawn_locust
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.runs import make_run
 from reco.loadtest.triton_stats import scrape_stats, stats_summary
@@ -207,12 +207,7 @@ class _Gen:
 
 
 def _spawn(name: str, cmd: list[str], log_path: Path, cwd: Path, cpus: list[int] | None) -> _Gen:
-    with open(log_path, "wb") as log:
-        proc = subprocess.Popen(
-            cmd, stdout=log, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-            preexec_fn=functools.partial(child_setup, os.getpid(), cpus),
-        )  # fmt: skip
-    return _Gen(name, proc, log_path)
+    return _Gen(name, spawn_locust(cmd, log_path, cwd, cpus), log_path)
 
 
 def _check_alive(gens: list[_Gen], done: list[Path], failed: Path) -> None:
@@ -324,7 +319,9 @@ def run_load(
     if requests_path is not None and not Path(requests_path).exists():
         raise FileNotFoundError(f"{requests_path}: request file not found (see reco.loadtest.requests)")
     req = Path(requests_path) if requests_path else None
-    cmd = locust_command(url, c, out, req, reports, triton_model)
+    users, run_time, opts = window_options(c, lat_path)  # checks the settings before any process starts
+    kept = pool.get(url, req, triton_model, cpus, c.seed) if pool is not None and n == 1 else None
+    cmd = locust_command(url, c, out, req, reports, triton_model) if kept is None else []
     figures = functools.partial(scrape_stats, model=triton_model) if triton_model else scrape
     log_path = out / "locust.log"
     lg = c.loadgen
@@ -332,7 +329,6 @@ def run_load(
 
     spinners: list[subprocess.Popen] = []
     gens: list[_Gen] = []
-    kept = pool.get(url, req, triton_model, cpus, c.seed) if pool is not None and n == 1 else None
     kept_log_at, finished = (kept.log.stat().st_size if kept else 0), False
     with stop_on_signals():
         try:
@@ -341,7 +337,6 @@ def run_load(
             children_cpu0, wall0 = _children_cpu_s(), time.time()
             if kept is not None:
                 gens.append(_Gen("Locust", kept.proc, kept.log))
-                users, run_time, opts = window_options(c, lat_path)
                 form = {"user_count": users, "spawn_rate": c.spawn_rate, "host": url, "run_time": run_time}
                 kept.swarm(form | opts)
             elif n == 1:
@@ -435,9 +430,7 @@ def run_load(
     elif before and after:
         from reco.serve.metrics import stage_summary
 
-        stages = stage_summary(before, after) | stage_summary(
-            before, after, family="reco_cpu_seconds", prefix="cpu_"
-        )
+        stages = stage_summary(before, after)
     run = make_run(
         lat.window_ms(int(summary.get("unanswered", 0))),
         kind=kind,

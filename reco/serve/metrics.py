@@ -85,23 +85,28 @@ class ServeMetrics:
 # Reading metrics back (load tester side) ------------------------------------------------------------
 
 
-def parse_stage_histograms(text: str, family: str = "reco_stage_seconds") -> dict[str, dict]:
-    """The stage histograms in a /metrics scrape, summed over workers.
+# The histograms a load run reads back, and the prefix of their summary keys: wall time per stage, and the
+# CPU time of the model call's thread (reco_cpu_seconds{stage="rank"} -> cpu_rank_*).
+FAMILIES = {"reco_stage_seconds": "server_", "reco_cpu_seconds": "cpu_"}
+
+
+def parse_histograms(text: str) -> dict[str, dict[str, dict]]:
+    """FAMILIES' histograms in a /metrics scrape, summed over workers, read in one pass.
 
     Args:
         text: Prometheus exposition text.
-        family: the histogram (reco_stage_seconds: wall time per stage; reco_cpu_seconds: CPU time).
     Returns:
-        {stage: {"sum": s, "count": n, "le": [bounds], "cum": [cumulative counts]}}.
+        {family: {stage: {"sum": s, "count": n, "le": [bounds], "cum": [cumulative counts]}}}.
     """
     from prometheus_client.parser import text_string_to_metric_families
 
-    out: dict[str, dict] = {}
+    out: dict[str, dict[str, dict]] = {}
     for fam in text_string_to_metric_families(text):
-        if fam.name != family:
+        if fam.name not in FAMILIES:
             continue
+        by_stage = out.setdefault(fam.name, {})
         for s in fam.samples:
-            st = out.setdefault(s.labels.get("stage", ""), {"sum": 0.0, "count": 0.0, "buckets": {}})
+            st = by_stage.setdefault(s.labels.get("stage", ""), {"sum": 0.0, "count": 0.0, "buckets": {}})
             if s.name.endswith("_bucket"):
                 le = float(s.labels["le"])
                 st["buckets"][le] = st["buckets"].get(le, 0.0) + s.value
@@ -109,41 +114,43 @@ def parse_stage_histograms(text: str, family: str = "reco_stage_seconds") -> dic
                 st["sum"] += s.value
             elif s.name.endswith("_count"):
                 st["count"] += s.value
-    for st in out.values():
-        b = st.pop("buckets")
-        st["le"] = sorted(b)
-        st["cum"] = [b[le] for le in st["le"]]
+    for by_stage in out.values():
+        for st in by_stage.values():
+            b = st.pop("buckets")
+            st["le"] = sorted(b)
+            st["cum"] = [b[le] for le in st["le"]]
     return out
 
 
-def stage_summary(
-    before: str,
-    after: str,
-    quantile: float = 0.99,
-    family: str = "reco_stage_seconds",
-    prefix: str = "server_",
-) -> dict[str, float]:
+def parse_stage_histograms(text: str) -> dict[str, dict]:
+    """The wall-time stage histograms of a scrape: parse_histograms(text)["reco_stage_seconds"]."""
+    return parse_histograms(text).get("reco_stage_seconds", {})
+
+
+def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, float]:
     """Per-stage mean and quantile (ms) of the requests served between two scrapes.
 
     Args:
         before: /metrics text scraped at the start of the window.
         after: /metrics text scraped at its end.
         quantile: the quantile to report (0.99 -> keys ..._p99_ms).
-        family, prefix: which histograms, and the keys' prefix (reco_cpu_seconds, "cpu_": CPU time).
     Returns:
-        {prefix}{stage}_mean_ms, {prefix}{stage}_p99_ms (quantile interpolated inside its bucket).
+        server_{stage}_mean_ms, server_{stage}_p99_ms (wall time), cpu_rank_mean_ms, cpu_rank_p99_ms (CPU
+        time of the model call's thread); quantiles interpolated inside their bucket.
     """
-    a, b = parse_stage_histograms(before, family), parse_stage_histograms(after, family)
+    a, b = parse_histograms(before), parse_histograms(after)
     out: dict[str, float] = {}
-    for stage, hb in b.items():
-        ha = a.get(stage, {"sum": 0.0, "count": 0.0, "le": hb["le"], "cum": [0.0] * len(hb["le"])})
-        n = hb["count"] - ha["count"]
-        if n <= 0:
-            continue
-        out[f"{prefix}{stage}_mean_ms"] = (hb["sum"] - ha["sum"]) / n * 1000
-        cum = np.array(hb["cum"]) - np.array(ha["cum"])
-        les = np.array(hb["le"])
-        out[f"{prefix}{stage}_p{round(quantile * 100)}_ms"] = _bucket_quantile(les, cum, quantile) * 1000
+    for family, prefix in FAMILIES.items():
+        for stage, hb in b.get(family, {}).items():
+            empty = {"sum": 0.0, "count": 0.0, "le": hb["le"], "cum": [0.0] * len(hb["le"])}
+            ha = a.get(family, {}).get(stage, empty)
+            n = hb["count"] - ha["count"]
+            if n <= 0:
+                continue
+            out[f"{prefix}{stage}_mean_ms"] = (hb["sum"] - ha["sum"]) / n * 1000
+            cum = np.array(hb["cum"]) - np.array(ha["cum"])
+            q = _bucket_quantile(np.array(hb["le"]), cum, quantile)
+            out[f"{prefix}{stage}_p{round(quantile * 100)}_ms"] = q * 1000
     return out
 
 
