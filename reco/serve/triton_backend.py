@@ -175,17 +175,43 @@ def check_port(host: str, port: int) -> None:
 
 
 # PyTriton ships its proxy (model.py, communication.py) to Triton with every model it loads. There, each
-# instance after the first waits for the first one's handshake socket for 1 s, hard-coded; instances start
-# at once, so on a busy machine the first can take longer and the model never loads (CI, 2026-12-01: two
-# Triton servers and reco's starting on one core beside another test: "Timeout occurred while waiting for
-# config file .../reco_batched-config.sock", load failed). The shipped copy gets a patient wait instead.
-HANDSHAKE_DEFAULT = b"def get_config_from_handshake_server(socket_path: pathlib.Path, timeout_s: float = 1.0)"
+# instance after the first fetches its config from the first one's handshake server, giving it 1 s,
+# hard-coded, to create its socket, and connecting once. Instances start at once, so on a busy machine
+# (CI, 2026-12-01: two Triton servers and reco's starting on one core beside another test) the socket
+# was not there yet ("Timeout occurred while waiting for config file .../reco_batched-config.sock"), or
+# was bound but not yet listening (ConnectionRefusedError), and the model never loaded. The shipped copy
+# waits HANDSHAKE_WAIT_S and retries a refused connect until then.
 HANDSHAKE_WAIT_S = 60.0
+HANDSHAKE_PATCHES = (
+    (
+        b"def get_config_from_handshake_server(socket_path: pathlib.Path, timeout_s: float = 1.0)",
+        f"def get_config_from_handshake_server(socket_path: pathlib.Path, timeout_s: float = {HANDSHAKE_WAIT_S})",
+    ),
+    (
+        b"""        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(max(0.0, should_stop_before_s - time.time()))
+        sock.connect(socket_path.as_posix())
+""",
+        """        while True:  # reco: the first instance binds its socket before it listens on it
+            sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+            sock.settimeout(max(0.0, should_stop_before_s - time.time()))
+            try:
+                sock.connect(socket_path.as_posix())
+                break
+            except ConnectionRefusedError:
+                sock.close()
+                sock = None
+                if time.time() >= should_stop_before_s:
+                    raise
+                time.sleep(0.01)
+""",
+    ),
+)
 
 
 def patient_handshake() -> None:
-    """Make the proxy code PyTriton ships wait HANDSHAKE_WAIT_S for an instance's handshake (see above).
-    A PyTriton whose code no longer holds the 1-s default is left as it is, with a warning."""
+    """Make the proxy code PyTriton ships wait for, and retry, an instance's handshake (see above). A
+    PyTriton whose code no longer holds what is patched is left as it is, with a warning."""
     from pytriton.models.model import Model
 
     ship = Model.get_proxy_model_files
@@ -195,12 +221,14 @@ def patient_handshake() -> None:
     def files(self) -> dict[str, bytes]:
         out = ship(self)
         for name, code in out.items():
-            if name.endswith("/communication.py"):
-                if HANDSHAKE_DEFAULT not in code:
-                    log.warning("PyTriton's handshake wait changed; %s shipped as it is", name)
+            if not name.endswith("/communication.py"):
+                continue
+            for old, new in HANDSHAKE_PATCHES:
+                if old not in code:
+                    log.warning("PyTriton's handshake code changed; %s shipped without this patch", name)
                     continue
-                wait = HANDSHAKE_DEFAULT.replace(b"1.0)", f"{HANDSHAKE_WAIT_S})".encode())
-                out[name] = code.replace(HANDSHAKE_DEFAULT, wait)
+                code = code.replace(old, new if isinstance(new, bytes) else new.encode())
+            out[name] = code
         return out
 
     files.patient = True  # type: ignore[attr-defined]
