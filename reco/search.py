@@ -9,6 +9,10 @@ server), of the trial's fastest variant whose relative validation AUC drop again
 the budget on the Pareto front (in-process rank p50 vs val ΔAUC, over all trials) are served beside the
 baseline and load-tested; the winner is the one with the highest median max QPS at the SLO.
 
+A variant of the `batching` step is its parent's model served with dynamic batching: the screen cannot
+tell it from its parent (same scores, same call), so it takes no part in the objective or the front; it is
+load-tested, at its trial's sampled window, whenever its parent is on the front.
+
 Penalty convention: a trial with no variant within the budget returns minus how far its best variant is
 over the budget, in percentage points (always < 0 < any feasible throughput, and larger the nearer it came,
 so the sampler is steered toward the budget); a trial with no variant built returns NO_VARIANT. Its MLflow
@@ -57,6 +61,7 @@ class Candidate:
     val_delta_hi: float | None = None
     params: int = 0
     path: str = ""  # the finished variant's cache directory (what the front's load test serves)
+    batched_from: str = ""  # a batching-step variant: the variant whose model it serves (not screened)
 
     @property
     def drop_pct(self) -> float:
@@ -86,6 +91,7 @@ def objective(cands: list[Candidate], max_auc_drop_pct: float) -> TrialScore:
     Returns:
         The objective, whether any variant met the budget, and which variant decided it.
     """
+    cands = [c for c in cands if not c.batched_from]
     ok = [c for c in cands if c.drop_pct <= max_auc_drop_pct]
     if ok:
         best = max(ok, key=lambda c: c.throughput)
@@ -126,7 +132,10 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
                 continue
             _, rel = auc_delta(labels, base_scores, _val_scores(b.variant, data, cfg))
             m, path = b.variant.metrics, str(b.variant.path)
-            c = Candidate(b.name, m["rank_p50_ms"], rel.value, rel.lo, rel.hi, b.variant.params, path)
+            batched = b.node.parent if b.node.step == "batching" else ""
+            c = Candidate(
+                b.name, m["rank_p50_ms"], rel.value, rel.lo, rel.hi, b.variant.params, path, batched
+            )
             cands.append(c)
             within = c.drop_pct <= sc.max_auc_drop_pct
             tracker.log(
@@ -199,16 +208,29 @@ _ABSENT = object()
 
 
 def front(trials: list[dict]) -> list[tuple[dict, dict]]:
-    """(trial, candidate) pairs within the budget and on the Pareto front of in-process rank p50 vs val
-    ΔAUC over every trial's variants: the ones worth a full load test."""
-    cands = [(t, c) for t in trials for c in t["candidates"]]
+    """(trial, candidate) pairs worth a full load test: those within the budget and on the Pareto front of
+    in-process rank p50 vs val ΔAUC over every trial's screened variants, then the batched copies of
+    those (same trial)."""
+    cands = _screened(trials)
     pts = _pareto([(c["rank_p50_ms"], c["val_delta_rel"]) for _, c in cands])
-    return [
+    chosen = [
         (t, c)
         for t, c in cands
         if (c["rank_p50_ms"], c["val_delta_rel"]) in pts
         and -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
     ]
+    keys = {load_key(t, c) for t, c in chosen}
+    return chosen + [
+        (t, c)
+        for t in trials
+        for c in t["candidates"]
+        if c.get("batched_from") and load_key(t, {"name": c["batched_from"]}) in keys
+    ]
+
+
+def _screened(trials: list[dict]) -> list[tuple[dict, dict]]:
+    """Every trial's variants that the in-process screen can tell apart (batched copies are not)."""
+    return [(t, c) for t in trials for c in t["candidates"] if not c.get("batched_from")]
 
 
 def load_key(t: dict, c: dict) -> str:
@@ -246,7 +268,8 @@ def summarize(
         winner = {"trial": t["trial"], "variant": c["name"], "overrides": t["overrides"],
                   "objective": t["objective"], "max_qps": None, "cand": c}  # fmt: skip
     cands = [(t, c) for t in trials for c in t["candidates"]]
-    pts = _pareto([(c["rank_p50_ms"], c["val_delta_rel"]) for _, c in cands])
+    pts = _pareto([(c["rank_p50_ms"], c["val_delta_rel"]) for _, c in _screened(trials)])
+    tested = {load_key(t, c) for t, c in front(trials)}
     lines = [
         "# Accuracy-budget search",
         "",
@@ -254,7 +277,9 @@ def summarize(
         "returned to Optuna): in-process rank throughput (1000 / rank_p50_ms, ranking calls/s) of the trial's "
         "fastest variant within the budget; a trial with none returns minus its nearest variant's excess over "
         "the budget (% points). The winner is the budget-meeting Pareto-front variant with the highest max QPS "
-        "at the SLO when the front was load-tested, else the trial with the best objective.",
+        "at the SLO when the front was load-tested, else the trial with the best objective. A batched variant "
+        "(its parent's model behind the dynamic batcher, at the trial's window) is not screened: it is "
+        "load-tested when its parent is on the front.",
         "",
         f"Full load test of the front: {load_note or 'not run'}.",
         "",
@@ -263,7 +288,7 @@ def summarize(
         c = winner["cand"]
         by = f"max QPS at the SLO {winner['max_qps']:g} req/s, " if winner["max_qps"] is not None else ""
         lines.append(
-            f"**Winner: trial {winner['trial']}** ({' '.join(winner['overrides'])}), variant `{c['name']}`: "
+            f"**Winner: trial {winner['trial']}** ({_shown(winner['overrides'])}), variant `{c['name']}`: "
             f"{by}{1000 / c['rank_p50_ms']:.1f} ranking calls/s in process (rank p50 {c['rank_p50_ms']:.2f} ms), "
             f"val ΔAUC {_pct(c)}."
         )
@@ -286,28 +311,43 @@ def summarize(
     ]
     for t, c in cands:
         within = -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
-        on_front = (c["rank_p50_ms"], c["val_delta_rel"]) in pts
+        on_front = "yes" if (c["rank_p50_ms"], c["val_delta_rel"]) in pts else ""
+        if c.get("batched_from"):
+            on_front = f"with {c['batched_from']}" if load_key(t, c) in tested else "not screened"
         q = qps.get(load_key(t, c), "") if load_key(t, c) in qps else ""
         q = "n/a" if q is None else (f"{q:g}" if q != "" else "")
         lines.append(
-            f"| {t['trial']} | {' '.join(t['overrides'])} | {c['name']} | {c['params']:,} | {_pct(c)} "
+            f"| {t['trial']} | {_shown(t['overrides'])} | {c['name']} | {c['params']:,} | {_pct(c)} "
             f"| {c['rank_p50_ms']:.2f} | {1000 / c['rank_p50_ms']:.1f} | {'yes' if within else 'no'} "
-            f"| {'yes' if on_front else ''} | {q} | {t['objective']:.4g} |"
+            f"| {on_front} | {q} | {t['objective']:.4g} |"
         )
     for t in trials:
         if not t["candidates"]:
             lines.append(
-                f"| {t['trial']} | {' '.join(t['overrides'])} | (none built) | | | | | no | | | "
+                f"| {t['trial']} | {_shown(t['overrides'])} | (none built) | | | | | no | | | "
                 f"{t['objective']:.4g} |"
             )
     out_dir.mkdir(parents=True, exist_ok=True)
     md = "\n".join(lines) + "\n"
     files = [out_dir / SUMMARY_FILE]
     files[0].write_text(md)
-    plot = _plot(cands, pts, budget, out_dir / PARETO_FILE)
+    plot = _plot(_screened(trials), pts, budget, out_dir / PARETO_FILE)
     if plot is not None:
         files.append(plot)
     return md, winner, files
+
+
+def _shown(overrides: list[str]) -> str:
+    """A trial's sampled settings for a table, floats to 4 significant digits (Optuna samples 17)."""
+
+    def short(o: str) -> str:
+        key, _, value = o.partition("=")
+        try:
+            return f"{key}={float(value):.4g}" if "." in value else o
+        except ValueError:
+            return o
+
+    return " ".join(short(o) for o in overrides)
 
 
 def _pct(c: dict) -> str:

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import asdict
 from pathlib import Path
 
 import pytest
@@ -13,7 +14,16 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from reco.config import ConfigError, compose
-from reco.search import NO_VARIANT, SUMMARY_FILE, TRIAL_FILE, Candidate, check_space, objective, summarize
+from reco.search import (
+    NO_VARIANT,
+    SUMMARY_FILE,
+    TRIAL_FILE,
+    Candidate,
+    check_space,
+    front,
+    objective,
+    summarize,
+)
 
 ROOT = Path(__file__).resolve().parents[1]
 # Smaller than the smoke preset: a baseline trains in seconds; loadtest and profile are off in the preset.
@@ -33,6 +43,8 @@ TOY = [
     "distill.rows_per_epoch=null",
     "distill.student.top=[16,8]",
     "distill.student.min_rows=50",
+    "accelerate.tune.repeats=3",
+    "accelerate.tune.warmup=1",
     "rank_latency.repeats=5",
     "rank_latency.warmup=1",
     "hydra.sweeper.n_trials=2",
@@ -59,6 +71,28 @@ def test_a_trial_missing_the_budget_is_penalised_below_every_feasible_trial():
     assert s.objective == pytest.approx(-0.2)  # 0.3 % drop is 0.2 points over the budget
     assert objective([Candidate("c", 1.0, -0.0035)], 0.1).objective < s.objective  # nearer scores higher
     assert objective([], 0.1) == type(s)(NO_VARIANT, False, None)
+
+
+def test_a_batched_copy_is_not_screened_but_load_tested_with_its_parent(tmp_path):
+    """The screen cannot tell a batched variant from its parent (same model): it never decides a trial's
+    objective or the front, and it joins the front's load test exactly when its parent is on the front."""
+    fast_batched = Candidate("onnx_batched", rank_p50_ms=0.5, val_delta_rel=0.0, batched_from="onnx")
+    s = objective([Candidate("onnx", 2.0, 0.0), fast_batched], max_auc_drop_pct=0.1)
+    assert s.best == "onnx" and s.objective == pytest.approx(500.0)
+    assert objective([fast_batched], 0.1).objective == NO_VARIANT
+
+    def trial(n: int, ms: float) -> dict:
+        cands = [Candidate("onnx", ms, -0.0005), Candidate("onnx_batched", 0.1, -0.0005, batched_from="onnx")]
+        return {"trial": n, "overrides": [f"batching.max_queue_delay_ms={n + 0.123456789}"],
+                "max_auc_drop_pct": 0.1, "objective": 1000 / ms, "within_budget": True, "best": "onnx",
+                "parent_run": "", "candidates": [asdict(c) for c in cands]}  # fmt: skip
+
+    trials = [trial(0, 1.0), trial(1, 3.0)]  # trial 1's onnx is dominated (slower, same ΔAUC)
+    assert [(t["trial"], c["name"]) for t, c in front(trials)] == [(0, "onnx"), (0, "onnx_batched")]
+    md, winner, _ = summarize(trials, tmp_path, qps={"t0_onnx": 50.0, "t0_onnx_batched": 80.0})
+    assert winner is not None and (winner["trial"], winner["variant"]) == (0, "onnx_batched")
+    assert "| with onnx | 80 |" in md and "| not screened |" in md
+    assert "batching.max_queue_delay_ms=0.1235" in md  # sampled floats shown to 4 digits
 
 
 def test_summary_without_a_winner_names_the_best_delta_seen(tmp_path):
@@ -160,6 +194,11 @@ def test_two_trial_sweep_load_tests_the_front_and_names_a_winner_within_the_budg
     md = (out / SUMMARY_FILE).read_text()
     for t in trials:
         assert f"{t['objective']:.4g}" in md
+    for t in trials:  # every lever of the space built a variant; the batched one is known as such
+        built = {c["name"]: c["batched_from"] for c in t["candidates"]}
+        assert built == {"pruned": "", "distilled": "", "distilled_onnx": "", "distilled_emb": "",
+                         "distilled_onnx_batched": "distilled_onnx"}, t  # fmt: skip
+        assert t["best"] != "distilled_onnx_batched"
     for t in trials:  # the objective is the in-process throughput of the trial's best variant in budget
         if t["within_budget"]:
             c = next(c for c in t["candidates"] if c["name"] == t["best"])
