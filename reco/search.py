@@ -26,7 +26,7 @@ from __future__ import annotations
 import io
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +39,8 @@ from reco.config import ConfigError, typed
 TRIAL_FILE = "search_trial.json"  # one per trial, in the trial's Hydra output directory
 SUMMARY_FILE = "search_summary.md"  # in the sweep directory
 PARETO_FILE = "search_pareto.png"
+FRONT_PLOT = "search_front_load.png"  # val ΔAUC vs max QPS @ SLO and vs e2e p99 of the load-tested front
+FRONT_FILE = "front_load.json"  # the front's load-test figures (FrontLoad), in the sweep directory
 NO_VARIANT = -1e6  # objective of a trial where no candidate variant was built at all
 
 
@@ -71,6 +73,17 @@ class Candidate:
     def throughput(self) -> float:
         """Ranking calls per second, in process."""
         return 1000.0 / self.rank_p50_ms
+
+
+@dataclass
+class FrontLoad:
+    """What the front's load test measured, per load_key() and for the reference under its own name
+    (None: not measured, e.g. its server failed)."""
+
+    note: str  # how the front was load-tested (SLO, repeats, raw files), or why not
+    reference: str = ""
+    max_qps: dict[str, float | None] = field(default_factory=dict)  # median max QPS at the SLO, repeats
+    p99_ms: dict[str, float | None] = field(default_factory=dict)  # median e2e p99 at the common load
 
 
 @dataclass
@@ -239,21 +252,21 @@ def load_key(t: dict, c: dict) -> str:
 
 
 def summarize(
-    trials: list[dict], out_dir: Path, qps: dict[str, float | None] | None = None, load_note: str = ""
+    trials: list[dict], out_dir: Path, load: FrontLoad | None = None
 ) -> tuple[str, dict | None, list[Path]]:
     """The sweep's summary: a markdown table of every trial's variants and the winner.
 
     Args:
         trials: the trials' `search_trial.json` records.
-        out_dir: where search_summary.md (and the Pareto plot) go.
-        qps: median max QPS at the SLO per load_key() of the load-tested front (None: its test failed);
-            when any is measured the winner is the front variant with the highest, else the best objective.
-        load_note: how the front was load-tested (SLO, repeats), or why not.
+        out_dir: where search_summary.md (and the plots) go.
+        load: the front's load test, if it ran; when any front variant's max QPS at the SLO was measured,
+            the winner is the one with the highest, else the trial with the best objective.
     Returns:
         (markdown, the winner {trial, variant, overrides, objective, max_qps} or None, the files written).
     """
     trials = sorted(trials, key=lambda t: t["trial"])
-    qps = qps or {}
+    load = load or FrontLoad("not run")
+    qps, p99 = load.max_qps, load.p99_ms
     budget = trials[0]["max_auc_drop_pct"] if trials else float("nan")
     ok = [t for t in trials if t["within_budget"]]
     winner = None
@@ -281,7 +294,7 @@ def summarize(
         "(its parent's model behind the dynamic batcher, at the trial's window) is not screened: it is "
         "load-tested when its parent is on the front.",
         "",
-        f"Full load test of the front: {load_note or 'not run'}.",
+        f"Full load test of the front: {load.note}.",
         "",
     ]
     if winner is not None:
@@ -306,35 +319,50 @@ def summarize(
     lines += [
         "",
         "| trial | overrides | variant | params | val ΔAUC [95% CI] | rank p50 ms | calls/s | within budget "
-        "| Pareto | max QPS @ SLO | trial objective |",
-        "|---|---|---|---|---|---|---|---|---|---|---|",
+        "| Pareto | max QPS @ SLO | e2e p99 ms @ common load | trial objective |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t, c in cands:
         within = -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
         on_front = "yes" if (c["rank_p50_ms"], c["val_delta_rel"]) in pts else ""
         if c.get("batched_from"):
             on_front = f"with {c['batched_from']}" if load_key(t, c) in tested else "not screened"
-        q = qps.get(load_key(t, c), "") if load_key(t, c) in qps else ""
-        q = "n/a" if q is None else (f"{q:g}" if q != "" else "")
+        key = load_key(t, c)
         lines.append(
             f"| {t['trial']} | {_shown(t['overrides'])} | {c['name']} | {c['params']:,} | {_pct(c)} "
             f"| {c['rank_p50_ms']:.2f} | {1000 / c['rank_p50_ms']:.1f} | {'yes' if within else 'no'} "
-            f"| {on_front} | {q} | {t['objective']:.4g} |"
+            f"| {on_front} | {_cell(qps, key, 'g')} | {_cell(p99, key, '.1f')} | {t['objective']:.4g} |"
+        )
+    if load.reference in qps:
+        ref = load.reference
+        lines.append(
+            f"| | | {ref} (reference) | | 0 | | | | | {_cell(qps, ref, 'g')} | {_cell(p99, ref, '.1f')} | |"
         )
     for t in trials:
         if not t["candidates"]:
             lines.append(
-                f"| {t['trial']} | {_shown(t['overrides'])} | (none built) | | | | | no | | | "
+                f"| {t['trial']} | {_shown(t['overrides'])} | (none built) | | | | | no | | | | "
                 f"{t['objective']:.4g} |"
             )
     out_dir.mkdir(parents=True, exist_ok=True)
     md = "\n".join(lines) + "\n"
     files = [out_dir / SUMMARY_FILE]
     files[0].write_text(md)
-    plot = _plot(_screened(trials), pts, budget, out_dir / PARETO_FILE)
-    if plot is not None:
-        files.append(plot)
+    for plot in (
+        _plot(_screened(trials), pts, budget, out_dir / PARETO_FILE),
+        _plot_load(front(trials), load, budget, out_dir / FRONT_PLOT),
+    ):
+        if plot is not None:
+            files.append(plot)
     return md, winner, files
+
+
+def _cell(figures: dict[str, float | None], key: str, fmt: str) -> str:
+    """A load-test figure for the table: blank when not tested, n/a when tested but not measured."""
+    if key not in figures:
+        return ""
+    v = figures[key]
+    return "n/a" if v is None else format(v, fmt)
 
 
 def _shown(overrides: list[str]) -> str:
@@ -389,6 +417,37 @@ def _plot(cands: list[tuple[dict, dict]], front: list, budget: float, path: Path
     return path
 
 
+def _plot_load(tested: list[tuple[dict, dict]], load: FrontLoad, budget: float, path: Path) -> Path | None:
+    """Val ΔAUC of the load-tested front (and the reference at 0) against its max QPS at the SLO and its
+    e2e p99 at the common load: the front as a user of the served variants sees it."""
+    pts = [(load_key(t, c), c["val_delta_rel"] * 100) for t, c in tested]
+    pts += [(load.reference, 0.0)] if load.reference in load.max_qps else []
+    if not any(load.max_qps.get(k) is not None or load.p99_ms.get(k) is not None for k, _ in pts):
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, 2, figsize=(10, 4), sharey=True)
+    for ax, figures, label in (
+        (axes[0], load.max_qps, "max QPS at the SLO (req/s)"),
+        (axes[1], load.p99_ms, "e2e p99 at the common load (ms)"),
+    ):
+        shown = [(k, figures[k], y) for k, y in pts if figures.get(k) is not None]
+        ax.scatter([x for _, x, _ in shown], [y for _, _, y in shown], s=18)
+        for k, x, y in shown:
+            ax.annotate(k, (x, y), fontsize=6)
+        ax.axhline(-budget, color="C3", ls="--", label=f"budget −{budget}%")
+        ax.set_xlabel(label)
+    axes[0].set_ylabel("val ΔAUC vs baseline (%)")
+    axes[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
+    return path
+
+
 class SearchSummary(Callback):
     """Hydra callback of `experiment=search` (hydra.callbacks): checks the search space before the first
     trial and writes the summary when the sweep ends (markdown in the sweep dir + an MLflow run)."""
@@ -405,15 +464,15 @@ class SearchSummary(Callback):
 
         sweep = Path(config.hydra.sweep.dir)
         trials = [json.loads(p.read_text()) for p in sorted(sweep.glob(f"*/{TRIAL_FILE}"))]
-        qps: dict[str, float | None] = {}
-        note = "off (search.load_test_front=false)"
+        load = FrontLoad("off (search.load_test_front=false)")
         if typed(config.search, SearchConfig, "search").load_test_front:
             try:
-                qps, note = load_test_front(config, trials, sweep / "front_load")
+                load = load_test_front(config, trials, sweep / "front_load")
             except Exception as e:  # the in-process results and the summary must survive a failed load test
-                note = f"failed: {type(e).__name__}: {e}"
-                print(f"[search] front load test {note}", flush=True)
-        md, winner, files = summarize(trials, sweep, qps, note)
+                load = FrontLoad(f"failed: {type(e).__name__}: {e}")
+                print(f"[search] front load test {load.note}", flush=True)
+        (sweep / FRONT_FILE).write_text(json.dumps(asdict(load), indent=1))
+        md, winner, files = summarize(trials, sweep, load)
         tracker = Tracker(config.tracking.uri, config.experiment_name, config.tracking.artifact_root)
         run = tracker.start_run(
             f"{config.experiment_name} summary",
@@ -424,7 +483,8 @@ class SearchSummary(Callback):
                 "search.winner_variant": winner["variant"] if winner else "none",
             },
         )
-        metrics = {f"front_max_qps_{k}": v for k, v in qps.items() if v is not None}
+        metrics = {f"front_max_qps_{k}": v for k, v in load.max_qps.items() if v is not None}
+        metrics |= {f"front_e2e_p99_ms_{k}": v for k, v in load.p99_ms.items() if v is not None}
         if winner:
             metrics["search_best_objective"] = winner["objective"]
             if winner["max_qps"] is not None:
@@ -435,15 +495,14 @@ class SearchSummary(Callback):
         print(f"\n{md}\nSearch summary: {sweep / SUMMARY_FILE}", flush=True)
 
 
-def load_test_front(
-    config: DictConfig, trials: list[dict], out_dir: Path
-) -> tuple[dict[str, float | None], str]:
+def load_test_front(config: DictConfig, trials: list[dict], out_dir: Path) -> FrontLoad:
     """The second fidelity: serve the budget-meeting Pareto-front variants and the baseline side by side and
     load-test them (reco.loadtest.study with the config's `loadtest` and `serve` settings).
 
     Returns:
-        ({load_key: median max QPS at the SLO over the repeats, None when not measured}, a note for the
-        summary: what was tested at which SLO, or why nothing was).
+        Per load_key() and for the baseline: median max QPS at the SLO and median e2e p99 at the common
+        load over the repeats (None when not measured), and a note: what was tested at which SLO, or why
+        nothing was.
     """
     from reco.data import load_dataset
     from reco.loadtest.study import run_study
@@ -451,7 +510,7 @@ def load_test_front(
 
     chosen = front(trials)
     if not chosen:
-        return {}, "nothing to test (no budget-meeting variant on the front)"
+        return FrontLoad("nothing to test (no budget-meeting variant on the front)")
     base = next(t["baseline_path"] for t in trials if t.get("baseline_path"))
     data, data_path = load_dataset(
         OmegaConf.to_container(config.data, resolve=True), Path(config.cache_dir) / "data"
@@ -463,15 +522,16 @@ def load_test_front(
     print(f"\n[search] load-testing the front: {', '.join(n for n, _ in variants[1:])} (+ {ref})", flush=True)
     cfg = {"loadtest": lt, "serve": OmegaConf.to_container(config.serve, resolve=True)}
     study = run_study(variants, data, data_path, cfg, out_dir)
-    qps: dict[str, float | None] = {}
+    slo = f"{study.slo_p99_ms:.1f} ms" if study.slo_p99_ms is not None else "none"
+    load = FrontLoad(
+        f"{len(chosen)} variant(s) and the baseline served side by side, capacity at p99 ≤ {slo} "
+        f"({study.slo_source}), common load {study.common_rate_qps or 'n/a'} req/s, "
+        f"{lt['study']['repeats']} repeat(s); raw files {out_dir}",
+        ref,
+    )
     for name, o in study.outcomes.items():
         caps = [c.highest_pass for c in o.capacity]
-        qps[name] = float(np.median(caps)) if caps and not o.error else None
-    base_qps = qps.pop(ref, None)
-    slo = f"{study.slo_p99_ms:.1f} ms" if study.slo_p99_ms is not None else "none"
-    note = (
-        f"{len(chosen)} variant(s) and the baseline ({base_qps if base_qps is not None else 'n/a'} req/s) served "
-        f"side by side, capacity at p99 ≤ {slo} ({study.slo_source}), {lt['study']['repeats']} repeat(s); "
-        f"raw files {out_dir}"
-    )
-    return qps, note
+        p99s = [p for r in o.common if r.valid and (p := r.quantiles["p99"].value) is not None]
+        load.max_qps[name] = float(np.median(caps)) if caps and not o.error else None
+        load.p99_ms[name] = float(np.median(p99s)) if p99s and not o.error else None
+    return load

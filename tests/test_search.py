@@ -19,6 +19,7 @@ from reco.search import (
     SUMMARY_FILE,
     TRIAL_FILE,
     Candidate,
+    FrontLoad,
     check_space,
     front,
     objective,
@@ -89,9 +90,14 @@ def test_a_batched_copy_is_not_screened_but_load_tested_with_its_parent(tmp_path
 
     trials = [trial(0, 1.0), trial(1, 3.0)]  # trial 1's onnx is dominated (slower, same ΔAUC)
     assert [(t["trial"], c["name"]) for t, c in front(trials)] == [(0, "onnx"), (0, "onnx_batched")]
-    md, winner, _ = summarize(trials, tmp_path, qps={"t0_onnx": 50.0, "t0_onnx_batched": 80.0})
+    load = FrontLoad("by hand", "baseline", {"t0_onnx": 50.0, "t0_onnx_batched": 80.0, "baseline": 90.0},
+                     {"t0_onnx": 31.0, "t0_onnx_batched": None, "baseline": 12.0})  # fmt: skip
+    md, winner, files = summarize(trials, tmp_path, load)
+    # the winner is the front's best; the reference (faster here) is shown, never chosen
     assert winner is not None and (winner["trial"], winner["variant"]) == (0, "onnx_batched")
-    assert "| with onnx | 80 |" in md and "| not screened |" in md
+    assert "| with onnx | 80 | n/a |" in md and "| not screened |  |  |" in md and "| 50 | 31.0 |" in md
+    assert "| baseline (reference) | | 0 | | | | | 90 | 12.0 | |" in md
+    assert [f.name for f in files] == [SUMMARY_FILE, "search_pareto.png", "search_front_load.png"]
     assert "batching.max_queue_delay_ms=0.1235" in md  # sampled floats shown to 4 digits
 
 
@@ -206,13 +212,19 @@ def test_two_trial_sweep_load_tests_the_front_and_names_a_winner_within_the_budg
                 1000 / c["rank_p50_ms"]
             )
     # the second fidelity: the front within the budget served beside the baseline and load-tested
-    assert "capacity at p99 ≤ 100.0 ms" in md
+    assert "capacity at p99 ≤ 100.0 ms" in md and "common load 100.0 req/s" in md
+    assert json.loads((out / "front_load.json").read_text())["reference"] == "baseline"
+    assert (out / "search_front_load.png").exists()
     assert (out / "front_load" / "requests.jsonl").exists()
     served = {d.name for d in (out / "front_load").iterdir() if d.is_dir()}
     names = {f"t{t['trial']}_{c['name']}" for t in trials for c in t["candidates"]}
     assert "baseline" in served and served - {"baseline"} and served - {"baseline"} <= names
     (summary,) = [r for r in runs if r.data.tags.get("search.summary") == "true"]
-    qps = {k: v for k, v in summary.data.metrics.items() if k.startswith("front_max_qps_")}
+    qps = {k: v for k, v in summary.data.metrics.items() if k.startswith("front_max_qps_t")}
+    assert (
+        "front_max_qps_baseline" in summary.data.metrics
+        and "front_e2e_p99_ms_baseline" in summary.data.metrics
+    )
     assert qps, summary.data.metrics
     winner = summary.data.tags["search.winner_trial"]
     if winner != "none":
