@@ -77,7 +77,7 @@ def run(cfg: DictConfig) -> list[Built]:
     run_name = cfg.experiment_name + (f" [{', '.join(overrides)}]" if overrides else "")
     tags = {**environment_tags(), "experiment": cfg.experiment_name, "overrides": " ".join(overrides)}
     if multirun:
-        tags["multirun.sweep_dir"] = hc.sweep.dir
+        tags["multirun.sweep_dir"] = str(Path(hc.sweep.dir).resolve())  # as a user can find it from anywhere
     parent_run = tracker.start_run(run_name, tags=tags)
     print(f"MLflow: experiment {cfg.experiment_name!r}, parent run {parent_run} ({tracking.uri})", flush=True)
     status = "FAILED"

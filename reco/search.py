@@ -462,7 +462,7 @@ class SearchSummary(Callback):
     def on_multirun_end(self, config: DictConfig, **kwargs: Any) -> None:
         from reco.tracking import Tracker
 
-        sweep = Path(config.hydra.sweep.dir)
+        sweep = Path(config.hydra.sweep.dir).resolve()  # the trials' runs are tagged with it
         trials = [json.loads(p.read_text()) for p in sorted(sweep.glob(f"*/{TRIAL_FILE}"))]
         load = FrontLoad("off (search.load_test_front=false)")
         if typed(config.search, SearchConfig, "search").load_test_front:

@@ -139,7 +139,7 @@ def sweep(store: Path, name: str, *extra: str) -> tuple[subprocess.CompletedProc
         f"tracking.uri=sqlite:///{store}/mlflow.db",
         f"tracking.artifact_root={store}/artifacts",
         f"cache_dir={store}/cache",
-        f"hydra.sweep.dir={out}",
+        f"hydra.sweep.dir={name}",  # relative to cwd=store, as a user's multirun/... is
         *extra,
     ]
     p = subprocess.run(
