@@ -435,11 +435,13 @@ def _plot_load(tested: list[tuple[dict, dict]], load: FrontLoad, budget: float, 
         (axes[1], load.p99_ms, "e2e p99 at the common load (ms)"),
     ):
         shown = [(k, figures[k], y) for k, y in pts if figures.get(k) is not None]
+        off = [k for k, x, _ in shown if not math.isfinite(x)]  # e.g. p99 = inf: > 1% of requests failed
+        shown = [p for p in shown if p[0] not in off]
         ax.scatter([x for _, x, _ in shown], [y for _, _, y in shown], s=18)
         for k, x, y in shown:
             ax.annotate(k, (x, y), fontsize=6)
         ax.axhline(-budget, color="C3", ls="--", label=f"budget −{budget}%")
-        ax.set_xlabel(label)
+        ax.set_xlabel(label + (f"\nnot finite, not drawn: {', '.join(off)}" if off else ""))
     axes[0].set_ylabel("val ΔAUC vs baseline (%)")
     axes[0].legend(fontsize=7)
     fig.tight_layout()
