@@ -270,7 +270,8 @@ def summarize(
     budget = trials[0]["max_auc_drop_pct"] if trials else float("nan")
     ok = [t for t in trials if t["within_budget"]]
     winner = None
-    measured = [(t, c) for t, c in front(trials) if qps.get(load_key(t, c)) is not None]
+    tested = front(trials)
+    measured = [(t, c) for t, c in tested if qps.get(load_key(t, c)) is not None]
     if measured:
         t, c = max(measured, key=lambda tc: qps[load_key(*tc)])
         winner = {"trial": t["trial"], "variant": c["name"], "overrides": t["overrides"],
@@ -282,7 +283,7 @@ def summarize(
                   "objective": t["objective"], "max_qps": None, "cand": c}  # fmt: skip
     cands = [(t, c) for t in trials for c in t["candidates"]]
     pts = _pareto([(c["rank_p50_ms"], c["val_delta_rel"]) for _, c in _screened(trials)])
-    tested = {load_key(t, c) for t, c in front(trials)}
+    tested_keys = {load_key(t, c) for t, c in tested}
     lines = [
         "# Accuracy-budget search",
         "",
@@ -323,11 +324,10 @@ def summarize(
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t, c in cands:
-        within = -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
+        key, within = load_key(t, c), -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
         on_front = "yes" if (c["rank_p50_ms"], c["val_delta_rel"]) in pts else ""
         if c.get("batched_from"):
-            on_front = f"with {c['batched_from']}" if load_key(t, c) in tested else "not screened"
-        key = load_key(t, c)
+            on_front = f"with {c['batched_from']}" if key in tested_keys else "not screened"
         lines.append(
             f"| {t['trial']} | {_shown(t['overrides'])} | {c['name']} | {c['params']:,} | {_pct(c)} "
             f"| {c['rank_p50_ms']:.2f} | {1000 / c['rank_p50_ms']:.1f} | {'yes' if within else 'no'} "
@@ -350,7 +350,7 @@ def summarize(
     files[0].write_text(md)
     for plot in (
         _plot(_screened(trials), pts, budget, out_dir / PARETO_FILE),
-        _plot_load(front(trials), load, budget, out_dir / FRONT_PLOT),
+        _plot_load(tested, load, budget, out_dir / FRONT_PLOT),
     ):
         if plot is not None:
             files.append(plot)
