@@ -134,6 +134,19 @@ def test_sweep_gives_sensitive_tables_more_bits(parent, data, trainer, tmp_path)
         assert b == (2.0 if v.metrics[f"emb_{f}_sens_drop"] <= 0 else 8.0), f
 
 
+def test_a_mix_over_the_budget_raises_tables_and_reports_each_at_its_bits(parent, data, trainer, tmp_path):
+    """Every table alone may lose anything (table_budget 1), so all start at int2; the variant's budget then
+    raises the most sensitive ones a step at a time. Each table's metrics are at the precision it ended with
+    (the report once looked up a precision the sweep had never scored: KeyError 'int4')."""
+    budget = 1e-4
+    v = build(parent, data, trainer, tmp_path / "raise", precisions=["int2", "int4", "int8", "fp16"],
+              table_budget=1.0, budget=budget)  # fmt: skip
+    bits = {k[4:-5]: b for k, b in v.metrics.items() if k.endswith("_bits")}
+    assert max(bits.values()) > 2.0 and v.metrics["emb_sweep_points"] > len(bits) + 1  # it raised
+    assert v.metrics["emb_tables_val_auc_rel_drop"] <= budget
+    assert all(f"emb_{f}_val_auc_drop" in v.metrics for f in bits)
+
+
 def test_unreachable_budget_is_a_step_error(parent, data, trainer, tmp_path):
     with pytest.raises(StepError, match=r"embed_quant\.budget=0\.0000%"):
         build(parent, data, trainer, tmp_path / "b", precisions=["int2"], budget=0.0, table_budget=0.0)

@@ -131,6 +131,7 @@ def choose(
             break
         worst = max(free, key=lambda f: solo_drop(f, precision[f]))
         precision[worst] = order[order.index(precision[worst]) + 1]
+        solo_drop(worst, precision[worst])  # the report gives every table's drop at the precision it got
         choice.mix.append(sweep.score(precision))
     return choice
 
