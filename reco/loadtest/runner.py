@@ -307,7 +307,7 @@ def run_load(
         latency file, or (workers > 1) a worker or the master exits before every window is done.
     """
     c = loadtest_config(cfg)
-    out = Path(out_dir)
+    out = Path(out_dir).resolve()  # Locust runs with its own cwd: every path it is handed is absolute
     out.mkdir(parents=True, exist_ok=True)
     lat_path = out / "latencies.csv"
     n = c.workers
@@ -318,7 +318,7 @@ def run_load(
     (out / "latency_cdf.png").unlink(missing_ok=True)
     if requests_path is not None and not Path(requests_path).exists():
         raise FileNotFoundError(f"{requests_path}: request file not found (see reco.loadtest.requests)")
-    req = Path(requests_path) if requests_path else None
+    req = Path(requests_path).resolve() if requests_path else None
     users, run_time, opts = window_options(c, lat_path)  # checks the settings before any process starts
     kept = pool.get(url, req, triton_model, cpus, c.seed) if pool is not None and n == 1 else None
     cmd = locust_command(url, c, out, req, reports, triton_model) if kept is None else []

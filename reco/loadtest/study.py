@@ -268,7 +268,7 @@ def run_study(
     lt = loadtest_config(_section(cfg, "loadtest"))
     serve = serve_config(_section(cfg, "serve"))
     st = lt.study
-    out = Path(out_dir).resolve()  # Locust runs in a directory of its own and is handed files under out
+    out = Path(out_dir)
     keep_warm = bool(lt.loadgen.keep_warm and serve.keep_warm)
     result = StudyOutcome(None, "", None, keep_warm, reference=st.reference, settle_s=st.settle_s)
     if data.schema.user_key is None or data.schema.item_key is None:
