@@ -2,19 +2,24 @@
 settings, each trial is one pipeline execution, and this module turns a trial's variants into the value
 Optuna maximises and, at the end of the sweep, into a summary naming the winner.
 
-Two fidelities. (1) Every trial, the screen: what a trial returns to Optuna is the in-process rank
-throughput, 1000 / rank_p50_ms (ranking calls of serve.n_candidates candidates per second, one scorer, no
-server), of the trial's fastest variant whose relative validation AUC drop against the baseline is within
-`search.max_auc_drop_pct`. (2) Once, when the sweep ends (`search.load_test_front`): the variants within
-the budget on the Pareto front (in-process rank p50 vs val ΔAUC, over all trials) are served beside the
-baseline and load-tested; the winner is the one with the highest median max QPS at the SLO.
+What a trial optimises (`search.objective`): `throughput` (default), the in-process rank throughput,
+1000 / rank_p50_ms (ranking calls of serve.n_candidates candidates per second, one scorer, no server);
+or `size`, the model file's compression against the baseline's (baseline size_mb / size_mb: what a
+memory-bound deployment buys from embedding and dense quantization). Either way, of the trial's best
+variant whose relative validation AUC drop against the baseline is within `search.max_auc_drop_pct`.
+
+Two fidelities. (1) Every trial, the screen: the objective above, measured in process. (2) Once, when the
+sweep ends (`search.load_test_front`): the variants within the budget on the Pareto front (the objective's
+cost, rank p50 or size_mb, vs val ΔAUC, over all trials) are served beside the baseline and load-tested.
+With `throughput` the winner is the one with the highest median max QPS at the SLO; with `size` it is the
+smallest within the budget, and the load test shows what serving it costs.
 
 A variant of the `batching` step is its parent's model served with dynamic batching: the screen cannot
-tell it from its parent (same scores, same call), so it takes no part in the objective or the front; it is
-load-tested, at its trial's sampled window, whenever its parent is on the front.
+tell it from its parent (same scores, same call, same file), so it takes no part in the objective or the
+front; it is load-tested, at its trial's sampled window, whenever its parent is on the front.
 
 Penalty convention: a trial with no variant within the budget returns minus how far its best variant is
-over the budget, in percentage points (always < 0 < any feasible throughput, and larger the nearer it came,
+over the budget, in percentage points (always < 0 < any feasible objective, and larger the nearer it came,
 so the sampler is steered toward the budget); a trial with no variant built returns NO_VARIANT. Its MLflow
 parent run carries the tag `search.within_budget=false`.
 
@@ -42,6 +47,11 @@ PARETO_FILE = "search_pareto.png"
 FRONT_PLOT = "search_front_load.png"  # val ΔAUC vs max QPS @ SLO and vs e2e p99 of the load-tested front
 FRONT_FILE = "front_load.json"  # the front's load-test figures (FrontLoad), in the sweep directory
 NO_VARIANT = -1e6  # objective of a trial where no candidate variant was built at all
+# search.objective -> (what the trial returns, the cost the Pareto front minimises, its unit)
+OBJECTIVES = {
+    "throughput": ("in-process rank throughput (1000 / rank_p50_ms, ranking calls/s)", "rank_p50_ms", "ms"),
+    "size": ("model-file compression against the baseline (baseline size_mb / size_mb)", "size_mb", "MB"),
+}
 
 
 @dataclass
@@ -49,7 +59,14 @@ class SearchConfig:
     """`search` (conf/search/default.yaml): the accuracy budget of `experiment=search`."""
 
     max_auc_drop_pct: float = MISSING  # relative validation AUC drop allowed against the baseline, in %
+    objective: str = MISSING  # one of OBJECTIVES: what a trial maximises within the budget
     load_test_front: bool = MISSING  # at the sweep's end, load-test the budget-meeting Pareto-front variants
+
+    def __post_init__(self) -> None:
+        if self.objective not in OBJECTIVES:
+            raise ConfigError(
+                f"search.objective: expected one of {sorted(OBJECTIVES)}, got {self.objective!r}"
+            )
 
 
 @dataclass
@@ -62,6 +79,7 @@ class Candidate:
     val_delta_lo: float | None = None  # its 95 % CI (DeLong, paired on the validation rows)
     val_delta_hi: float | None = None
     params: int = 0
+    size_mb: float = 0.0  # the model file the runtime loads
     path: str = ""  # the finished variant's cache directory (what the front's load test serves)
     batched_from: str = ""  # a batching-step variant: the variant whose model it serves (not screened)
 
@@ -73,6 +91,10 @@ class Candidate:
     def throughput(self) -> float:
         """Ranking calls per second, in process."""
         return 1000.0 / self.rank_p50_ms
+
+    def score(self, kind: str, base_size_mb: float) -> float:
+        """What this variant is worth to objective `kind` (higher is better)."""
+        return self.throughput if kind == "throughput" else base_size_mb / self.size_mb
 
 
 @dataclass
@@ -95,20 +117,24 @@ class TrialScore:
     best: str | None  # the fastest variant within the budget, or the one nearest to it
 
 
-def objective(cands: list[Candidate], max_auc_drop_pct: float) -> TrialScore:
+def objective(
+    cands: list[Candidate], max_auc_drop_pct: float, kind: str = "throughput", base_size_mb: float = 0.0
+) -> TrialScore:
     """The value a trial returns to Optuna (see the module docstring for the penalty convention).
 
     Args:
         cands: the trial's built non-baseline variants.
         max_auc_drop_pct: the budget, relative validation AUC drop in %.
+        kind: search.objective, a key of OBJECTIVES.
+        base_size_mb: the baseline's model file (what `size` compares against).
     Returns:
         The objective, whether any variant met the budget, and which variant decided it.
     """
     cands = [c for c in cands if not c.batched_from]
     ok = [c for c in cands if c.drop_pct <= max_auc_drop_pct]
     if ok:
-        best = max(ok, key=lambda c: c.throughput)
-        return TrialScore(best.throughput, True, best.name)
+        best = max(ok, key=lambda c: c.score(kind, base_size_mb))
+        return TrialScore(best.score(kind, base_size_mb), True, best.name)
     if not cands:
         return TrialScore(NO_VARIANT, False, None)
     nearest = min(cands, key=lambda c: c.drop_pct)
@@ -147,8 +173,9 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
             m, path = b.variant.metrics, str(b.variant.path)
             batched = b.node.parent if b.node.step == "batching" else ""
             c = Candidate(
-                b.name, m["rank_p50_ms"], rel.value, rel.lo, rel.hi, b.variant.params, path, batched
-            )
+                b.name, m["rank_p50_ms"], rel.value, rel.lo, rel.hi, b.variant.params, b.variant.size_mb,
+                path, batched,
+            )  # fmt: skip
             cands.append(c)
             within = c.drop_pct <= sc.max_auc_drop_pct
             tracker.log(
@@ -156,7 +183,8 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
                 metrics={"val_auc_delta_rel": c.val_delta_rel, "rank_calls_per_s": c.throughput},
                 tags={"search.within_budget": str(within).lower()},
             )
-    score = objective(cands, sc.max_auc_drop_pct)
+    base_mb = base.variant.size_mb if base.variant is not None else 0.0
+    score = objective(cands, sc.max_auc_drop_pct, sc.objective, base_mb)
     hc = HydraConfig.get()
     space = set(hc.sweeper.get("params") or {})
     record = {
@@ -164,6 +192,8 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
         # the sampled settings only (the sweep's fixed overrides are the same in every trial)
         "overrides": [o for o in hc.overrides.task if o.split("=", 1)[0] in space],
         "max_auc_drop_pct": sc.max_auc_drop_pct,
+        "objective_kind": sc.objective,
+        "baseline_size_mb": base_mb,
         "objective": score.objective,
         "within_budget": score.within_budget,
         "best": score.best,
@@ -222,15 +252,14 @@ _ABSENT = object()
 
 def front(trials: list[dict]) -> list[tuple[dict, dict]]:
     """(trial, candidate) pairs worth a full load test: those within the budget and on the Pareto front of
-    in-process rank p50 vs val ΔAUC over every trial's screened variants, then the batched copies of
-    those (same trial)."""
-    cands = _screened(trials)
-    pts = _pareto([(c["rank_p50_ms"], c["val_delta_rel"]) for _, c in cands])
+    the objective's cost (rank p50 or size_mb) vs val ΔAUC over every trial's screened variants, then the
+    batched copies of those (same trial)."""
+    cands, cost = _screened(trials), _cost(trials)
+    pts = _pareto([(c[cost], c["val_delta_rel"]) for _, c in cands])
     chosen = [
         (t, c)
         for t, c in cands
-        if (c["rank_p50_ms"], c["val_delta_rel"]) in pts
-        and -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
+        if (c[cost], c["val_delta_rel"]) in pts and -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
     ]
     keys = {load_key(t, c) for t, c in chosen}
     return chosen + [
@@ -239,6 +268,16 @@ def front(trials: list[dict]) -> list[tuple[dict, dict]]:
         for c in t["candidates"]
         if c.get("batched_from") and load_key(t, {"name": c["batched_from"]}) in keys
     ]
+
+
+def _kind(trials: list[dict]) -> str:
+    """The sweep's search.objective (records written before it existed optimised throughput)."""
+    return trials[0].get("objective_kind", "throughput") if trials else "throughput"
+
+
+def _cost(trials: list[dict]) -> str:
+    """The candidate field the sweep's Pareto front minimises."""
+    return OBJECTIVES[_kind(trials)][1]
 
 
 def _screened(trials: list[dict]) -> list[tuple[dict, dict]]:
@@ -259,8 +298,9 @@ def summarize(
     Args:
         trials: the trials' `search_trial.json` records.
         out_dir: where search_summary.md (and the plots) go.
-        load: the front's load test, if it ran; when any front variant's max QPS at the SLO was measured,
-            the winner is the one with the highest, else the trial with the best objective.
+        load: the front's load test, if it ran. With the throughput objective and any front variant's max
+            QPS at the SLO measured, the winner is the one with the highest; otherwise (or with the size
+            objective) it is the trial with the best objective.
     Returns:
         (markdown, the winner {trial, variant, overrides, objective, max_qps} or None, the files written).
     """
@@ -269,31 +309,40 @@ def summarize(
     qps, p99 = load.max_qps, load.p99_ms
     budget = trials[0]["max_auc_drop_pct"] if trials else float("nan")
     ok = [t for t in trials if t["within_budget"]]
-    winner = None
+    kind, cost = _kind(trials), _cost(trials)
     tested = front(trials)
     measured = [(t, c) for t, c in tested if qps.get(load_key(t, c)) is not None]
-    if measured:
-        t, c = max(measured, key=lambda tc: qps[load_key(*tc)])
-        winner = {"trial": t["trial"], "variant": c["name"], "overrides": t["overrides"],
-                  "objective": t["objective"], "max_qps": qps[load_key(t, c)], "cand": c}  # fmt: skip
+    pick = None
+    if kind == "throughput" and measured:
+        pick = max(measured, key=lambda tc: qps[load_key(*tc)])
     elif ok:
         t = max(ok, key=lambda t: t["objective"])
-        c = next(c for c in t["candidates"] if c["name"] == t["best"])
+        pick = t, next(c for c in t["candidates"] if c["name"] == t["best"])
+    winner = None
+    if pick is not None:
+        t, c = pick
         winner = {"trial": t["trial"], "variant": c["name"], "overrides": t["overrides"],
-                  "objective": t["objective"], "max_qps": None, "cand": c}  # fmt: skip
+                  "objective": t["objective"], "max_qps": qps.get(load_key(t, c)), "cand": c}  # fmt: skip
     cands = [(t, c) for t in trials for c in t["candidates"]]
-    pts = _pareto([(c["rank_p50_ms"], c["val_delta_rel"]) for _, c in _screened(trials)])
+    pts = _pareto([(c[cost], c["val_delta_rel"]) for _, c in _screened(trials)])
     tested_keys = {load_key(t, c) for t, c in tested}
     lines = [
         "# Accuracy-budget search",
         "",
-        f"Budget: relative validation AUC drop ≤ {budget}% against the baseline. Objective (what each trial "
-        "returned to Optuna): in-process rank throughput (1000 / rank_p50_ms, ranking calls/s) of the trial's "
-        "fastest variant within the budget; a trial with none returns minus its nearest variant's excess over "
-        "the budget (% points). The winner is the budget-meeting Pareto-front variant with the highest max QPS "
-        "at the SLO when the front was load-tested, else the trial with the best objective. A batched variant "
-        "(its parent's model behind the dynamic batcher, at the trial's window) is not screened: it is "
-        "load-tested when its parent is on the front.",
+        f"Budget: relative validation AUC drop ≤ {budget}% against the baseline. Objective "
+        f"(`search.objective={kind}`, what each trial returned to Optuna): {OBJECTIVES[kind][0]} of the "
+        "trial's best variant within the budget; a trial with none returns minus its nearest variant's excess "
+        "over the budget (% points). The Pareto front: "
+        f"{cost} vs val ΔAUC. The winner is "
+        + (
+            "the budget-meeting Pareto-front variant with the highest max QPS at the SLO when the front was "
+            "load-tested, else the trial with the best objective."
+            if kind == "throughput"
+            else "the trial with the best objective (the smallest model file within the budget); the front's "
+            "load test shows what serving it costs."
+        )
+        + " A batched variant (its parent's model behind the dynamic batcher, at the trial's window) is not "
+        "screened: it is load-tested when its parent is on the front.",
         "",
         f"Full load test of the front: {load.note}.",
         "",
@@ -301,10 +350,16 @@ def summarize(
     if winner is not None:
         c = winner["cand"]
         by = f"max QPS at the SLO {winner['max_qps']:g} req/s, " if winner["max_qps"] is not None else ""
+        base_mb = next(t for t in trials if t["trial"] == winner["trial"]).get("baseline_size_mb")
+        small = (
+            f"model file {c['size_mb']:.2f} MB ({base_mb / c['size_mb']:.2f}x smaller than the baseline's), "
+            if c.get("size_mb") and base_mb
+            else ""
+        )
         lines.append(
             f"**Winner: trial {winner['trial']}** ({_shown(winner['overrides'])}), variant `{c['name']}`: "
-            f"{by}{1000 / c['rank_p50_ms']:.1f} ranking calls/s in process (rank p50 {c['rank_p50_ms']:.2f} ms), "
-            f"val ΔAUC {_pct(c)}."
+            f"{by}{small}{1000 / c['rank_p50_ms']:.1f} ranking calls/s in process "
+            f"(rank p50 {c['rank_p50_ms']:.2f} ms), val ΔAUC {_pct(c)}."
         )
     else:
         seen = [c for _, c in cands]
@@ -319,29 +374,30 @@ def summarize(
         )
     lines += [
         "",
-        "| trial | overrides | variant | params | val ΔAUC [95% CI] | rank p50 ms | calls/s | within budget "
-        "| Pareto | max QPS @ SLO | e2e p99 ms @ common load | trial objective |",
-        "|---|---|---|---|---|---|---|---|---|---|---|---|",
+        "| trial | overrides | variant | params | size MB | val ΔAUC [95% CI] | rank p50 ms | calls/s "
+        "| within budget | Pareto | max QPS @ SLO | e2e p99 ms @ common load | trial objective |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t, c in cands:
         key, within = load_key(t, c), -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
-        on_front = "yes" if (c["rank_p50_ms"], c["val_delta_rel"]) in pts else ""
+        on_front = "yes" if (c[cost], c["val_delta_rel"]) in pts else ""
         if c.get("batched_from"):
             on_front = f"with {c['batched_from']}" if key in tested_keys else "not screened"
         lines.append(
-            f"| {t['trial']} | {_shown(t['overrides'])} | {c['name']} | {c['params']:,} | {_pct(c)} "
+            f"| {t['trial']} | {_shown(t['overrides'])} | {c['name']} | {c['params']:,} "
+            f"| {_cell(c, 'size_mb', '.2f')} | {_pct(c)} "
             f"| {c['rank_p50_ms']:.2f} | {1000 / c['rank_p50_ms']:.1f} | {'yes' if within else 'no'} "
             f"| {on_front} | {_cell(qps, key, 'g')} | {_cell(p99, key, '.1f')} | {t['objective']:.4g} |"
         )
     if load.reference in qps:
         ref = load.reference
         lines.append(
-            f"| | | {ref} (reference) | | 0 | | | | | {_cell(qps, ref, 'g')} | {_cell(p99, ref, '.1f')} | |"
+            f"| | | {ref} (reference) | | | 0 | | | | | {_cell(qps, ref, 'g')} | {_cell(p99, ref, '.1f')} | |"
         )
     for t in trials:
         if not t["candidates"]:
             lines.append(
-                f"| {t['trial']} | {_shown(t['overrides'])} | (none built) | | | | | no | | | | "
+                f"| {t['trial']} | {_shown(t['overrides'])} | (none built) | | | | | | no | | | | "
                 f"{t['objective']:.4g} |"
             )
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -349,7 +405,7 @@ def summarize(
     files = [out_dir / SUMMARY_FILE]
     files[0].write_text(md)
     for plot in (
-        _plot(_screened(trials), pts, budget, out_dir / PARETO_FILE),
+        _plot(_screened(trials), pts, cost, budget, out_dir / PARETO_FILE),
         _plot_load(tested, load, budget, out_dir / FRONT_PLOT),
     ):
         if plot is not None:
@@ -390,8 +446,9 @@ def _pareto(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
     return pareto_front([p for p in points if math.isfinite(p[0]) and math.isfinite(p[1])])
 
 
-def _plot(cands: list[tuple[dict, dict]], front: list, budget: float, path: Path) -> Path | None:
-    """Val ΔAUC vs in-process rank p50 of every trial's variants, the front and the budget line."""
+def _plot(cands: list[tuple[dict, dict]], front: list, cost: str, budget: float, path: Path) -> Path | None:
+    """Val ΔAUC vs the front's cost (in-process rank p50 or model size) of every trial's variants, the
+    front and the budget line."""
     if not cands:
         return None
     import matplotlib
@@ -400,15 +457,15 @@ def _plot(cands: list[tuple[dict, dict]], front: list, budget: float, path: Path
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(6, 4))
-    ax.scatter([c["rank_p50_ms"] for _, c in cands], [c["val_delta_rel"] * 100 for _, c in cands], s=18)
+    ax.scatter([c[cost] for _, c in cands], [c["val_delta_rel"] * 100 for _, c in cands], s=18)
     for t, c in cands:
-        ax.annotate(f"{t['trial']}:{c['name']}", (c["rank_p50_ms"], c["val_delta_rel"] * 100), fontsize=6)
+        ax.annotate(f"{t['trial']}:{c['name']}", (c[cost], c["val_delta_rel"] * 100), fontsize=6)
     if front:
         ax.step(
             [x for x, _ in front], [y * 100 for _, y in front], where="post", color="C1", label="Pareto front"
         )
     ax.axhline(-budget, color="C3", ls="--", label=f"budget −{budget}%")
-    ax.set_xlabel("in-process rank p50 (ms)")
+    ax.set_xlabel({"rank_p50_ms": "in-process rank p50 (ms)", "size_mb": "model file (MB)"}[cost])
     ax.set_ylabel("val ΔAUC vs baseline (%)")
     ax.legend(fontsize=7)
     fig.tight_layout()

@@ -13,13 +13,14 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from reco.config import ConfigError, compose
+from reco.config import ConfigError, compose, typed
 from reco.search import (
     NO_VARIANT,
     SUMMARY_FILE,
     TRIAL_FILE,
     Candidate,
     FrontLoad,
+    SearchConfig,
     check_space,
     front,
     objective,
@@ -96,9 +97,39 @@ def test_a_batched_copy_is_not_screened_but_load_tested_with_its_parent(tmp_path
     # the winner is the front's best; the reference (faster here) is shown, never chosen
     assert winner is not None and (winner["trial"], winner["variant"]) == (0, "onnx_batched")
     assert "| with onnx | 80 | n/a |" in md and "| not screened |  |  |" in md and "| 50 | 31.0 |" in md
-    assert "| baseline (reference) | | 0 | | | | | 90 | inf | |" in md  # > 1% failed: p99 not finite
+    assert "| baseline (reference) | | | 0 | | | | | 90 | inf | |" in md  # > 1% failed: p99 not finite
     assert [f.name for f in files] == [SUMMARY_FILE, "search_pareto.png", "search_front_load.png"]
     assert "batching.max_queue_delay_ms=0.1235" in md  # sampled floats shown to 4 digits
+
+
+def test_the_size_objective_picks_the_smallest_file_within_the_budget(tmp_path):
+    """search.objective=size: a trial returns the baseline's file size over its smallest budget-meeting
+    variant's, the front is size vs ΔAUC, and the winner stays the smallest even when the front's load test
+    finds a bigger variant faster (the load test shows what the small one costs, it does not decide)."""
+    cands = [
+        Candidate("onnx_int8", rank_p50_ms=1.0, val_delta_rel=-0.0002, size_mb=10.0),
+        Candidate("emb_int4", rank_p50_ms=3.0, val_delta_rel=-0.0008, size_mb=4.0),  # smaller, slower
+        Candidate("emb_int2", rank_p50_ms=3.0, val_delta_rel=-0.003, size_mb=2.0),  # smallest, over budget
+    ]
+    s = objective(cands, 0.1, "size", base_size_mb=40.0)
+    assert s.within_budget and s.best == "emb_int4" and s.objective == pytest.approx(10.0)
+    assert objective(cands, 0.1, "throughput").best == "onnx_int8"
+
+    trial = {"trial": 0, "overrides": ["embed_quant.table_budget=0.001"], "max_auc_drop_pct": 0.1,
+             "objective_kind": "size", "baseline_size_mb": 40.0, "objective": s.objective, "within_budget": True,
+             "best": s.best, "parent_run": "", "candidates": [asdict(c) for c in cands]}  # fmt: skip
+    # on the size front: both budget-meeting variants (neither dominates the other); emb_int2 is on the
+    # front too but over the budget, so it is not load-tested
+    assert [c["name"] for _, c in front([trial])] == ["onnx_int8", "emb_int4"]
+    load = FrontLoad("by hand", "baseline", {"t0_onnx_int8": 300.0, "t0_emb_int4": 120.0, "baseline": 20.0},
+                     {"t0_onnx_int8": 10.0, "t0_emb_int4": 25.0, "baseline": 90.0})  # fmt: skip
+    md, winner, files = summarize([trial], tmp_path, load)
+    assert winner is not None and winner["variant"] == "emb_int4" and winner["max_qps"] == 120.0
+    assert "`search.objective=size`" in md and "size_mb vs val ΔAUC" in md
+    assert "model file 4.00 MB (10.00x smaller than the baseline's)" in md
+    assert "| 4.00 | -0.080% |" in md  # the size column
+    with pytest.raises(ConfigError, match=r"search.objective: expected one of \['size', 'throughput'\]"):
+        typed(compose(["experiment=search", "search.objective=memory"]).search, SearchConfig, "search")
 
 
 def test_summary_without_a_winner_names_the_best_delta_seen(tmp_path):
