@@ -47,10 +47,10 @@ PARETO_FILE = "search_pareto.png"
 FRONT_PLOT = "search_front_load.png"  # val ΔAUC vs max QPS @ SLO and vs e2e p99 of the load-tested front
 FRONT_FILE = "front_load.json"  # the front's load-test figures (FrontLoad), in the sweep directory
 NO_VARIANT = -1e6  # objective of a trial where no candidate variant was built at all
-# search.objective -> (what the trial returns, the cost the Pareto front minimises, its unit)
+# search.objective -> (what a trial returns, the candidate field the Pareto front minimises)
 OBJECTIVES = {
-    "throughput": ("in-process rank throughput (1000 / rank_p50_ms, ranking calls/s)", "rank_p50_ms", "ms"),
-    "size": ("model-file compression against the baseline (baseline size_mb / size_mb)", "size_mb", "MB"),
+    "throughput": ("in-process rank throughput (1000 / rank_p50_ms, ranking calls/s)", "rank_p50_ms"),
+    "size": ("model-file compression against the baseline (baseline size_mb / size_mb)", "size_mb"),
 }
 
 
