@@ -18,6 +18,11 @@ A variant of the `batching` step is its parent's model served with dynamic batch
 tell it from its parent (same scores, same call, same file), so it takes no part in the objective or the
 front; it is load-tested, at its trial's sampled window, whenever its parent is on the front.
 
+Within the budget (`search.budget_test`): `point`, the ΔAUC's point estimate is within it; or `ci`, its
+whole 95% CI is (the CI's worst end is what is held against the budget). Either way the summary labels
+every variant with the CI's verdict: PASS (whole CI within), INCONCLUSIVE (the CI straddles the budget),
+FAIL (whole CI beyond).
+
 Penalty convention: a trial with no variant within the budget returns minus how far its best variant is
 over the budget, in percentage points (always < 0 < any feasible objective, and larger the nearer it came,
 so the sampler is steered toward the budget); a trial with no variant built returns NO_VARIANT. Its MLflow
@@ -52,6 +57,24 @@ OBJECTIVES = {
     "throughput": ("in-process rank throughput (1000 / rank_p50_ms, ranking calls/s)", "rank_p50_ms"),
     "size": ("model-file compression against the baseline (baseline size_mb / size_mb)", "size_mb"),
 }
+BUDGET_TESTS = ("point", "ci")
+
+
+def charged_drop_pct(c: dict, test: str) -> float:
+    """The relative val AUC drop (%) of candidate record `c` held against the budget: its point estimate,
+    or with test `ci` its 95% CI's worst end (the point estimate when the CI is unknown)."""
+    lo = c.get("val_delta_lo")
+    return -(lo if test == "ci" and lo is not None else c["val_delta_rel"]) * 100
+
+
+def budget_verdict(c: dict, budget_pct: float) -> str:
+    """The CI's verdict on the budget: PASS (whole CI within), FAIL (whole CI beyond), else INCONCLUSIVE."""
+    lo, hi = c.get("val_delta_lo"), c.get("val_delta_hi")
+    if lo is None or hi is None:
+        return "PASS" if -c["val_delta_rel"] * 100 <= budget_pct else "FAIL"
+    if -lo * 100 <= budget_pct:
+        return "PASS"
+    return "FAIL" if -hi * 100 > budget_pct else "INCONCLUSIVE"
 
 
 @dataclass
@@ -60,6 +83,9 @@ class SearchConfig:
 
     max_auc_drop_pct: float = MISSING  # relative validation AUC drop allowed against the baseline, in %
     objective: str = MISSING  # one of OBJECTIVES: what a trial maximises within the budget
+    budget_test: str = (
+        MISSING  # one of BUDGET_TESTS: the ΔAUC's point estimate or its whole CI within the budget
+    )
     load_test_front: bool = MISSING  # at the sweep's end, load-test the budget-meeting Pareto-front variants
 
     def __post_init__(self) -> None:
@@ -67,6 +93,8 @@ class SearchConfig:
             raise ConfigError(
                 f"search.objective: expected one of {sorted(OBJECTIVES)}, got {self.objective!r}"
             )
+        if self.budget_test not in BUDGET_TESTS:
+            raise ConfigError(f"search.budget_test: expected one of {BUDGET_TESTS}, got {self.budget_test!r}")
 
 
 @dataclass
@@ -118,7 +146,11 @@ class TrialScore:
 
 
 def objective(
-    cands: list[Candidate], max_auc_drop_pct: float, kind: str = "throughput", base_size_mb: float = 0.0
+    cands: list[Candidate],
+    max_auc_drop_pct: float,
+    kind: str = "throughput",
+    base_size_mb: float = 0.0,
+    test: str = "point",
 ) -> TrialScore:
     """The value a trial returns to Optuna (see the module docstring for the penalty convention).
 
@@ -127,18 +159,20 @@ def objective(
         max_auc_drop_pct: the budget, relative validation AUC drop in %.
         kind: search.objective, a key of OBJECTIVES.
         base_size_mb: the baseline's model file (what `size` compares against).
+        test: search.budget_test, a member of BUDGET_TESTS.
     Returns:
         The objective, whether any variant met the budget, and which variant decided it.
     """
-    cands = [c for c in cands if not c.batched_from]
-    ok = [c for c in cands if c.drop_pct <= max_auc_drop_pct]
+    drop = {c.name: charged_drop_pct(asdict(c), test) for c in cands if not c.batched_from}
+    cands = [c for c in cands if c.name in drop]
+    ok = [c for c in cands if drop[c.name] <= max_auc_drop_pct]
     if ok:
         best = max(ok, key=lambda c: c.score(kind, base_size_mb))
         return TrialScore(best.score(kind, base_size_mb), True, best.name)
     if not cands:
         return TrialScore(NO_VARIANT, False, None)
-    nearest = min(cands, key=lambda c: c.drop_pct)
-    return TrialScore(-(nearest.drop_pct - max_auc_drop_pct), False, nearest.name)
+    nearest = min(cands, key=lambda c: drop[c.name])
+    return TrialScore(-(drop[nearest.name] - max_auc_drop_pct), False, nearest.name)
 
 
 def finish_trial(cfg: DictConfig, built: list) -> float:
@@ -177,14 +211,14 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
                 path, batched,
             )  # fmt: skip
             cands.append(c)
-            within = c.drop_pct <= sc.max_auc_drop_pct
+            within = charged_drop_pct(asdict(c), sc.budget_test) <= sc.max_auc_drop_pct
             tracker.log(
                 b.run_id,
                 metrics={"val_auc_delta_rel": c.val_delta_rel, "rank_calls_per_s": c.throughput},
                 tags={"search.within_budget": str(within).lower()},
             )
     base_mb = base.variant.size_mb if base.variant is not None else 0.0
-    score = objective(cands, sc.max_auc_drop_pct, sc.objective, base_mb)
+    score = objective(cands, sc.max_auc_drop_pct, sc.objective, base_mb, sc.budget_test)
     hc = HydraConfig.get()
     space = set(hc.sweeper.get("params") or {})
     record = {
@@ -193,6 +227,7 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
         "overrides": [o for o in hc.overrides.task if o.split("=", 1)[0] in space],
         "max_auc_drop_pct": sc.max_auc_drop_pct,
         "objective_kind": sc.objective,
+        "budget_test": sc.budget_test,
         "baseline_size_mb": base_mb,
         "objective": score.objective,
         "within_budget": score.within_budget,
@@ -256,11 +291,7 @@ def front(trials: list[dict]) -> list[tuple[dict, dict]]:
     batched copies of those (same trial)."""
     cands, cost = _screened(trials), _cost(trials)
     pts = _pareto([(c[cost], c["val_delta_rel"]) for _, c in cands])
-    chosen = [
-        (t, c)
-        for t, c in cands
-        if (c[cost], c["val_delta_rel"]) in pts and -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
-    ]
+    chosen = [(t, c) for t, c in cands if (c[cost], c["val_delta_rel"]) in pts and _within(t, c)]
     keys = {load_key(t, c) for t, c in chosen}
     return chosen + [
         (t, c)
@@ -268,6 +299,11 @@ def front(trials: list[dict]) -> list[tuple[dict, dict]]:
         for c in t["candidates"]
         if c.get("batched_from") and load_key(t, {"name": c["batched_from"]}) in keys
     ]
+
+
+def _within(t: dict, c: dict) -> bool:
+    """Candidate `c` of trial record `t` is within the trial's budget, by the trial's budget test."""
+    return charged_drop_pct(c, t.get("budget_test", "point")) <= t["max_auc_drop_pct"]
 
 
 def _kind(trials: list[dict]) -> str:
@@ -308,6 +344,7 @@ def summarize(
     load = load or FrontLoad("not run")
     qps, p99 = load.max_qps, load.p99_ms
     budget = trials[0]["max_auc_drop_pct"] if trials else float("nan")
+    test = trials[0].get("budget_test", "point") if trials else "point"
     ok = [t for t in trials if t["within_budget"]]
     kind, cost = _kind(trials), _cost(trials)
     tested = front(trials)
@@ -329,7 +366,13 @@ def summarize(
     lines = [
         "# Accuracy-budget search",
         "",
-        f"Budget: relative validation AUC drop ≤ {budget}% against the baseline. Objective "
+        f"Budget: relative validation AUC drop ≤ {budget}% against the baseline, held against "
+        + (
+            "the 95% CI's worst end (`search.budget_test=ci`)"
+            if test == "ci"
+            else "the point estimate (`search.budget_test=point`; the CI verdict is shown beside it)"
+        )
+        + ". Objective "
         f"(`search.objective={kind}`, what each trial returned to Optuna): {OBJECTIVES[kind][0]} of the "
         "trial's best variant within the budget; a trial with none returns minus its nearest variant's excess "
         "over the budget (% points). The Pareto front: "
@@ -359,7 +402,9 @@ def summarize(
         lines.append(
             f"**Winner: trial {winner['trial']}** ({_shown(winner['overrides'])}), variant `{c['name']}`: "
             f"{by}{small}{1000 / c['rank_p50_ms']:.1f} ranking calls/s in process "
-            f"(rank p50 {c['rank_p50_ms']:.2f} ms), val ΔAUC {_pct(c)}."
+            f"(rank p50 {c['rank_p50_ms']:.2f} ms), val ΔAUC {_pct(c)}: within the {budget}% budget by "
+            f"{'its whole CI' if test == 'ci' else 'its point estimate'}, "
+            f"CI verdict {budget_verdict(c, budget)}."
         )
     else:
         seen = [c for _, c in cands]
@@ -375,18 +420,19 @@ def summarize(
     lines += [
         "",
         "| trial | overrides | variant | params | size MB | val ΔAUC [95% CI] | rank p50 ms | calls/s "
-        "| within budget | Pareto | max QPS @ SLO | e2e p99 ms @ common load | trial objective |",
+        "| within budget (CI verdict) | Pareto | max QPS @ SLO | e2e p99 ms @ common load | trial objective |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for t, c in cands:
-        key, within = load_key(t, c), -c["val_delta_rel"] * 100 <= t["max_auc_drop_pct"]
+        key = load_key(t, c)
+        within = f"{'yes' if _within(t, c) else 'no'} ({budget_verdict(c, t['max_auc_drop_pct'])})"
         on_front = "yes" if (c[cost], c["val_delta_rel"]) in pts else ""
         if c.get("batched_from"):
             on_front = f"with {c['batched_from']}" if key in tested_keys else "not screened"
         lines.append(
             f"| {t['trial']} | {_shown(t['overrides'])} | {c['name']} | {c['params']:,} "
             f"| {_cell(c, 'size_mb', '.2f')} | {_pct(c)} "
-            f"| {c['rank_p50_ms']:.2f} | {1000 / c['rank_p50_ms']:.1f} | {'yes' if within else 'no'} "
+            f"| {c['rank_p50_ms']:.2f} | {1000 / c['rank_p50_ms']:.1f} | {within} "
             f"| {on_front} | {_cell(qps, key, 'g')} | {_cell(p99, key, '.1f')} | {t['objective']:.4g} |"
         )
     if load.reference in qps:

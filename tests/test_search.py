@@ -127,9 +127,46 @@ def test_the_size_objective_picks_the_smallest_file_within_the_budget(tmp_path):
     assert winner is not None and winner["variant"] == "emb_int4" and winner["max_qps"] == 120.0
     assert "`search.objective=size`" in md and "size_mb vs val ΔAUC" in md
     assert "model file 4.00 MB (10.00x smaller than the baseline's)" in md
+    assert "within the 0.1% budget by its point estimate, CI verdict PASS" in md
     assert "| 4.00 | -0.080% |" in md  # the size column
     with pytest.raises(ConfigError, match=r"search.objective: expected one of \['size', 'throughput'\]"):
         typed(compose(["experiment=search", "search.objective=memory"]).search, SearchConfig, "search")
+
+
+def test_budget_test_ci_counts_a_variant_only_when_its_whole_ci_is_within(tmp_path):
+    """search.budget_test=ci: the CI's worst end is held against the budget, so a variant whose point
+    estimate is within but whose CI straddles the budget (INCONCLUSIVE) does not count; with `point` it
+    does, and the summary labels it INCONCLUSIVE either way."""
+    tight = Candidate(
+        "onnx", rank_p50_ms=2.0, val_delta_rel=0.0002, val_delta_lo=-0.0005, val_delta_hi=0.0009
+    )
+    noisy = Candidate(
+        "emb", rank_p50_ms=1.0, val_delta_rel=-0.0006, val_delta_lo=-0.0015, val_delta_hi=0.0003
+    )
+    assert objective([tight, noisy], 0.1, test="point").best == "emb"
+    s = objective([tight, noisy], 0.1, test="ci")
+    assert s.best == "onnx" and s.objective == pytest.approx(500.0)
+    off = objective([noisy], 0.1, test="ci")  # penalised by the CI's excess: 0.15 % - 0.1 %
+    assert not off.within_budget and off.objective == pytest.approx(-0.05)
+
+    def record(test: str) -> dict:
+        return {"trial": 0, "overrides": [], "max_auc_drop_pct": 0.1, "budget_test": test, "objective": 1.0,
+                "within_budget": True, "best": "onnx", "parent_run": "",
+                "candidates": [asdict(tight), asdict(noisy)]}  # fmt: skip
+
+    assert [c["name"] for _, c in front([record("ci")])] == ["onnx"]
+    assert [c["name"] for _, c in front([record("point")])] == ["onnx", "emb"]
+    md, _, _ = summarize([record("ci")], tmp_path)
+    assert "| no (INCONCLUSIVE) |" in md and "| yes (PASS) |" in md and "`search.budget_test=ci`" in md
+    md, _, _ = summarize([record("point")], tmp_path)
+    assert md.count("| yes (") == 2 and "| yes (INCONCLUSIVE) |" in md
+    bad = Candidate("x", 1.0, -0.003, val_delta_lo=-0.004, val_delta_hi=-0.002)
+    md, _, _ = summarize(
+        [record("point") | {"candidates": [asdict(bad)], "best": "x", "within_budget": False}], tmp_path
+    )
+    assert "| no (FAIL) |" in md
+    with pytest.raises(ConfigError, match=r"search.budget_test: expected one of \('point', 'ci'\)"):
+        typed(compose(["experiment=search", "search.budget_test=strict"]).search, SearchConfig, "search")
 
 
 def test_summary_without_a_winner_names_the_best_delta_seen(tmp_path):
