@@ -83,9 +83,7 @@ class SearchConfig:
 
     max_auc_drop_pct: float = MISSING  # relative validation AUC drop allowed against the baseline, in %
     objective: str = MISSING  # one of OBJECTIVES: what a trial maximises within the budget
-    budget_test: str = (
-        MISSING  # one of BUDGET_TESTS: the ΔAUC's point estimate or its whole CI within the budget
-    )
+    budget_test: str = MISSING  # one of BUDGET_TESTS: point estimate or whole CI within the budget
     load_test_front: bool = MISSING  # at the sweep's end, load-test the budget-meeting Pareto-front variants
 
     def __post_init__(self) -> None:
@@ -110,10 +108,6 @@ class Candidate:
     size_mb: float = 0.0  # the model file the runtime loads
     path: str = ""  # the finished variant's cache directory (what the front's load test serves)
     batched_from: str = ""  # a batching-step variant: the variant whose model it serves (not screened)
-
-    @property
-    def drop_pct(self) -> float:
-        return -self.val_delta_rel * 100
 
     @property
     def throughput(self) -> float:
