@@ -273,6 +273,9 @@ def test_two_trial_sweep_load_tests_the_front_and_names_a_winner_within_the_budg
         assert built == {"pruned": "", "distilled": "", "distilled_onnx": "", "distilled_emb": "",
                          "distilled_onnx_batched": "distilled_onnx"}, t  # fmt: skip
         assert t["best"] != "distilled_onnx_batched"
+        # what the size objective and the budget test read: every file's size, the sweep's settings
+        assert t["objective_kind"] == "throughput" and t["budget_test"] == "point"
+        assert t["baseline_size_mb"] > max(c["size_mb"] for c in t["candidates"]) > 0
     for t in trials:  # the objective is the in-process throughput of the trial's best variant in budget
         if t["within_budget"]:
             c = next(c for c in t["candidates"] if c["name"] == t["best"])
