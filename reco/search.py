@@ -67,11 +67,17 @@ def charged_drop_pct(c: dict, test: str) -> float:
     return -(lo if test == "ci" and lo is not None else c["val_delta_rel"]) * 100
 
 
+def within_budget(c: dict, budget_pct: float, test: str) -> bool:
+    """Candidate record `c` is within the budget by `test` (the one rule the objective, the MLflow tags, the
+    front and the summary share)."""
+    return charged_drop_pct(c, test) <= budget_pct
+
+
 def budget_verdict(c: dict, budget_pct: float) -> str:
     """The CI's verdict on the budget: PASS (whole CI within), FAIL (whole CI beyond), else INCONCLUSIVE."""
     lo, hi = c.get("val_delta_lo"), c.get("val_delta_hi")
     if lo is None or hi is None:
-        return "PASS" if -c["val_delta_rel"] * 100 <= budget_pct else "FAIL"
+        return "PASS" if within_budget(c, budget_pct, "point") else "FAIL"
     if -lo * 100 <= budget_pct:
         return "PASS"
     return "FAIL" if -hi * 100 > budget_pct else "INCONCLUSIVE"
@@ -157,14 +163,15 @@ def objective(
     Returns:
         The objective, whether any variant met the budget, and which variant decided it.
     """
-    drop = {c.name: charged_drop_pct(asdict(c), test) for c in cands if not c.batched_from}
-    cands = [c for c in cands if c.name in drop]
-    ok = [c for c in cands if drop[c.name] <= max_auc_drop_pct]
+    recs = {c.name: asdict(c) for c in cands if not c.batched_from}
+    cands = [c for c in cands if c.name in recs]
+    ok = [c for c in cands if within_budget(recs[c.name], max_auc_drop_pct, test)]
     if ok:
         best = max(ok, key=lambda c: c.score(kind, base_size_mb))
         return TrialScore(best.score(kind, base_size_mb), True, best.name)
     if not cands:
         return TrialScore(NO_VARIANT, False, None)
+    drop = {name: charged_drop_pct(r, test) for name, r in recs.items()}
     nearest = min(cands, key=lambda c: drop[c.name])
     return TrialScore(-(drop[nearest.name] - max_auc_drop_pct), False, nearest.name)
 
@@ -205,7 +212,7 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
                 path, batched,
             )  # fmt: skip
             cands.append(c)
-            within = charged_drop_pct(asdict(c), sc.budget_test) <= sc.max_auc_drop_pct
+            within = within_budget(asdict(c), sc.max_auc_drop_pct, sc.budget_test)
             tracker.log(
                 b.run_id,
                 metrics={"val_auc_delta_rel": c.val_delta_rel, "rank_calls_per_s": c.throughput},
@@ -297,7 +304,7 @@ def front(trials: list[dict]) -> list[tuple[dict, dict]]:
 
 def _within(t: dict, c: dict) -> bool:
     """Candidate `c` of trial record `t` is within the trial's budget, by the trial's budget test."""
-    return charged_drop_pct(c, t.get("budget_test", "point")) <= t["max_auc_drop_pct"]
+    return within_budget(c, t["max_auc_drop_pct"], t.get("budget_test", "point"))
 
 
 def _kind(trials: list[dict]) -> str:
@@ -332,7 +339,8 @@ def summarize(
             QPS at the SLO measured, the winner is the one with the highest; otherwise (or with the size
             objective) it is the trial with the best objective.
     Returns:
-        (markdown, the winner {trial, variant, overrides, objective, max_qps} or None, the files written).
+        (markdown, the winner {trial, variant, overrides, objective, max_qps, cand, baseline_size_mb} or
+        None, the files written).
     """
     trials = sorted(trials, key=lambda t: t["trial"])
     load = load or FrontLoad("not run")
@@ -353,7 +361,8 @@ def summarize(
     if pick is not None:
         t, c = pick
         winner = {"trial": t["trial"], "variant": c["name"], "overrides": t["overrides"],
-                  "objective": t["objective"], "max_qps": qps.get(load_key(t, c)), "cand": c}  # fmt: skip
+                  "objective": t["objective"], "max_qps": qps.get(load_key(t, c)), "cand": c,
+                  "baseline_size_mb": t.get("baseline_size_mb")}  # fmt: skip
     cands = [(t, c) for t in trials for c in t["candidates"]]
     pts = _pareto([(c[cost], c["val_delta_rel"]) for _, c in _screened(trials)])
     tested_keys = {load_key(t, c) for t, c in tested}
@@ -387,7 +396,7 @@ def summarize(
     if winner is not None:
         c = winner["cand"]
         by = f"max QPS at the SLO {winner['max_qps']:g} req/s, " if winner["max_qps"] is not None else ""
-        base_mb = next(t for t in trials if t["trial"] == winner["trial"]).get("baseline_size_mb")
+        base_mb = winner["baseline_size_mb"]
         small = (
             f"model file {c['size_mb']:.2f} MB ({base_mb / c['size_mb']:.2f}x smaller than the baseline's), "
             if c.get("size_mb") and base_mb
