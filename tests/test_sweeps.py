@@ -8,6 +8,7 @@ epoch, no load test), writing to one sqlite MLflow store and one cache directory
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 import threading
@@ -16,9 +17,11 @@ from pathlib import Path
 import pytest
 from conftest import make_variant
 from mlflow.tracking import MlflowClient
+from omegaconf import OmegaConf
 
 from reco.claim import claim, lock_path
 from reco.config import compose
+from reco.parallel_jobs import POLICY, ParallelJobs
 from reco.serve.config import serve_config
 from reco.serve.process import ServerStartError, start_server
 
@@ -143,14 +146,18 @@ def test_joblib_sweep_runs_jobs_in_parallel_and_shares_the_baseline(tmp_path):
         capture_output=True,
         text=True,
         timeout=280,
+        # the environment of a user's shell, not the one conftest gives every test process
+        env={k: v for k, v in os.environ.items() if k != POLICY},
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    assert f"{POLICY}=PASSIVE" in proc.stdout  # the launching process set it (reco.parallel_jobs) ...
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     exp = client.get_experiment_by_name("smoke")
     parents = client.search_runs([exp.experiment_id], "tags.`mlflow.parentRunId` IS NULL")
     assert sorted(r.data.params["prune.amount"] for r in parents) == ["0.2", "0.4"]
     assert all(r.info.status == "FINISHED" for r in parents)
+    assert {r.data.tags["env.OMP_WAIT_POLICY"] for r in parents} == {"PASSIVE"}  # ... and each job got it
     # In parallel: separate worker processes, and each job started before the other ended.
     assert len({r.data.tags["reco.owner"] for r in parents}) == 2
     a, b = parents
@@ -214,3 +221,24 @@ def test_a_port_another_process_serves_is_refused_not_measured(tiny_data, tmp_pa
     finally:
         foreign.stdin.close()
         foreign.wait(10)
+
+
+JOBLIB = "hydra_plugins.hydra_joblib_launcher.joblib_launcher.JoblibLauncher"  # hydra/launcher=joblib
+
+
+@pytest.mark.parametrize(
+    ("launcher", "user_value", "expected"),
+    [
+        ({"_target_": JOBLIB, "n_jobs": 2}, None, "PASSIVE"),
+        ({"_target_": JOBLIB, "n_jobs": -1}, None, "PASSIVE"),
+        ({"_target_": JOBLIB, "n_jobs": 1}, None, None),
+        ({"_target_": "hydra._internal.core_plugins.basic_launcher.BasicLauncher"}, None, None),
+        ({"_target_": JOBLIB, "n_jobs": 2}, "ACTIVE", "ACTIVE"),
+    ],
+)
+def test_passive_openmp_waiting_only_for_jobs_side_by_side(monkeypatch, launcher, user_value, expected):
+    monkeypatch.delenv(POLICY, raising=False)
+    if user_value:
+        monkeypatch.setenv(POLICY, user_value)
+    ParallelJobs().on_multirun_start(OmegaConf.create({"hydra": {"launcher": launcher}}))
+    assert os.environ.get(POLICY) == expected
