@@ -38,6 +38,7 @@ class TrackingServerConfig:
         MISSING  # where the server stores artifacts (a path here; s3://... in production)
     )
     workers: int = MISSING  # server worker processes
+    job_execution: bool = MISSING  # MLflow's server-side job runner (huey consumer processes; reco runs none)
 
 
 @dataclass
@@ -66,6 +67,11 @@ def server_command(c: TrackingServerConfig) -> list[str]:
         "--serve-artifacts",
         "--artifacts-destination", dest,
     ]  # fmt: skip
+
+
+def server_environment(c: TrackingServerConfig) -> dict[str, str]:
+    """The server's environment: this one, with MLflow's job runner on or off per `c.job_execution`."""
+    return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": str(c.job_execution).lower()}
 
 
 def check_port_free(host: str, port: int) -> None:
@@ -107,7 +113,7 @@ def main(argv: list[str]) -> None:
     cmd = server_command(c)
     print(f"MLflow tracking server on http://{c.host}:{c.port} (use tracking.uri=http://{c.host}:{c.port})")
     print(" ".join(cmd), flush=True)
-    os.execv(cmd[0], cmd)
+    os.execve(cmd[0], cmd, server_environment(c))
 
 
 if __name__ == "__main__":

@@ -8,6 +8,7 @@ import sys
 from collections.abc import Iterator
 from pathlib import Path
 
+import psutil
 import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
@@ -40,6 +41,8 @@ def mlflow_server(tmp_path) -> Iterator[str]:
     url = f"http://127.0.0.1:{port}"
     try:
         wait_ready(url, timeout_s=120, alive=lambda: proc.poll() is None)
+        kids = [" ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)]
+        assert not [k for k in kids if "huey" in k], kids  # tracking.server.job_execution: false
         yield url
     finally:
         os.killpg(proc.pid, signal.SIGTERM)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import socket
 import subprocess
 import sys
@@ -11,7 +12,7 @@ from mlflow import MlflowClient
 
 from reco.config import compose, typed
 from reco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker
-from reco.tracking_server import TrackingServerConfig, server_command
+from reco.tracking_server import TrackingServerConfig, server_command, server_environment
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -46,3 +47,7 @@ def test_tracking_server_command_binds_loopback_and_proxies_artifacts():
     assert cmd[cmd.index("--host") + 1] == "127.0.0.1"
     assert "--serve-artifacts" in cmd
     assert Path(cmd[cmd.index("--artifacts-destination") + 1]).is_absolute()
+    # MLflow's job runner (8 extra processes) is off unless asked for
+    assert server_environment(c)["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
+    on = dataclasses.replace(c, job_execution=True)
+    assert server_environment(on)["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "true"
