@@ -533,3 +533,71 @@ def test_machine_from_environment_tags():
     m = Machine.from_tags(tags)
     assert (m.cpu, m.cores, m.versions) == ("AMD EPYC 7B13", 2, {"python": "3.11.7"})
     assert m.line() == "AMD EPYC 7B13 · 2 cores · python 3.11.7"
+
+
+def _comparison_csv(path, rows):
+    """A comparison.csv as write_csv lays it out: variant, then each figure with its _lo/_hi."""
+    keys = ["speedup_p99_unloaded", "qps_gain"]
+    fields = ["variant"] + [k + s for k in keys for s in ("", "_lo", "_hi")]
+    with open(path, "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=fields, restval="")
+        w.writeheader()
+        for name, cis in rows.items():
+            w.writerow(
+                {
+                    "variant": name,
+                    **{
+                        k + s: x for k, ci in cis.items() for s, x in zip(("", "_lo", "_hi"), ci, strict=True)
+                    },
+                }
+            )
+    return path
+
+
+def test_agree_overlap_missing_and_exit_code(tmp_path, capsys):
+    from reco.report import agree
+
+    a = _comparison_csv(
+        tmp_path / "a.csv",
+        {
+            "baseline": {},
+            "student": {"speedup_p99_unloaded": (4.0, 3.0, 6.5), "qps_gain": (39.0, 24.0, 41.0)},
+            "pruned": {"speedup_p99_unloaded": (1.6, 1.4, 1.97)},
+        },
+    )
+    b = _comparison_csv(
+        tmp_path / "b.csv",
+        {
+            "baseline": {},
+            "student": {
+                "speedup_p99_unloaded": (5.9, 4.9, 8.3),
+                "qps_gain": (65.0, 41.0, 88.0),
+            },  # touches at 41
+            "pruned": {"speedup_p99_unloaded": (2.4, 2.0, 2.5), "qps_gain": (14.0, 8.0, 15.0)},
+        },
+    )
+    ps = {(p.variant, p.figure): p.overlap for p in agree.pairs(a, b)}
+    assert ps == {
+        ("student", "speedup_p99_unloaded"): True,
+        ("student", "qps_gain"): True,
+        ("pruned", "speedup_p99_unloaded"): False,  # [1.4, 1.97] vs [2.0, 2.5]
+        ("pruned", "qps_gain"): None,  # run a lacks it: not counted as agreeing
+    }
+    assert agree.main([str(a), str(b), "--names", "r7", "r8"]) == 1
+    out = capsys.readouterr().out
+    assert "| r7 | r8 |" in out and "2 of 3 figures' CIs overlap; 1 missing in a run" in out
+    assert agree.main([str(a), str(a)]) == 0  # a run agrees with itself
+
+
+def test_agree_bad_input_names_file_and_column(tmp_path):
+    from reco.report import agree
+
+    not_csv = tmp_path / "report.md"
+    not_csv.write_text("# a report, not comparison.csv\n")
+    with pytest.raises(SystemExit, match="report.md: expected a study's comparison.csv"):
+        agree.main([str(not_csv), str(not_csv)])
+    bad = _comparison_csv(tmp_path / "bad.csv", {"student": {"qps_gain": ("many", 1, 2)}})
+    with pytest.raises(SystemExit, match=r"bad.csv: variant 'student', column 'qps_gain': expected numbers"):
+        agree.main([str(bad), str(bad)])
+    with pytest.raises(SystemExit, match="missing.csv: cannot read"):
+        agree.main([str(tmp_path / "missing.csv"), str(bad)])

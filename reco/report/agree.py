@@ -1,0 +1,118 @@
+"""Do two runs of one study agree? Issue 9's reproducibility check, from two comparison.csv files.
+
+For every variant in both files and every ratio the report gives a CI for (speed-ups and QPS gains),
+the two runs agree on that figure when their 95 % CIs overlap. A figure missing from either run (an
+empty cell: not measured, or n too small) is listed as such, never counted as agreeing.
+
+    python -m reco.report.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run 7" "run 8"
+
+Prints a Markdown table and a one-line summary; exits 1 when some pair of CIs does not overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+FIGURES: dict[str, str] = {
+    "speedup_p99_unloaded": "p99 speed-up unloaded",
+    "speedup_p50_unloaded": "p50 speed-up unloaded",
+    "speedup_p99_equal_util": "p99 speed-up at equal utilisation",
+    "speedup_p99_common": "p99 speed-up at the common load",
+    "qps_gain": "max-QPS gain",
+}
+
+CI = tuple[float, float, float]
+
+
+@dataclass(frozen=True)
+class Pair:
+    variant: str
+    figure: str
+    a: CI | None
+    b: CI | None
+
+    @property
+    def overlap(self) -> bool | None:
+        """True/False when both runs have the figure, None when either lacks it."""
+        if self.a is None or self.b is None:
+            return None
+        return self.a[1] <= self.b[2] and self.b[1] <= self.a[2]
+
+
+def read_rows(path: Path) -> dict[str, dict[str, str]]:
+    """comparison.csv as {variant: row}; a clear error when it is not one."""
+    try:
+        with open(path, newline="") as fh:
+            rows = list(csv.DictReader(fh))
+    except OSError as e:
+        raise SystemExit(f"{path}: cannot read ({e.strerror})") from None
+    if not rows or "variant" not in rows[0]:
+        raise SystemExit(f"{path}: expected a study's comparison.csv with a 'variant' column")
+    return {r["variant"]: r for r in rows}
+
+
+def ci(row: dict[str, str], key: str, path: Path) -> CI | None:
+    cells = [row.get(k, "") for k in (key, f"{key}_lo", f"{key}_hi")]
+    if any(c in ("", None) for c in cells):
+        return None
+    try:
+        return tuple(float(c) for c in cells)  # type: ignore[return-value]
+    except ValueError:
+        raise SystemExit(
+            f"{path}: variant {row['variant']!r}, column {key!r}: expected numbers, got {cells}"
+        ) from None
+
+
+def pairs(a: Path, b: Path) -> list[Pair]:
+    """Every (variant, figure) of run a also in run b that either run has, in run a's order."""
+    ra, rb = read_rows(a), read_rows(b)
+    out = []
+    for name, row in ra.items():
+        if name not in rb:
+            continue
+        for key in FIGURES:
+            x, y = ci(row, key, a), ci(rb[name], key, b)
+            if x is None and y is None:
+                continue  # the reference, or a figure neither run has
+            out.append(Pair(name, key, x, y))
+    return out
+
+
+def _fmt(c: CI | None) -> str:
+    return "–" if c is None else f"{c[0]:.2f}× [{c[1]:.2f}, {c[2]:.2f}]"
+
+
+def markdown(ps: list[Pair], names: tuple[str, str]) -> str:
+    lines = [f"| variant | figure | {names[0]} | {names[1]} | CIs overlap |", "|---|---|---|---|---|"]
+    word = {True: "yes", False: "**no**", None: "– (missing in a run)"}
+    for p in ps:
+        lines.append(
+            f"| `{p.variant}` | {FIGURES[p.figure]} | {_fmt(p.a)} | {_fmt(p.b)} | {word[p.overlap]} |"
+        )
+    return "\n".join(lines)
+
+
+def summary(ps: list[Pair]) -> str:
+    judged = [p for p in ps if p.overlap is not None]
+    agree = sum(p.overlap for p in judged)
+    return f"{agree} of {len(judged)} figures' CIs overlap; {len(ps) - len(judged)} missing in a run"
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m reco.report.agree", description=__doc__.splitlines()[0])
+    ap.add_argument("a", type=Path, help="run A's comparison.csv")
+    ap.add_argument("b", type=Path, help="run B's comparison.csv")
+    ap.add_argument("--names", nargs=2, default=("run A", "run B"), metavar=("A", "B"))
+    args = ap.parse_args(argv)
+    ps = pairs(args.a, args.b)
+    print(markdown(ps, tuple(args.names)))
+    print("\n" + summary(ps))
+    return 0 if all(p.overlap is not False for p in ps) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
