@@ -574,6 +574,7 @@ def test_agree_overlap_missing_and_exit_code(tmp_path, capsys):
                 "qps_gain": (65.0, 41.0, 88.0),
             },  # touches at 41
             "pruned": {"speedup_p99_unloaded": (2.4, 2.0, 2.5), "qps_gain": (14.0, 8.0, 15.0)},
+            "triton": {"qps_gain": (27.0, 11.0, 55.0)},  # only in run b: listed, not dropped
         },
     )
     ps = {(p.variant, p.figure): p.overlap for p in agree.pairs(a, b)}
@@ -582,10 +583,11 @@ def test_agree_overlap_missing_and_exit_code(tmp_path, capsys):
         ("student", "qps_gain"): True,
         ("pruned", "speedup_p99_unloaded"): False,  # [1.4, 1.97] vs [2.0, 2.5]
         ("pruned", "qps_gain"): None,  # run a lacks it: not counted as agreeing
+        ("triton", "qps_gain"): None,
     }
     assert agree.main([str(a), str(b), "--names", "r7", "r8"]) == 1
     out = capsys.readouterr().out
-    assert "| r7 | r8 |" in out and "2 of 3 figures' CIs overlap; 1 missing in a run" in out
+    assert "| r7 | r8 |" in out and "2 of 3 figures' CIs overlap; 2 missing in a run" in out
     assert agree.main([str(a), str(a)]) == 0  # a run agrees with itself
 
 

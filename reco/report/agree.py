@@ -68,14 +68,13 @@ def ci(row: dict[str, str], key: str, path: Path) -> CI | None:
 
 
 def pairs(a: Path, b: Path) -> list[Pair]:
-    """Every (variant, figure) of run a also in run b that either run has, in run a's order."""
+    """Every (variant, figure) that either run has, run a's variants first; a variant one run lacks is
+    listed with its figures missing there, not dropped."""
     ra, rb = read_rows(a), read_rows(b)
     out = []
-    for name, row in ra.items():
-        if name not in rb:
-            continue
+    for name in dict.fromkeys([*ra, *rb]):
         for key in FIGURES:
-            x, y = ci(row, key, a), ci(rb[name], key, b)
+            x, y = ci(ra.get(name, {}), key, a), ci(rb.get(name, {}), key, b)
             if x is None and y is None:
                 continue  # the reference, or a figure neither run has
             out.append(Pair(name, key, x, y))
