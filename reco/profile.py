@@ -161,21 +161,17 @@ def _ort(v: Variant, block: Block, out_dir: Path, c: ProfileConfig, threads: int
     trace = Path(sess.end_profiling())
     stage_of = _ort_node_stages(optimized, _mlp_scopes(v))
     events = json.loads(trace.read_text())
-    # The trace covers the warm-up calls too; count only the timed ones, so the stages and `total`
-    # average the same calls (a cold first call once made the stages sum past the total).
-    runs = sorted(
-        (e for e in events if e.get("cat") == "Session" and e.get("name") == "model_run"),
-        key=lambda e: e["ts"],
-    )
-    timed_from = runs[c.warmup]["ts"] if len(runs) > c.warmup else float("-inf")
-    n_timed = len(runs) - c.warmup if len(runs) > c.warmup else max(len(runs), 1)
+    # The trace covers the warm-up calls too: count only the timed ones, as `total` does.
+    starts = sorted(e["ts"] for e in events if e.get("cat") == "Session" and e.get("name") == "model_run")
+    timed_from = starts[c.warmup] if len(starts) > c.warmup else float("-inf")
+    n_calls = c.calls if len(starts) > c.warmup else c.warmup + c.calls
     stages = dict.fromkeys(STAGES, 0.0)
     for e in events:
         if e.get("cat") != "Node" or not e.get("name", "").endswith("_kernel_time") or e["ts"] < timed_from:
             continue
         node = e["name"].removesuffix("_kernel_time")
         stages[stage_of.get(node, "other")] += e["dur"] / 1000
-    stages = {k: v_ / n_timed for k, v_ in stages.items()}
+    stages = {k: v_ / n_calls for k, v_ in stages.items()}
     stages["other"] = max(total - sum(stages[s] for s in STAGES if s != "other"), 0.0)
     optimized.unlink(missing_ok=True)
     return RankProfile(total, stages, trace)

@@ -17,6 +17,9 @@ import sys
 from dataclasses import dataclass
 from pathlib import Path
 
+from reco.report.fmt import DASH, short, table
+from reco.stats import Estimate
+
 FIGURES: dict[str, str] = {
     "speedup_p99_unloaded": "p99 speed-up unloaded",
     "speedup_p50_unloaded": "p50 speed-up unloaded",
@@ -25,22 +28,20 @@ FIGURES: dict[str, str] = {
     "qps_gain": "max-QPS gain",
 }
 
-CI = tuple[float, float, float]
-
 
 @dataclass(frozen=True)
 class Pair:
     variant: str
     figure: str
-    a: CI | None
-    b: CI | None
+    a: Estimate | None
+    b: Estimate | None
 
     @property
     def overlap(self) -> bool | None:
         """True/False when both runs have the figure, None when either lacks it."""
         if self.a is None or self.b is None:
             return None
-        return self.a[1] <= self.b[2] and self.b[1] <= self.a[2]
+        return self.a.lo <= self.b.hi and self.b.lo <= self.a.hi
 
 
 def read_rows(path: Path) -> dict[str, dict[str, str]]:
@@ -55,12 +56,13 @@ def read_rows(path: Path) -> dict[str, dict[str, str]]:
     return {r["variant"]: r for r in rows}
 
 
-def ci(row: dict[str, str], key: str, path: Path) -> CI | None:
+def ci(row: dict[str, str], key: str, path: Path) -> Estimate | None:
+    """The figure `key` with its CI from one row; None when a cell is empty (not measured or not supported)."""
     cells = [row.get(k, "") for k in (key, f"{key}_lo", f"{key}_hi")]
     if any(c in ("", None) for c in cells):
         return None
     try:
-        return tuple(float(c) for c in cells)  # type: ignore[return-value]
+        return Estimate(*map(float, cells), n=0)  # comparison.csv carries no n for ratios
     except ValueError:
         raise SystemExit(
             f"{path}: variant {row['variant']!r}, column {key!r}: expected numbers, got {cells}"
@@ -81,18 +83,13 @@ def pairs(a: Path, b: Path) -> list[Pair]:
     return out
 
 
-def _fmt(c: CI | None) -> str:
-    return "–" if c is None else f"{c[0]:.2f}× [{c[1]:.2f}, {c[2]:.2f}]"
-
-
 def markdown(ps: list[Pair], names: tuple[str, str]) -> str:
-    lines = [f"| variant | figure | {names[0]} | {names[1]} | CIs overlap |", "|---|---|---|---|---|"]
-    word = {True: "yes", False: "**no**", None: "– (missing in a run)"}
-    for p in ps:
-        lines.append(
-            f"| `{p.variant}` | {FIGURES[p.figure]} | {_fmt(p.a)} | {_fmt(p.b)} | {word[p.overlap]} |"
-        )
-    return "\n".join(lines)
+    word = {True: "yes", False: "**no**", None: f"{DASH} (missing in a run)"}
+    rows = [
+        [f"`{p.variant}`", FIGURES[p.figure], short(p.a, ".2f", "×"), short(p.b, ".2f", "×"), word[p.overlap]]
+        for p in ps
+    ]
+    return "\n".join(table(["variant", "figure", *names, "CIs overlap"], rows))
 
 
 def summary(ps: list[Pair]) -> str:
