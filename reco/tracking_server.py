@@ -1,11 +1,11 @@
 """A local MLflow tracking server (`make mlflow-server`): what a team shares instead of one embedded store.
 
-`python -m reco.tracking_server [tracking.server.port=5001 ...]` runs `mlflow server` with the
+`python -m reco.cli.tracking_server [tracking.server.port=5001 ...]` runs `mlflow server` with the
 `tracking.server` settings (conf/tracking/default.yaml): a sqlite backend store and a proxied artifact
 store (clients upload artifacts through the server, so they need no access to its disk), bound to
 127.0.0.1. Experiments then log over HTTP with `python run.py ... tracking.uri=http://127.0.0.1:5000`.
 The whole `tracking` group's schema lives here too, away from reco.tracking's mlflow imports (see
-reco.config._schemas).
+reco.cli.compose._schemas).
 """
 
 from __future__ import annotations
@@ -98,26 +98,3 @@ def wait_ready(url: str, timeout_s: float, alive: Callable[[], bool] = lambda: T
             pass
         time.sleep(0.25)
     raise TrackingServerError(f"MLflow server at {url} did not answer /health within {timeout_s:.0f} s")
-
-
-def main(argv: list[str]) -> None:
-    if "--help" in argv or "-h" in argv:
-        print(__doc__)
-        return
-    from reco.config import compose, typed
-
-    c = typed(compose(argv).tracking.server, TrackingServerConfig, "tracking.server")
-    check_port_free(c.host, c.port)
-    if c.backend_store_uri.startswith("sqlite:///"):
-        Path(c.backend_store_uri.removeprefix("sqlite:///")).parent.mkdir(parents=True, exist_ok=True)
-    cmd = server_command(c)
-    print(f"MLflow tracking server on http://{c.host}:{c.port} (use tracking.uri=http://{c.host}:{c.port})")
-    print(" ".join(cmd), flush=True)
-    os.execve(cmd[0], cmd, server_environment(c))
-
-
-if __name__ == "__main__":
-    try:
-        main(sys.argv[1:])
-    except TrackingServerError as e:
-        sys.exit(f"error: {e}")

@@ -104,7 +104,7 @@ class Variant:
 
     @property
     def serving_role(self) -> str:
-        # torchrec_quant: quantized tables (reco.steps.embed_quant.qmodel), not loadable by load_torch
+        # torchrec_quant: quantized tables (reco.runtime.torchrec_quant), not loadable by load_torch
         return {"onnxruntime": "onnx", "torchrec_quant": "qtorch"}.get(self.backend, "torch")
 
     def add_artifact(self, role: str, file_name: str) -> None:

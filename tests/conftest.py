@@ -13,7 +13,8 @@ import psutil
 import pytest
 import torch
 
-from reco.config import compose, typed
+from reco.cli.compose import compose
+from reco.config import typed
 from reco.data.schema import Dataset
 from reco.data.synthetic import SyntheticConfig, generate
 from reco.measure import evaluate

@@ -34,7 +34,8 @@ from test_data_loaders import (
     write_example_table,
 )
 
-from reco.config import ConfigError, compose
+from reco.cli.compose import compose
+from reco.config import ConfigError
 from reco.data import build_dataset, load_dataset
 from reco.data.config import DataConfig
 from reco.data.criteo import CAT_COLS, load_criteo

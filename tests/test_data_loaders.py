@@ -18,7 +18,7 @@ import torch
 from conftest import trainer_config
 from omegaconf import OmegaConf
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.data import build_dataset
 from reco.data.criteo import load_criteo
 from reco.data.fetch_movielens import fetch

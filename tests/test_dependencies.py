@@ -74,7 +74,7 @@ def test_every_import_is_declared():
 def test_every_declaration_is_used():
     used = {
         d
-        for key in imported_distributions([ROOT / "reco", ROOT / "loadtest", ROOT / "tests"])
+        for key in imported_distributions([ROOT / "reco", ROOT / "bench", ROOT / "loadtest", ROOT / "tests"])
         for d in key.split("|")
     }
     unused = declared() - used - set(NOT_IMPORTED) - {"pytest-timeout", "pytest-xdist", "ruff", "setuptools"}
@@ -100,7 +100,7 @@ def test_a_server_of_an_onnx_variant_imports_no_training_stack():
     """A server (and anything else that composes the config) starts without torchrec, mlflow or
     scipy.stats: ~6 s of imports per process, paid by every server a study or a test starts."""
     code = (
-        "import sys; import reco.serve.app; from reco.serve.__main__ import settings; settings([]); "
+        "import sys; import reco.serve.app; from reco.cli.serve import settings; settings([]); "
         "print(sorted(m for m in ('torchrec', 'fbgemm_gpu', 'mlflow', 'scipy.stats') if m in sys.modules))"
     )
     out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, check=True)

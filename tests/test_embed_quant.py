@@ -18,17 +18,18 @@ import torch
 from conftest import make_variant
 from torchrec.modules.embedding_configs import DataType
 
-from reco.config import ConfigError, compose
+from reco.cli.compose import compose
+from reco.config import ConfigError
 from reco.graph import step_config
 from reco.models.dlrm import DLRM, DLRMConfig
 from reco.pipeline import measure_accuracy
 from reco.runtime import load_scorer
+from reco.runtime import torchrec_quant as qmodel
+from reco.runtime.rowwise import Precision, quantize_table
 from reco.serve.config import serve_config
 from reco.serve.process import start_server
 from reco.steps import StepError, StepRun, get_step
 from reco.steps.accelerate.export import random_batch, real_batch
-from reco.steps.embed_quant import qmodel
-from reco.steps.embed_quant.rowwise import Precision, quantize_table
 from reco.variant import ArtifactError, Variant
 
 pytestmark = pytest.mark.timeout(240)

@@ -1,4 +1,4 @@
-"""reco.data.learnability: the planted click model's terms, the ceilings drawn from them, the CLI."""
+"""reco.learnability: the planted click model's terms, the ceilings drawn from them, the CLI."""
 
 from __future__ import annotations
 

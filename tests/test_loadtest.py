@@ -18,7 +18,7 @@ import pytest
 from conftest import make_variant
 from mlflow.tracking import MlflowClient
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.loadtest.capacity import capacity_table, find_capacity, open_loop_measure
 from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
 from reco.loadtest.histogram import read_latencies

@@ -14,7 +14,8 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from reco.config import ConfigError, compose
+from reco.cli.compose import compose
+from reco.config import ConfigError
 from reco.loadtest.capacity import (
     P99_MIN_N,
     SCREEN_MIN_N,

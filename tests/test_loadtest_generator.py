@@ -23,7 +23,7 @@ import numpy as np
 import psutil
 import pytest
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.loadtest.capacity import find_capacity, open_loop_measure
 from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.histogram import read_latencies

@@ -11,7 +11,7 @@ import psutil
 import pytest
 from conftest import make_variant
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.loadtest.config import loadtest_config
 from reco.loadtest.correctness import check_scores
 from reco.serve.config import serve_config

@@ -17,7 +17,7 @@ import psutil
 import pytest
 from test_loadtest_generator import _alive, _descendants, lt, stub  # noqa: F401 (fixtures)
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.loadtest.config import LoadMode
 from reco.loadtest.distributed import merge_records, window_share, worker_file
 from reco.loadtest.histogram import read_latencies

@@ -13,7 +13,8 @@ from test_pipeline import run_py
 from torch import nn
 from torchrec.models.dlrm import DLRM_DCN
 
-from reco.config import ConfigError, compose, typed
+from reco.cli.compose import compose
+from reco.config import ConfigError, typed
 from reco.graph import cache_key, plan
 from reco.measure import evaluate
 from reco.models.dcn import DCN, DCNConfig, DCNSettings

@@ -13,7 +13,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from reco.config import ConfigError, compose
+from reco.cli.compose import compose
+from reco.config import ConfigError
 from reco.graph import plan
 from reco.steps.registry import plain
 from reco.tracking_server import wait_ready
@@ -30,7 +31,7 @@ def mlflow_server(tmp_path) -> Iterator[str]:
         port = s.getsockname()[1]
     proc = subprocess.Popen(
         [
-            sys.executable, "-m", "reco.tracking_server",
+            sys.executable, "-m", "reco.cli.tracking_server",
             f"tracking.server.port={port}",
             f"tracking.server.backend_store_uri=sqlite:///{tmp_path}/server/mlflow.db",
             f"tracking.server.artifacts_destination={tmp_path}/server/artifacts",

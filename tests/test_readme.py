@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.graph import plan
 
 ROOT = Path(__file__).resolve().parents[1]

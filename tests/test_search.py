@@ -13,7 +13,8 @@ import pytest
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
-from reco.config import ConfigError, compose, typed
+from reco.cli.compose import compose
+from reco.config import ConfigError, typed
 from reco.search import (
     NO_VARIANT,
     SUMMARY_FILE,

@@ -15,10 +15,11 @@ import psutil
 import pytest
 from conftest import make_variant
 
-from reco.config import ConfigError, compose
+from reco.cli.compose import compose
+from reco.cli.serve import main as serve_main
+from reco.cli.serve import settings as cli_settings
+from reco.config import ConfigError
 from reco.data.schema import Dataset
-from reco.serve.__main__ import main as serve_main
-from reco.serve.__main__ import settings as cli_settings
 from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES, parse_stage_histograms
@@ -31,7 +32,7 @@ PIN = sorted(os.sched_getaffinity(0))[-1]  # the batched server's core
 
 
 def serve_settings(*overrides: str) -> ServeConfig:
-    """The project's serve settings with `key=value` overrides, as `python -m reco.serve` composes them."""
+    """The project's serve settings with `key=value` overrides, as `python -m reco.cli.serve` composes them."""
     return serve_config(compose([f"serve.{o}" for o in overrides]).serve)
 
 

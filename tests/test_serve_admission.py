@@ -22,7 +22,8 @@ from conftest import make_variant
 from prometheus_client.parser import text_string_to_metric_families
 from test_serve import Client, serve_settings
 
-from reco.config import ConfigError, compose
+from reco.cli.compose import compose
+from reco.config import ConfigError
 from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.histogram import read_latencies
 from reco.loadtest.runner import run_load, with_settings

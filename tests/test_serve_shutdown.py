@@ -1,4 +1,4 @@
-"""Stopping `python -m reco.serve`: SIGINT/SIGTERM stop everything it started; SIGKILL of the supervisor
+"""Stopping `python -m reco.cli.serve`: SIGINT/SIGTERM stop everything it started; SIGKILL of the supervisor
 leaves no worker behind, and a process SIGKILLed just after starting keep-warm spinners leaves no spinner.
 Real processes, checked with psutil."""
 

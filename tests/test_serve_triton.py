@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 from conftest import make_variant
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.data.schema import Dataset
 from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.requests import write_requests

@@ -15,7 +15,8 @@ import torch
 from conftest import make_variant
 from onnx import TensorProto, helper, numpy_helper
 
-from reco.config import ConfigError, compose
+from reco.cli.compose import compose
+from reco.config import ConfigError
 from reco.graph import step_config
 from reco.measure import evaluate
 from reco.models.dlrm import DLRM, count_params
@@ -300,10 +301,10 @@ def test_reduce_range_auto_follows_the_cpu(tmp_path):
     assert int8_saturates(info) is False
     assert int8_saturates(tmp_path / "missing") is True
     qc = QuantizeConfig("QInt8", False, "auto", ["MatMul"], True, True, False, 8, 512)
-    qc.validate()
+    qc.check()
     assert qc.reduce_range is int8_saturates()  # resolved in place: the cache key and the report hold it
     with pytest.raises(StepError, match="accelerate.quantize.reduce_range must be true, false or auto"):
-        QuantizeConfig("QInt8", False, "sometimes", ["MatMul"], True, True, False, 8, 512).validate()
+        QuantizeConfig("QInt8", False, "sometimes", ["MatMul"], True, True, False, 8, 512).check()
 
 
 @pytest.mark.parametrize("rewrite", [True, False])

@@ -20,8 +20,8 @@ from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
 from reco.claim import claim, lock_path
-from reco.config import compose
-from reco.parallel_jobs import POLICY, ParallelJobs
+from reco.cli.compose import compose
+from reco.cli.parallel_jobs import POLICY, ParallelJobs
 from reco.serve.config import serve_config
 from reco.serve.process import ServerStartError, start_server
 
@@ -150,7 +150,7 @@ def test_joblib_sweep_runs_jobs_in_parallel_and_shares_the_baseline(tmp_path):
         env={k: v for k, v in os.environ.items() if k != POLICY},
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
-    assert f"{POLICY}=PASSIVE" in proc.stdout  # the launching process set it (reco.parallel_jobs) ...
+    assert f"{POLICY}=PASSIVE" in proc.stdout  # the launching process set it (reco.cli.parallel_jobs) ...
 
     client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
     exp = client.get_experiment_by_name("smoke")

@@ -10,7 +10,8 @@ from pathlib import Path
 
 from mlflow import MlflowClient
 
-from reco.config import compose, typed
+from reco.cli.compose import compose
+from reco.config import typed
 from reco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker
 from reco.tracking_server import TrackingServerConfig, server_command, server_environment
 
@@ -34,7 +35,7 @@ def test_tracking_server_refuses_a_taken_port_naming_the_setting():
         s.listen()
         port = s.getsockname()[1]
         proc = subprocess.run(
-            [sys.executable, "-m", "reco.tracking_server", f"tracking.server.port={port}"],
+            [sys.executable, "-m", "reco.cli.tracking_server", f"tracking.server.port={port}"],
             cwd=ROOT, capture_output=True, text=True, timeout=120,
         )  # fmt: skip
     assert proc.returncode != 0

@@ -21,8 +21,10 @@ import onnxruntime as ort
 import pytest
 from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, text_format
 
-from reco.config import ConfigError, compose
-from reco.export.triton import TritonExportError, main, settings, write_model_repository
+from reco.cli.compose import compose
+from reco.cli.export_triton import main, settings
+from reco.config import ConfigError
+from reco.export.triton import TritonExportError, write_model_repository
 from reco.graph import step_config
 from reco.runtime import load_scorer
 from reco.steps import StepRun, get_step
@@ -218,7 +220,7 @@ def test_exported_model_scores_like_the_variant(repo, onnx_variant, parent, data
 
 
 def test_torch_variant_is_refused_naming_the_accelerate_step(parent, tmp_path, capsys):
-    cfg = settings(parent)
+    cfg = settings(parent, [])
     with pytest.raises(TritonExportError, match=r"variant 'base'.*backend 'torch'.*accelerate step"):
         write_model_repository(parent.dir, tmp_path, None, cfg)
     assert main(["--variant", parent.dir, "--out", str(tmp_path)]) == 2
@@ -233,7 +235,7 @@ def test_tampered_model_is_refused(onnx_variant, tmp_path):
         f.seek(-16, 2)
         f.write(b"\x00" * 16)
     with pytest.raises(ArtifactError, match="SHA-256 mismatch"):
-        write_model_repository(copy, tmp_path / "repo", "m", settings(onnx_variant))
+        write_model_repository(copy, tmp_path / "repo", "m", settings(onnx_variant, []))
     assert not (tmp_path / "repo" / "m" / "1" / "model.onnx").exists()
 
 
@@ -244,7 +246,7 @@ def test_batching_variant_settings_and_overrides(onnx_variant, tmp_path):
     v = Variant.load(copy)
     v.runtime["batching"] = {"enabled": True, "max_batch": 3000, "max_queue_delay_ms": 0.5}
     v.save()
-    s = settings(v)
+    s = settings(v, [])
     assert (s.max_batch_size, s.max_queue_delay_ms) == (3000, 0.5)
     s = settings(v, ["max_batch_size=2500", "preferred_batch_sizes=[1000,2000]", "instance_count=2"])
     model = write_model_repository(copy, tmp_path / "repo", "ranker", s)

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 from test_steps import load_step_config
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.serve.config import ServeBackend, for_variant, serve_config
 from reco.steps import StepError, StepRun, get_step
 

@@ -41,7 +41,7 @@ def _zipf_weights(n: int, a: float, rng: np.random.Generator) -> np.ndarray:
 @dataclass
 class Simulation:
     """The generated dataset and the planted click model behind it, row for row over all n rows (time
-    order; the splits are `time_split(n)`): reco.data.learnability reads what a model could learn."""
+    order; the splits are `time_split(n)`): reco.learnability reads what a model could learn."""
 
     dataset: Dataset
     terms: dict[str, np.ndarray]  # the click logit's additive terms

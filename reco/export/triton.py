@@ -1,6 +1,6 @@
 """Write an ONNX Runtime variant as a Triton Inference Server model repository.
 
-    python -m reco.export.triton --variant DIR --out DIR [--name NAME] [key=value ...]
+    python -m reco.cli.export_triton --variant DIR --out DIR [--name NAME] [key=value ...]
 
 writes OUT/NAME/config.pbtxt and OUT/NAME/1/model.onnx, which a Triton deployment with the ONNX
 Runtime backend (`platform: "onnxruntime_onnx"`) loads as is. The config says what reco measured:
@@ -20,12 +20,9 @@ model.onnx is copied only when its SHA-256 matches the variant's record, and the
 
 from __future__ import annotations
 
-import argparse
 import os
 import shutil
-import sys
 import tempfile
-from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,7 +30,7 @@ import onnx
 from omegaconf import MISSING
 from onnx import TensorProto
 
-from reco.config import ConfigError, compose, typed
+from reco.config import ConfigError
 from reco.runtime import ort_session_options
 from reco.variant import ArtifactError, Variant, atomic_write, sha256_file
 
@@ -83,9 +80,9 @@ class TritonExportConfig:
     intra_op_threads: int = MISSING  # ORT intra-op threads per instance when the variant's tuning set none
     max_request_rows: int = MISSING  # the largest request clients send (candidate rows)
 
-    def check(self) -> TritonExportConfig:
+    def check(self, where: str = "export.triton") -> None:
         """Raises ConfigError naming export.triton.<key> for a value Triton would refuse or misapply."""
-        w = "export.triton"
+        w = where
         if self.max_batch_size < 1:
             raise ConfigError(
                 f"{w}.max_batch_size must be >= 1 (rows per model call), got {self.max_batch_size}"
@@ -107,7 +104,6 @@ class TritonExportConfig:
                 f"{w}.instance_count must be >= 1 and {w}.intra_op_threads >= 0 (0: ORT's default), got "
                 f"{self.instance_count} and {self.intra_op_threads}"
             )
-        return self
 
 
 @dataclass
@@ -209,7 +205,7 @@ def render(
     batching += [f"  max_queue_delay_microseconds: {round(cfg.max_queue_delay_ms * 1000)}", "}"]
     lines = [
         f"# reco variant {v.name!r} (step {v.step}, parent {v.parent}); model.onnx SHA-256 {v.sha256['onnx']}",
-        "# written by `python -m reco.export.triton`: batching and ORT threads as reco serves this variant",
+        "# written by `python -m reco.cli.export_triton`: batching and ORT threads as reco serves this variant",
         f"name: {_quote(name)}",
         f"platform: {_quote(PLATFORM)}",
         f"max_batch_size: {cfg.max_batch_size}",
@@ -246,7 +242,7 @@ def write_model_repository(
         variant_dir: the variant directory (holds variant.json).
         out_dir: the model repository (created if missing; other models in it are left alone).
         name: the Triton model name (its directory); None: the variant's name.
-        cfg: export settings (`settings` gives the ones reco's server would use for the variant).
+        cfg: export settings (`python -m reco.cli.export_triton` gives the ones reco's server would use).
     Returns:
         OUT/NAME.
     Raises:
@@ -298,59 +294,3 @@ def _copy_verified(src: Path, dst: Path, digest: str, where: str) -> None:
         os.replace(tmp, dst)
     finally:
         Path(tmp).unlink(missing_ok=True)
-
-
-def settings(variant: Variant, overrides: Sequence[str] = ()) -> TritonExportConfig:
-    """The export settings for `variant`: conf/export/triton.yaml with the variant's runtime.batching
-    applied to serve.batching (as reco's server applies it), then `overrides` (keys of export.triton).
-
-    Args:
-        variant: the variant to export.
-        overrides: `key=value` strings, e.g. ["max_batch_size=2048"].
-    Returns:
-        The checked settings; ConfigError names a bad key or value.
-    """
-    served = [f"serve.batching.{k}={val}" for k, val in variant.runtime.get("batching", {}).items()]
-    cfg = compose([*served, *(f"export.triton.{o}" for o in overrides)])
-    return typed(cfg.export.triton, TritonExportConfig, "export.triton").check()
-
-
-def main(argv: list[str] | None = None) -> int:
-    """Export one variant; prints the written config.pbtxt.
-
-    Returns:
-        0 when written, 2 when the variant or the settings cannot be exported (reason on stderr).
-    """
-    from hydra.errors import HydraException
-
-    p = argparse.ArgumentParser(
-        prog="python -m reco.export.triton",
-        description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-    p.add_argument(
-        "--variant", required=True, help="variant directory (holds variant.json); backend onnxruntime"
-    )
-    p.add_argument(
-        "--out", required=True, help="Triton model repository directory; the model goes to OUT/NAME/"
-    )
-    p.add_argument("--name", help="Triton model name (default: the variant's name)")
-    p.add_argument(
-        "overrides",
-        nargs="*",
-        help="key=value overrides of export.triton (conf/export/triton.yaml), e.g. max_batch_size=2048",
-    )
-    args = p.parse_args(argv)
-    try:
-        cfg = settings(Variant.load(args.variant), args.overrides)
-        model_dir = write_model_repository(args.variant, args.out, args.name, cfg)
-    except (ConfigError, HydraException, TritonExportError, ArtifactError, OSError) as e:
-        print(f"reco.export.triton: cannot export: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
-    print(f"# {model_dir / 'config.pbtxt'} (model: {model_dir / VERSION / 'model.onnx'})")
-    print((model_dir / "config.pbtxt").read_text(), end="")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -5,7 +5,7 @@ their merge into the one record a single Locust process would have written.
     window_share(301, 0, 2), window_share(301, 1, 2)   -> 151, 150
     summary = merge_records(Path("out/latencies.csv"), 2)   # writes latencies.csv + .summary.json + ...
 
-    python -m reco.loadtest.distributed DIR/latencies.csv N   # merge records collected from N workers'
+    python -m reco.cli.merge_records DIR/latencies.csv N   # merge records collected from N workers'
                                                               # machines; print quantiles, every worker's
                                                               # CPU and lag against loadtest.loadgen
 
@@ -21,7 +21,6 @@ This module is imported by the locustfile in every worker: standard library and 
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 from pathlib import Path
@@ -106,32 +105,3 @@ def merge_records(latency_file: Path, workers: int) -> dict[str, Any]:
     if summary["window_end_epoch"] is not None:
         Path(f"{latency_file}.window_end").write_text(repr(summary["window_end_epoch"]))
     return summary
-
-
-def main(argv: list[str] | None = None) -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("latency_file", type=Path, help="the master's --latency-file, workers' records beside it")
-    ap.add_argument("workers", type=int, help="how many workers took part (--expect-workers)")
-    args = ap.parse_args(argv)
-    from reco.config import compose
-    from reco.loadtest.config import loadtest_config
-    from reco.loadtest.histogram import quantiles, read_latencies
-
-    lg = loadtest_config(compose().loadtest).loadgen
-    summary = merge_records(args.latency_file, args.workers)
-    lat = read_latencies(args.latency_file)
-    x = lat.window_ms(int(summary["unanswered"]))
-    print(f"{args.latency_file}: {len(x):,} requests, {len(x) - len(lat.ok_ms):,} failed")
-    for name, e in quantiles(x).items():
-        print(f"  {name} ms {e.fmt('.2f')}")
-    for w in summary["workers"]:
-        lag = (w["open"] or {}).get("lag_p99_ms", 0.0)
-        bad = w["cpu_pct"] > lg.max_cpu_pct or lag > lg.max_lag_ms
-        print(
-            f"  worker {w['index']} (pid {w['pid']}): n {w['n_window']:,}, CPU {w['cpu_pct']:.0f}%, lag p99 "
-            f"{lag:.1f} ms{'  SATURATED: the window is not valid' if bad else ''}"
-        )
-
-
-if __name__ == "__main__":
-    main()

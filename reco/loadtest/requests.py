@@ -4,12 +4,11 @@ Each line is one /recommend body: {"user_id": id, "context": {name: value}, "k":
 drawn uniformly from the test split (a user appears as often as they do in the log). Context features
 are that row's context-side features, by schema name.
 
-    python -m reco.loadtest.requests --dataset data.pt --out requests.jsonl --n 10000 --k 10
+    python -m reco.cli.requests --dataset data.pt --out requests.jsonl --n 10000 --k 10
 """
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 
@@ -51,18 +50,3 @@ def write_requests(ds: Dataset | str | Path, out_path: str | Path, n: int, k: in
         for body in request_bodies(ds, n, k, seed):
             f.write(json.dumps(body, separators=(",", ":")) + "\n")
     return out
-
-
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m reco.loadtest.requests", description=__doc__.splitlines()[0])
-    p.add_argument("--dataset", required=True, help="Dataset .pt file")
-    p.add_argument("--out", required=True, help="output JSONL")
-    p.add_argument("--n", type=int, required=True, help="number of requests")
-    p.add_argument("--k", type=int, required=True, help="k of every request")
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
-    print(write_requests(a.dataset, a.out, a.n, a.k, a.seed))
-
-
-if __name__ == "__main__":
-    main()

@@ -31,7 +31,7 @@ class DCNSettings(ModelSettings):
     cross_layers: int = MISSING  # layers of the low-rank cross network
     low_rank: int = MISSING  # rank r of each layer's W (N x r) V (r x N) factorisation
 
-    def validate(self) -> None:
+    def check(self, where: str = "") -> None:
         if self.cross_layers < 1:
             raise ValueError(f"model.cross_layers must be >= 1, got {self.cross_layers}")
         if self.low_rank < 1:

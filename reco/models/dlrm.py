@@ -27,7 +27,7 @@ class ModelConfig(ModelSettings):
     interaction), which the YAML derives by interpolation so overriding `model.embedding_dim` alone works.
     """
 
-    def validate(self) -> None:
+    def check(self, where: str = "") -> None:
         if not self.bottom or self.bottom[-1] != self.embedding_dim:
             raise ValueError(
                 f"model.bottom: the last layer must equal model.embedding_dim ({self.embedding_dim}) "

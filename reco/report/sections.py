@@ -456,7 +456,7 @@ def learning_curve(figs: list[VariantFigures]) -> list[str]:
     auc, oracle = m.get("auc"), m.get("oracle_auc")
     gap = (
         f" Test AUC {auc:.4f} vs the oracle's {oracle:.4f}: {oracle - auc:.4f} below the ceiling "
-        "(`python -m reco.data.learnability` splits that gap into what the data let a model learn and what not)."
+        "(`python -m reco.cli.learnability` splits that gap into what the data let a model learn and what not)."
         if auc is not None and oracle is not None
         else ""
     )

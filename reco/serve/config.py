@@ -1,8 +1,9 @@
 """The `serve` config group's schema: every key of conf/serve/default.yaml, typed and documented.
 
 The values (defaults included) live in conf/serve/default.yaml only; the dataclasses hold types and
-meaning. `python -m reco.serve` composes the project config (reco.config.compose) and takes `cfg.serve`;
-worker processes get it as JSON (dataclasses.asdict) and rebuild it with `serve_config`.
+meaning. `python -m reco.cli.serve` composes the project config and takes `cfg.serve`; a server started by
+a study, and its worker processes, get the typed settings as one JSON file or string
+(dataclasses.asdict) and rebuild them with `serve_config`.
 """
 
 from __future__ import annotations
@@ -71,7 +72,7 @@ class FaultsConfig:
 
 @dataclass
 class ServeConfig:
-    """Settings of one `python -m reco.serve` process (all its workers)."""
+    """Settings of one `python -m reco.cli.serve` process (all its workers)."""
 
     host: str = MISSING  # bind address (keep 127.0.0.1 for benchmarks)
     port: int = MISSING
@@ -103,14 +104,8 @@ class ServeConfig:
 
     faults: FaultsConfig = MISSING
 
-    def check(self, where: str = "serve") -> ServeConfig:
-        """Range checks the types cannot express.
-
-        Args:
-            where: the key prefix error messages name (e.g. "serve").
-        Returns:
-            self, when every value is in range; raises ConfigError naming `where.<key>` otherwise.
-        """
+    def check(self, where: str) -> None:
+        """Range checks the types cannot express (reco.config.typed runs it); ConfigError names `where.<key>`."""
         at_least = {
             "workers": 1,
             "intra_op_threads": 1,
@@ -152,7 +147,6 @@ class ServeConfig:
             )
         if not 0.0 <= self.retrieval.share <= 1.0:
             raise ConfigError(f"{where}.retrieval.share: expected in [0, 1], got {self.retrieval.share}")
-        return self
 
 
 def serve_config(node: Any, where: str = "serve") -> ServeConfig:
@@ -166,7 +160,7 @@ def serve_config(node: Any, where: str = "serve") -> ServeConfig:
     """
     if isinstance(node, str):
         node = json.loads(node)
-    return typed(node, ServeConfig, where).check(where)
+    return typed(node, ServeConfig, where)
 
 
 def for_variant(cfg: ServeConfig, runtime: dict) -> ServeConfig:
@@ -177,23 +171,6 @@ def for_variant(cfg: ServeConfig, runtime: dict) -> ServeConfig:
     instances = int(server.get("instances", cfg.triton.instances))
     triton = dataclasses.replace(cfg.triton, instances=instances)
     return dataclasses.replace(cfg, backend=ServeBackend(server["backend"]), triton=triton)
-
-
-def serve_overrides(cfg: ServeConfig) -> list[str]:
-    """`cfg` as `key=value` overrides for `python -m reco.serve` (every leaf, so nothing comes from YAML).
-
-    Args:
-        cfg: the settings to pass on.
-    Returns:
-        Overrides such as ["host='127.0.0.1'", "batching.enabled=true", "cpu_affinity=[1]"].
-    """
-    return [f"{k}={_override_value(v)}" for k, v in _flatten(asdict(cfg)).items()]
-
-
-def _override_value(v: Any) -> str:
-    if isinstance(v, str):  # quoted: Hydra's grammar would read 'null', '1' or 'a,b' as other types
-        return "'" + v.replace("\\", "\\\\").replace("'", "\\'") + "'"
-    return json.dumps(v)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -5,7 +5,7 @@ header). Buckets grow by 20 % from 10 us to ~60 s, so a p99 interpolated from tw
 ~10 % of the exact value (the load generator measures the exact end-to-end percentiles itself).
 
 With several worker processes prometheus_client's multiprocess mode is used: PROMETHEUS_MULTIPROC_DIR
-must be set before prometheus_client is first imported (reco.serve.__main__ does it), and /metrics then
+must be set before prometheus_client is first imported (reco.serve.workers does it), and /metrics then
 aggregates all workers.
 """
 

@@ -5,11 +5,11 @@
     handle.stop()
 
 `settings` is a ServeConfig or a plain `serve` section (dict / DictConfig, typed here); the process
-gets every value as a `key=value` override, so it runs with exactly these settings. It writes its
+gets them as one JSON file (`--settings`), so it runs with exactly these settings. It writes its
 output to `server-{port}.log` in `work_dir` (a fresh temporary directory by default); a server that
 exits or does not answer GET /healthz in time raises ServerStartError with the log's tail.
 
-serve.backend=triton starts `python -m reco.serve.triton_backend` with serve.triton.python (the
+serve.backend=triton starts `python -m reco.cli.triton_server` with serve.triton.python (the
 interpreter of `.venv-triton`, `make triton-venv`) instead; it is ready when Triton reports the model
 ready (GET /v2/models/<serve.triton.model_name>/ready), and `handle.triton_model` names the model.
 """
@@ -36,7 +36,7 @@ from typing import Any
 import psutil
 
 from reco.children import die_with_parent
-from reco.serve.config import ServeBackend, ServeConfig, serve_config, serve_overrides
+from reco.serve.config import ServeBackend, ServeConfig, serve_config
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,7 +75,7 @@ def log_tail(path: str | Path, lines: int = 40) -> str:
 
 @dataclass
 class ServerHandle:
-    """A running `python -m reco.serve` process started by start_server."""
+    """A running `python -m reco.cli.serve` process started by start_server."""
 
     url: str
     pid: int
@@ -203,7 +203,7 @@ def start_server(
     timeout_s: float = 120.0,
     work_dir: str | Path | None = None,
 ) -> ServerHandle:
-    """Run `python -m reco.serve` with `settings` on 127.0.0.1:`port`.
+    """Run `python -m reco.cli.serve` with `settings` on 127.0.0.1:`port`.
 
     Args:
         variant_dir: the variant directory.
@@ -222,13 +222,15 @@ def start_server(
     if cpus:
         cfg = dataclasses.replace(cfg, cpu_affinity=[int(c) for c in cpus])
     python, module = (
-        (str(triton_python(cfg)), "reco.serve.triton_backend")
+        (str(triton_python(cfg)), "reco.cli.triton_server")
         if cfg.backend == ServeBackend.triton
-        else (sys.executable, "reco.serve")
+        else (sys.executable, "reco.cli.serve")
     )
     wd = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="reco-serve-"))
     wd.mkdir(parents=True, exist_ok=True)
     log_path = wd / f"server-{cfg.port}.log"
+    settings_path = wd / f"server-{cfg.port}.settings.json"  # the typed settings, every key: one file
+    settings_path.write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
     cmd = [
         python,
         "-m",
@@ -237,7 +239,8 @@ def start_server(
         str(variant_dir),
         "--dataset",
         str(dataset_path),
-        *serve_overrides(cfg),
+        "--settings",
+        str(settings_path),
     ]
     with open(log_path, "wb") as log:
         log.write(("$ " + " ".join(cmd) + "\n").encode())

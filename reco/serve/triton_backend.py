@@ -1,4 +1,4 @@
-"""python -m reco.serve.triton_backend --variant DIR --dataset PATH.pt [--host H] [--port P] [key=value ...]
+"""serve.backend=triton (entry point: python -m reco.cli.triton_server --variant DIR --dataset PATH.pt ...)
 
 serve.backend=triton: the variant served by Triton Inference Server through PyTriton. The variant's request
 pipeline -- parse, candidates, features, model, top-k (reco/serve/recommend.py, the code reco's own server
@@ -22,13 +22,12 @@ count), each in its own thread of this process with its own scratch; the tables 
 
 Run it with the interpreter of `.venv-triton` (`make triton-venv`): PyTriton's Python-backend stub links
 the system libpython3.11, and under another 3.11 build model loading fails. Settings compose as for
-`python -m reco.serve`; the process refuses to start (reason on stderr, exit code 2) when they, the
+`python -m reco.cli.serve`; the process refuses to start (reason on stderr, exit code 2) when they, the
 variant, the port, the interpreter or PyTriton are not usable. SIGTERM/SIGINT stop tritonserver and exit 0.
 """
 
 from __future__ import annotations
 
-import argparse
 import errno
 import logging
 import os
@@ -290,40 +289,30 @@ def _stop(signum: int, frame: object) -> None:
     raise SystemExit(0)  # unwinds through Triton's context manager, which stops tritonserver
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Serve the variant from Triton until SIGTERM/SIGINT.
+def serve(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
+    """Serve the variant from Triton until SIGTERM/SIGINT (entry point: python -m reco.cli.triton_server).
 
-    Args:
-        argv: command line (default sys.argv[1:]).
     Returns:
         0 after a requested stop, 1 when tritonserver died, 2 when it could not start.
     """
-    from reco.serve.__main__ import arg_parser, run_stoppable
+    from reco.serve.server import run_stoppable
 
-    args = arg_parser("python -m reco.serve.triton_backend", __doc__.splitlines()[0]).parse_args(argv)
-    return run_stoppable(_run, args, _stop)
+    return run_stoppable(lambda: _run(variant_dir, dataset_path, cfg), _stop)
 
 
-def _run(args: argparse.Namespace) -> int:
-    from hydra.errors import HydraException
-
-    from reco.config import ConfigError
-    from reco.serve.__main__ import settings
+def _run(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
     from reco.serve.features import ServeConfigError
     from reco.variant import ArtifactError
 
     try:
-        cfg = settings(args.overrides, args.host, args.port)
         logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
         check_environment(cfg)
         check_port(cfg.host, cfg.port)
         if cfg.cpu_affinity:
             os.sched_setaffinity(0, cfg.cpu_affinity)  # tritonserver and its stubs inherit it
-        loaded = load_variant(args.variant, args.dataset, cfg)
+        loaded = load_variant(variant_dir, dataset_path, cfg)
     except (
         TritonStartError,
-        ConfigError,
-        HydraException,
         ServeConfigError,
         ArtifactError,
         OSError,
@@ -361,7 +350,3 @@ def _run(args: argparse.Namespace) -> int:
         return 1
     finally:
         stop_keep_warm(spinners)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

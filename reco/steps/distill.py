@@ -77,7 +77,7 @@ class DistillConfig:
     control: bool = MISSING  # also train the student without the teacher
     lr: float | None = MISSING  # None: trainer.lr (a small student often wants a larger step)
 
-    def validate(self) -> None:
+    def check(self, where: str = "") -> None:
         if not 0 <= self.alpha <= 1:
             raise StepError(f"distill: distill.alpha must be in [0, 1], got {self.alpha}")
         if self.temperature <= 0:
@@ -101,7 +101,7 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
         The student's torch variant (size_ratio, teacher_auc, control_auc, kd_gain_auc in its metrics).
     """
     assert parent is not None
-    dc.validate()
+    dc.check()
     trainer, name = ctx.trainer, ctx.name
     if parent.backend == "onnxruntime":
         raise StepError(

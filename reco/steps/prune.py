@@ -63,7 +63,7 @@ class PruneConfig:
     finetune_epochs: int = MISSING
     finetune_rows: int | None = MISSING  # train rows per fine-tune epoch; None: the whole split
 
-    def validate(self) -> None:
+    def check(self, where: str = "") -> None:
         if not 0 < self.amount < 1:
             raise StepError(
                 f"prune: prune.amount must be in (0, 1) (fraction of parameters), got {self.amount}"
@@ -86,7 +86,7 @@ def run(parent: Variant | None, data: Dataset, pc: PruneConfig, ctx: StepRun) ->
         A physically smaller torch variant (params_removed_pct, flops_removed_pct, ... in its metrics).
     """
     assert parent is not None
-    pc.validate()
+    pc.check()
     trainer, name = ctx.trainer, ctx.name
     require_artifact(parent, "torch", "prune")
     model = parent.load_torch()

@@ -105,10 +105,8 @@ def plain(cfg: Any) -> Any:
 
 def steps() -> dict[str, StepSpec]:
     """Every step of the reco.steps package (importing each module registers it)."""
-    import reco.steps as pkg
-
-    for mod in pkgutil.iter_modules(pkg.__path__):
-        importlib.import_module(f"reco.steps.{mod.name}")
+    for mod in pkgutil.iter_modules([str(Path(__file__).parent)]):  # by path: no import of the package
+        importlib.import_module(f"{__package__}.{mod.name}")
     return dict(_REGISTRY)
 
 

@@ -66,8 +66,8 @@ class AccelerateConfig:
     quantize: QuantizeConfig = field(default_factory=QuantizeConfig)
     tune: TuneConfig | None = None  # null: keep the runtime's defaults
 
-    def validate(self) -> None:
-        self.quantize.validate()
+    def check(self, where: str = "") -> None:
+        self.quantize.check()
         if self.auc_guard < 0:
             raise StepError(f"accelerate: accelerate.auc_guard must be >= 0, got {self.auc_guard}")
 
@@ -81,7 +81,7 @@ def run(parent: Variant | None, data: Dataset, ac: AccelerateConfig, ctx: StepRu
         weights under another torch backend; either passed the parity check and the AUC guard.
     """
     assert parent is not None
-    ac.validate()
+    ac.check()
     require_artifact(parent, "torch", "accelerate")
     model = parent.load_torch()
     backend = ac.mode.backend

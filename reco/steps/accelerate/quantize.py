@@ -35,7 +35,7 @@ INT_MATMULS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat",
 class QuantizeConfig:
     weight_type: str = MISSING  # QInt8 | QUInt8
     per_channel: bool = MISSING
-    reduce_range: Any = MISSING  # true | false | auto: validate() resolves auto with int8_saturates()
+    reduce_range: Any = MISSING  # true | false | auto: check() resolves auto with int8_saturates()
     op_types: list[str] = MISSING  # ONNX op types handed to the quantizer, e.g. [MatMul] or [MatMul, Gather]
     gemm_to_matmul: bool = MISSING
     preprocess: bool = MISSING  # onnxruntime.quantization.quant_pre_process (shape inference + optimisation)
@@ -43,7 +43,7 @@ class QuantizeConfig:
     calibration_batches: int = MISSING
     calibration_batch_size: int = MISSING
 
-    def validate(self) -> None:
+    def check(self, where: str = "") -> None:
         """Checks the settings and resolves reduce_range=auto in place, so the variant's cache key and its
         accelerate.json hold what was used."""
         if self.weight_type not in WEIGHT_TYPES:
@@ -131,7 +131,7 @@ def quantize(fp32: Path, out: Path, qc: QuantizeConfig, calib: Split | None, wor
     from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
-    qc.validate()
+    qc.check()
     src = fp32
     if qc.preprocess:
         # Before the Gemm rewrite: its optimisation pass would fuse MatMul + Add back into Gemm.

@@ -33,13 +33,13 @@ from reco.data.schema import Dataset
 from reco.measure import evaluate
 from reco.models.protocol import RankingModel, count_params
 from reco.runtime import load_scorer, ort_scorer
+from reco.runtime import torchrec_quant as qmodel
+from reco.runtime.rowwise import Precision, QTable, unsupported
 from reco.steps.accelerate import Exporter
 from reco.steps.accelerate.export import export_onnx, max_abs_diff, random_batch, real_batch
 from reco.steps.accelerate.quantize import QuantizeConfig, quantize
 from reco.steps.accelerate.tuning import TuneConfig, tune_into
-from reco.steps.embed_quant import qmodel
 from reco.steps.embed_quant.onnx_tables import replace_tables
-from reco.steps.embed_quant.rowwise import Precision, QTable, unsupported
 from reco.steps.embed_quant.sensitivity import Choice, Sweep, choose, limit_rows
 from reco.steps.registry import StepError, StepRun, child_variant, register, require_artifact
 from reco.variant import Backend, Variant
@@ -68,7 +68,7 @@ class EmbedQuantConfig:
     sweep_rows: int | None = MISSING  # validation rows scored per sweep point (null: all)
     dense_int8: bool = MISSING  # onnxruntime only: also INT8 MLPs through accelerate's quantizer
     # accelerate's QuantizeConfig and TuneConfig (null: no tuning). Untyped here because the YAML
-    # interpolates accelerate's blocks, which Hydra cannot merge into a typed node; validate() types them.
+    # interpolates accelerate's blocks, which Hydra cannot merge into a typed node; check() types them.
     quantize: Any = MISSING  # dense_int8 settings
     exporter: Exporter = MISSING
     opset: int = MISSING
@@ -76,10 +76,10 @@ class EmbedQuantConfig:
     parity_rows: int = MISSING
     tune: Any = MISSING  # onnxruntime session-settings search (null: the runtime's defaults)
 
-    def validate(self) -> None:
+    def check(self, where: str = "") -> None:
         if self.quantize is not None:
             self.quantize = typed(self.quantize, QuantizeConfig, "embed_quant.quantize")
-            self.quantize.validate()
+            self.quantize.check()
         if self.tune is not None:
             self.tune = typed(self.tune, TuneConfig, "embed_quant.tune")
         if not self.precisions:
@@ -120,7 +120,7 @@ def run(parent: Variant | None, data: Dataset, cfg: EmbedQuantConfig, ctx: StepR
         emb_<table>_bits, emb_<table>_val_auc_drop, emb_val_auc_rel_drop, ...; report embed_quant.json.
     """
     assert parent is not None
-    cfg.validate()
+    cfg.check()
     require_artifact(parent, "torch", "embed_quant")
     model = parent.load_torch()
     check_tables(model, cfg)
@@ -239,7 +239,7 @@ def build_onnx(
         parity = check_parity(ort_scorer(work / "emb.onnx", {}), ref, batches, cfg, "onnxruntime")
         report: dict = {"gathers_rewritten": gathers, "parity_max_abs": parity}
         if cfg.dense_int8:
-            assert cfg.quantize is not None  # validate()
+            assert cfg.quantize is not None  # check()
             calib = data.train if cfg.quantize.static else None
             q = quantize(fp32, work / "int8.onnx", cfg.quantize, calib, work)
             proto = onnx.load(str(work / "int8.onnx"))

@@ -22,7 +22,7 @@ import numpy as np
 import onnx
 from onnx import TensorProto, helper, numpy_helper
 
-from reco.steps.embed_quant.rowwise import QTable
+from reco.runtime.rowwise import QTable
 
 
 class TableNotFound(ValueError):

@@ -25,8 +25,8 @@ import torch
 from reco.data.schema import Split
 from reco.measure import evaluate
 from reco.models.protocol import RankingModel
+from reco.runtime.rowwise import Precision, QTable, quantize_table
 from reco.steps.accelerate.export import torch_probs
-from reco.steps.embed_quant.rowwise import Precision, QTable, quantize_table
 
 
 @dataclass

@@ -26,7 +26,7 @@ def load_scorer(variant: Variant, threads: int = 1) -> Scorer:
         return ort_scorer(variant.verify("onnx"), variant.runtime.get("ort", {}), threads)
     torch.set_num_threads(threads)
     if variant.backend == "torchrec_quant":  # quantized embedding tables (reco.steps.embed_quant)
-        from reco.steps.embed_quant.qmodel import scorer
+        from reco.runtime.torchrec_quant import scorer
 
         return scorer(variant)
     module = PlainScorer(variant.load_torch()).eval()

@@ -1,6 +1,6 @@
 """Cross-check Locust's maximum throughput against an independent generator (wrk).
 
-    python -m reco.loadtest.crosscheck --variant DIR --dataset DATA.pt [--connections 8] [--seconds 15]
+    python -m bench.crosscheck --variant DIR --dataset DATA.pt [--connections 8] [--seconds 15]
     (make crosscheck runs it on the case study's distilled INT8 variant; needs Debian's wrk)
 
 Both generators run closed loop with the same number of connections against the same server (pinned
@@ -19,7 +19,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.loadtest.config import LoadMode
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import plan_cpus, run_load, with_settings

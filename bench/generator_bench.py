@@ -1,7 +1,7 @@
 """How much load the generator itself can make: Locust as one process vs Locust master + workers, and
 its percentiles vs wrk's, against a trivial endpoint on 127.0.0.1 (a benchmark, not a test).
 
-    python -m reco.loadtest.generator_bench [--workers 2] [--connections 32] [--seconds 10]
+    python -m bench.generator_bench [--workers 2] [--connections 32] [--seconds 10]
         [--parity-connections 4] [--parity-delay-ms 5] [--repeats 3]
 
 The endpoint is a minimal asyncio (uvloop) HTTP/1.1 server in its own process answering every POST with
@@ -30,9 +30,9 @@ import time
 import urllib.request
 from pathlib import Path
 
-from reco.config import compose
+from bench.crosscheck import wrk_run
+from reco.cli.compose import compose
 from reco.loadtest.config import LoadMode
-from reco.loadtest.crosscheck import wrk_run
 from reco.loadtest.runner import free_port, plan_cpus, run_load, with_settings
 
 ANSWER = b'{"items":[],"model":"trivial"}'

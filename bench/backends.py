@@ -1,6 +1,6 @@
 """One variant served by reco's server and by Triton (serve.backend=triton), measured the same way.
 
-    python -m reco.loadtest.backends --variant DIR --dataset DATA.pt [--rate 100] [--users 8] [--repeats 2]
+    python -m bench.backends --variant DIR --dataset DATA.pt [--rate 100] [--users 8] [--repeats 2]
         [--requests 2000] [--triton-batched]
 
 Each server is pinned to the server cores and Locust to its own core (plan_cpus); servers run one at a
@@ -17,7 +17,7 @@ import argparse
 import tempfile
 from pathlib import Path
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.loadtest.config import LoadMode
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.requests import write_requests
@@ -41,7 +41,7 @@ def _row(name: str, closed: list[LoadRun], opened: list[LoadRun]) -> str:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the comparison and print its table."""
-    p = argparse.ArgumentParser(prog="python -m reco.loadtest.backends", description=__doc__.splitlines()[0])
+    p = argparse.ArgumentParser(prog="python -m bench.backends", description=__doc__.splitlines()[0])
     p.add_argument("--variant", required=True, help="variant directory")
     p.add_argument("--dataset", required=True, help="the variant's Dataset .pt file")
     p.add_argument("--rate", type=float, default=100.0, help="open loop: arrivals/s")

@@ -1,6 +1,6 @@
 """How much of the synthetic data's planted click model a model can learn, and where a model falls short.
 
-    python -m reco.data.learnability [--scores VARIANT_DIR/test_scores.npy] [data overrides ...]
+    python -m reco.cli.learnability [--scores VARIANT_DIR/test_scores.npy] [data overrides ...]
 
 The oracle AUC (true click probabilities) is the ceiling no model reaches, because part of the planted
 logit is a per-user latent vector dotted with the item's, learnable only from that user's own rows.
@@ -13,15 +13,13 @@ so it is close; the figures are point estimates on ~100k rows (an AUC's sampling
 
 from __future__ import annotations
 
-import argparse
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
 
 from reco.data.schema import time_split
-from reco.data.synthetic import Simulation, SyntheticConfig, simulate
+from reco.data.synthetic import Simulation
 from reco.train.metrics import auc
 
 # Terms of the planted logit that depend on the individual user's latent vector (reco/data/synthetic.py);
@@ -112,29 +110,3 @@ def load_scores(path: Path, n: int) -> np.ndarray:
     if scores.shape[0] != n:
         raise ValueError(f"--scores {path}: {scores.shape[0]:,} scores, the test split has {n:,} rows")
     return scores
-
-
-def main(argv: list[str] | None = None) -> int:
-    from reco.config import ConfigError, compose, typed
-
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--scores", type=Path, help="a variant's test_scores.npy (from the same data config)")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. data.params.n_users=20000")
-    args = ap.parse_args(argv)
-    try:
-        data = compose(args.overrides).data
-        if data.loader != "synthetic_ecommerce":
-            raise ConfigError(
-                f"data.loader={data.loader}: only synthetic_ecommerce has a planted click model"
-            )
-        sim = simulate(typed(data.params, SyntheticConfig, "data.params"))
-        scores = None if args.scores is None else load_scores(args.scores, len(sim.dataset.test.labels))
-    except (ConfigError, ValueError, OSError) as e:
-        print(f"reco.data.learnability: {e}", file=sys.stderr)
-        return 2
-    print(report(sim, scores))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

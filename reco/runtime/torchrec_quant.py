@@ -25,7 +25,7 @@ from torch import nn
 
 from reco.models.embedding import table_configs
 from reco.models.protocol import ArchConfig, RankingModel, TableSpec
-from reco.steps.embed_quant.rowwise import QTable, from_stored
+from reco.runtime.rowwise import QTable, from_stored
 from reco.variant import ArtifactError, Variant
 
 if TYPE_CHECKING:  # torchrec is imported where used: see reco.config._schemas

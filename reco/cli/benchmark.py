@@ -1,7 +1,7 @@
 """Print the optimization-steps table of an experiment's latest run, read back from MLflow.
 
     python run.py experiment=optimize_chain        # builds and measures the variants (cached)
-    python -m reco.benchmark optimize_chain        # this table (also: make benchmark)
+    python -m reco.cli.benchmark optimize_chain        # this table (also: make benchmark)
 
 Every ratio compares two variants measured in the same run on the same machine (in-process ranking
 of 500 candidates, one intra-op thread, p50 over repetitions after warm-up).
@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 import math
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.stats import Estimate, Verdict, verdict_at_least
 from reco.tracking import latest_variant_runs
 

@@ -1,6 +1,6 @@
 """Overload benchmark: a variant offered a multiple of its capacity sheds load instead of collapsing.
 
-    python -m reco.loadtest.overload --variant DIR --dataset DATA.pt --capacity 300 --slo-ms 20 [--factor 2] \
+    python -m bench.overload --variant DIR --dataset DATA.pt --capacity 300 --slo-ms 20 [--factor 2] \
         [max_wait_ms=80] [queue_limit=24]
 
 Open-loop (Poisson) load at `factor` x the given capacity (e.g. the study's max QPS at SLO) against the
@@ -20,7 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reco.config import compose
+from reco.cli.compose import compose
 from reco.loadtest.config import LoadMode
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import plan_cpus, run_load, scrape, with_settings

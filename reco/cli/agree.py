@@ -1,0 +1,34 @@
+"""Do two runs of one study agree? Issue 9's reproducibility check, from two comparison.csv files.
+
+For every variant in both files and every ratio the report gives a CI for (speed-ups and QPS gains),
+the two runs agree on that figure when their 95 % CIs overlap. A figure missing from either run (an
+empty cell: not measured, or n too small) is listed as such, never counted as agreeing.
+
+    python -m reco.cli.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run 7" "run 8"
+
+Prints a Markdown table and a one-line summary; exits 1 when some pair of CIs does not overlap.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+from reco.report.agree import markdown, pairs, summary
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m reco.cli.agree", description=__doc__.splitlines()[0])
+    ap.add_argument("a", type=Path, help="run A's comparison.csv")
+    ap.add_argument("b", type=Path, help="run B's comparison.csv")
+    ap.add_argument("--names", nargs=2, default=("run A", "run B"), metavar=("A", "B"))
+    args = ap.parse_args(argv)
+    ps = pairs(args.a, args.b)
+    print(markdown(ps, tuple(args.names)))
+    print("\n" + summary(ps))
+    return 0 if all(p.overlap is not False for p in ps) else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

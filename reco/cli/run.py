@@ -1,0 +1,42 @@
+"""`python run.py experiment=NAME [overrides]`: one experiment, composed once by Hydra (see README).
+
+A user's mistake (a bad override, bad data, a variant graph that cannot run) prints the one clear
+message reco builds and exits 2; RECO_TRACEBACK=1 shows the traceback too.
+"""
+
+import os
+import signal
+import sys
+
+import hydra
+from omegaconf import DictConfig
+
+from reco.cli.compose import register
+from reco.cli.errors import report, user_errors
+from reco.config import CONF_DIR
+
+register()  # typed schemas into Hydra's ConfigStore before @hydra.main composes
+
+
+def _terminate(signum: int, frame: object) -> None:
+    # SIGTERM unwinds like Ctrl-C: servers, load generators and MLflow runs are closed on the way out.
+    raise KeyboardInterrupt(f"signal {signum}")
+
+
+@hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
+def main(cfg: DictConfig) -> float | None:
+    """One pipeline execution; under `experiment=search` its objective, which Hydra's sweeper reads."""
+    from reco.pipeline import run
+
+    signal.signal(signal.SIGTERM, _terminate)
+    try:
+        built = run(cfg)
+        if "search" in cfg:
+            from reco.search import finish_trial
+
+            return finish_trial(cfg, built)
+    except user_errors() as e:
+        if os.environ.get("RECO_TRACEBACK"):
+            raise
+        sys.exit(report("reco", e))
+    return None

@@ -1,0 +1,110 @@
+"""Run reco's server in this process until SIGTERM/SIGINT: `serve(variant_dir, dataset_path, settings)`.
+
+The entry point is `python -m reco.cli.serve` (it composes or reads the typed settings); this module
+only serves them. workers > 1: see reco/serve/workers.py (each worker its own SO_REUSEPORT socket on
+the same port). SIGTERM/SIGINT stop the server, its workers and its keep-warm spinners, and return 0.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import sys
+from collections.abc import Callable
+
+from reco.serve.config import ServeConfig
+from reco.serve.features import ServeConfigError
+from reco.serve.recommend import check_same_data
+
+
+def check_servable(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> None:
+    """Fail fast (before worker processes exist) on a missing variant/dataset or a schema without keys.
+
+    Args:
+        variant_dir: the variant directory.
+        dataset_path: the Dataset file.
+        cfg: the serve settings.
+    Raises:
+        ServeConfigError / ArtifactError naming what is wrong.
+    """
+    from reco.data.schema import Dataset
+    from reco.serve.features import FeatureStore
+    from reco.variant import Variant
+
+    v = Variant.load(variant_dir)
+    for role in v.artifacts:
+        v.verify(role)
+    if not os.path.exists(dataset_path):
+        raise ServeConfigError(f"--dataset {dataset_path}: file not found (expected a Dataset saved by reco)")
+    data = Dataset.load(dataset_path)
+    check_same_data(v, data, dataset_path)
+    FeatureStore(data, cfg.retrieval)
+
+
+def pin_threads(cpus: list[int]) -> None:
+    """Pin every thread this process has (the model runtime's included) to `cpus`; threads and processes
+    started later (executor, spinners) inherit it from the thread that starts them."""
+    for tid in os.listdir("/proc/self/task"):
+        os.sched_setaffinity(int(tid), cpus)
+
+
+def _stop(signum: int, frame: object) -> None:
+    # Until uvicorn installs its own handlers (model loading) and after it hands them back: a requested
+    # stop unwinds through `finally`, which stops the keep-warm spinners.
+    raise SystemExit(0)
+
+
+def run_stoppable(run: Callable[[], int], stop) -> int:
+    """run() with `stop` handling SIGTERM/SIGINT, the previous handlers restored after (both servers)."""
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGTERM, signal.SIGINT)}
+    try:
+        return run()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def serve(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
+    """Serve the variant with `cfg` until SIGTERM/SIGINT.
+
+    Returns:
+        0 after a requested stop, 1 when a worker died, 2 when the server could not start (reason on stderr).
+    """
+    return run_stoppable(lambda: _run(variant_dir, dataset_path, cfg), _stop)
+
+
+def _run(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
+    from reco.serve.app import create_app
+    from reco.serve.workers import run_workers, uvicorn_options
+    from reco.variant import ArtifactError
+
+    app = None
+    try:
+        logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+        if cfg.workers == 1:
+            # Loaded on any core, then pinned: a study starts all its servers at once, and pinned first
+            # they queued their loading on the one server core.
+            app = create_app(variant_dir, dataset_path, cfg)
+            if cfg.cpu_affinity:
+                pin_threads(cfg.cpu_affinity)
+        else:
+            if cfg.cpu_affinity:
+                os.sched_setaffinity(0, cfg.cpu_affinity)  # worker processes inherit it
+            check_servable(variant_dir, dataset_path, cfg)
+    except (ServeConfigError, ArtifactError, OSError, KeyError, ValueError) as e:
+        cause = f" ({str(e.__cause__).splitlines()[0]})" if e.__cause__ else ""
+        print(f"reco.serve: cannot start: {type(e).__name__}: {e}{cause}", file=sys.stderr)
+        return 2
+    from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
+
+    spinners = start_keep_warm(sorted(os.sched_getaffinity(0))) if cfg.keep_warm else []
+    try:
+        if app is None:
+            return run_workers(variant_dir, dataset_path, cfg)
+        import uvicorn
+
+        uvicorn.run(app, host=cfg.host, port=cfg.port, **uvicorn_options(cfg))
+        return 0
+    finally:
+        stop_keep_warm(spinners)
