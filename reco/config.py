@@ -7,6 +7,7 @@ its typed section and never composes a config itself.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -25,8 +26,9 @@ def typed(node: Any, cls: type[T], where: str) -> T:
     """`node` (a DictConfig / dict section, or already a `cls`) as a checked instance of its schema `cls`.
 
     Unknown keys, missing values and wrong types raise ConfigError naming `where.<key>`. The one
-    validation hook: when `cls` defines `check(self, where)`, it runs on the result (range checks the
-    types cannot express) and raises ConfigError naming `where.<key>`.
+    validation hook: every dataclass in the result (nested ones and dict values included, innermost
+    first) that defines `check(self, where)` gets it called with its own key, for the range checks the
+    types cannot express; it raises ConfigError naming `where.<key>`.
     """
     if not isinstance(node, cls):
         try:
@@ -36,10 +38,22 @@ def typed(node: Any, cls: type[T], where: str) -> T:
             node = OmegaConf.to_object(merged)
         except OmegaConfBaseException as e:
             raise ConfigError(f"{where}: {describe(e)}") from None
-    check = getattr(cls, "check", None)
-    if check is not None:
-        check(node, where)
+    _check_tree(node, where)
     return node  # type: ignore[return-value]
+
+
+def _check_tree(obj: Any, where: str) -> None:
+    if isinstance(obj, dict):
+        for k, v in obj.items():
+            _check_tree(v, f"{where}.{k}")
+        return
+    if not dataclasses.is_dataclass(obj) or isinstance(obj, type):
+        return
+    for f in dataclasses.fields(obj):
+        _check_tree(getattr(obj, f.name), f"{where}.{f.name}")
+    check = getattr(obj, "check", None)
+    if callable(check):
+        check(where)
 
 
 def describe(e: OmegaConfBaseException) -> str:

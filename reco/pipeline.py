@@ -15,7 +15,7 @@ import io
 import shutil
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
@@ -26,6 +26,8 @@ from reco.config import typed
 from reco.data import load_dataset
 from reco.data.schema import Dataset
 from reco.graph import Node, cache_key, plan
+from reco.loadtest.config import loadtest_config
+from reco.loadtest.servings import DEFAULT, cross
 from reco.measure import RankLatencyConfig, predict, rank_latency, score_metrics
 from reco.profile import ProfileConfig, profile_rank
 from reco.runtime import load_scorer
@@ -48,10 +50,11 @@ class Built:
     error: str
     run_id: str
     cached: bool
+    label: str = ""  # a serving row (reco.loadtest.servings): `<variant>_<serving>`; "": the variant itself
 
     @property
     def name(self) -> str:
-        return self.node.name
+        return self.label or self.node.name
 
 
 def run(cfg: DictConfig) -> list[Built]:
@@ -106,7 +109,8 @@ def run(cfg: DictConfig) -> list[Built]:
         build_all(nodes, data, cfg, trainer, tracker, parent_run, built)
         profile_all(built, data, cfg, out_dir / "profile", tracker)
         study = None
-        if cfg.loadtest.enabled:
+        lt = loadtest_config(cfg.loadtest)
+        if lt.enabled:
             from reco.loadtest.study import run_study
 
             def log(name: str, metrics: dict, artifacts: list[Path], subdir: str) -> None:
@@ -115,6 +119,7 @@ def run(cfg: DictConfig) -> list[Built]:
                 tracker.log_artifacts(b.run_id, artifacts, subdir)
 
             ready = [(b.name, b.variant) for b in built if b.variant is not None]
+            add_serving_rows(built, ready, lt.study.servings, tracker, parent_run)
             study = run_study(ready, data, data_path, cfg, out_dir / "load", log)
         report_dir = out_dir / "report" if multirun else Path(cfg.report_dir)
         paths = write_study_report(built, data, cfg, study, report_dir, tracker)
@@ -211,6 +216,26 @@ def build_all(
             failed = Path(cfg.cache_dir) / "failed"
             failed.mkdir(parents=True, exist_ok=True)
             atomic_write(failed / f"{node.name}.txt", traceback.format_exc())
+
+
+def add_serving_rows(
+    built: list[Built], ready: list[tuple[str, Variant]], servings: dict, tracker: Tracker, parent_run: str
+) -> None:
+    """A row (and an MLflow child run) per variant served another way than `reco` (loadtest.study.servings),
+    inserted after its variant's row; its model, metrics and files are the variant's own."""
+    by_name = {b.name: b for b in built}
+    for p in cross(ready, servings):
+        if p.serving_name == DEFAULT:
+            continue
+        src = by_name[p.variant.name]
+        run_id = tracker.start_run(
+            p.label,
+            parent_id=parent_run,
+            tags={"variant": p.label, "parent_variant": p.variant.name, "step": "serving", "serving": p.serving_name},
+        )
+        tracker.log(run_id, params=flatten({"serving": p.serving_name, **asdict(p.serving)}))
+        row = Built(src.node, p.as_variant(), "", run_id, src.cached, label=p.label)
+        built.insert(built.index(src) + 1 + sum(1 for b in built if b.label and b.node is src.node), row)
 
 
 def profile_all(built: list[Built], data: Dataset, cfg: DictConfig, out_dir: Path, tracker: Tracker) -> None:

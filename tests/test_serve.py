@@ -555,30 +555,6 @@ def test_bad_settings_refuse_to_start_naming_the_key(served, capsys):
     assert code == 2 and "serve.batching.nope" in capsys.readouterr().err
 
 
-def test_variant_runtime_batching_overrides_the_serve_batching_block(served, tmp_path):
-    """The batching step writes runtime["batching"]; the service merges it over serve.batching."""
-    from reco.graph import step_config
-    from reco.serve.app import RecoService
-    from reco.serve.config import BatchingConfig
-    from reco.steps import StepRun, get_step
-
-    parent = Variant.load(served["vdir"])
-    spec = get_step("batching")
-    step_cfg = step_config(compose(), spec, {"max_queue_delay_ms": 7.0}, "variants.tiny_batched")
-    child = spec.fn(parent, served["data"], step_cfg, StepRun("tiny_batched", tmp_path / "batched", None))
-    child.save()
-    cfg = serve_settings("warmup_calls=0")
-    svc = RecoService(child.dir, str(served["dpath"]), cfg)
-    svc.executor.shutdown()
-    assert svc.batching == BatchingConfig(
-        enabled=True, max_batch=cfg.batching.max_batch, max_queue_delay_ms=7.0
-    )
-    child.runtime["batching"]["max_batchh"] = 1
-    child.save()
-    with pytest.raises(ConfigError, match="runtime.batching.*max_batchh"):
-        RecoService(child.dir, str(served["dpath"]), cfg)
-
-
 def test_two_workers_share_the_port_and_their_metrics(served):
     import psutil
 

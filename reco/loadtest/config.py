@@ -1,6 +1,6 @@
 """Typed schema of the `loadtest` config group (values: conf/loadtest/default.yaml, the one place they live).
 
-Registered in Hydra's ConfigStore as `loadtest/schema` (reco.config._schemas); the group's YAML lists it
+Registered in Hydra's ConfigStore as `loadtest/schema` (reco.cli.compose._schemas); the group's YAML lists it
 first in its defaults, so a typo or a wrong type fails at compose time naming `loadtest.<key>`.
 Functions of reco.loadtest take a `LoadtestConfig`; a plain dict/DictConfig is accepted through
 `loadtest_config()` while callers move over.
@@ -14,7 +14,8 @@ from typing import Any
 
 from omegaconf import MISSING
 
-from reco.config import typed
+from reco.config import ConfigError, typed
+from reco.serve.config import ServeBackend
 
 
 class LoadMode(StrEnum):
@@ -76,6 +77,26 @@ class CorrectnessConfig:
 
 
 @dataclass
+class ServingConfig:
+    """One way of serving a model (loadtest.study.servings.<name>); crossed with the study's variants.
+
+    A serving is not a variant: the same model files, served differently. The fields default to reco's
+    own server as conf/serve configures it, so an entry states only what differs.
+    """
+
+    backend: ServeBackend = ServeBackend.reco  # reco's server, or Triton Inference Server (PyTriton)
+    batching: bool = False  # the server's dynamic batcher on (serve.batching's window and size)
+    instances: int | None = None  # backend=triton: model instances (null: serve.triton.instances)
+    variants: list[str] | None = None  # the variants served this way; null: every variant of the study
+
+    def check(self, where: str) -> None:
+        if self.instances is not None and self.instances < 1:
+            raise ConfigError(f"{where}.instances: expected >= 1 or null, got {self.instances}")
+        if self.instances is not None and self.backend != ServeBackend.triton:
+            raise ConfigError(f"{where}.instances: only backend=triton has model instances")
+
+
+@dataclass
 class StudyConfig:
     """How the pipeline compares variants (reco.loadtest.study)."""
 
@@ -94,6 +115,9 @@ class StudyConfig:
     load_requests: int = MISSING  # requests of a common-load window
     equal_util_requests: int = MISSING  # requests of an equal-utilisation window
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
+    # name -> how to serve; each variant x serving pair is one row of the report: `<variant>` for the
+    # serving named `reco`, `<variant>_<name>` for the others (reco.loadtest.servings)
+    servings: dict[str, ServingConfig] = field(default_factory=dict)
 
 
 @dataclass

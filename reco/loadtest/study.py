@@ -57,7 +57,8 @@ from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome, 
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
 from reco.loadtest.runs import run_metrics
-from reco.serve.config import ServeConfig, for_variant, serve_config
+from reco.loadtest.servings import cross
+from reco.serve.config import ServeConfig, serve_config
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.variant import Variant
@@ -255,7 +256,8 @@ def run_study(
     """Load-test every variant (see the module docstring).
 
     Args:
-        variants: (name, built Variant) pairs, in the order the report lists them.
+        variants: (name, built Variant) pairs, in the order the report lists them; each is crossed with
+            loadtest.study.servings (reco.loadtest.servings), and the outcomes are keyed by the pairs' labels.
         data: the dataset (requests are drawn from its test split; correctness scores against it).
         data_path: its .pt file (the servers load it).
         cfg: the experiment config (typed root, DictConfig or dict) with `loadtest` and `serve`.
@@ -277,10 +279,11 @@ def run_study(
         )
         _say(f"[load] skipped: {result.slo_source}")
         return result
-    chosen = [(n, v) for n, v in variants if st.variants is None or n in st.variants]
-    if not chosen:
+    pairs = [p for p in cross(list(variants), st.servings) if st.variants is None or p.label in st.variants]
+    if not pairs:
         result.slo_source = "not measured: no variant to load-test (loadtest.study.variants)"
         return result
+    chosen = [(p.label, p.variant) for p in pairs]
     names = [n for n, _ in chosen]
     ref = st.reference if st.reference in names else names[0]
     if ref != st.reference:
@@ -295,10 +298,11 @@ def run_study(
     s.requests = write_requests(data, out / "requests.jsonl", lt.requests.n, lt.requests.k, lt.seed)
     server_cpus, s.gen_cpus = plan_cpus(lt.workers)
     variant_of = dict(chosen)
+    settings_of = {p.label: p.settings(serve) for p in pairs}
     s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}
     t_start = time.time()
     pool = LocustPool(out, lt.loadgen.startup_timeout_s, say=_say)  # its logs: out/locust-<port>.log
-    with stop_on_signals(), _servers(s, variant_of, order, data_path, server_cpus), pool as s.pool:
+    with stop_on_signals(), _servers(s, variant_of, settings_of, order, data_path, server_cpus), pool as s.pool:
         s.seconds["servers' start"] = {"all": time.time() - t_start}
         _measure_all(s, result, ref, order)
     result.seconds = s.seconds
@@ -328,16 +332,20 @@ def _correctness(s: _Study, name: str, variant: Variant, data: Dataset) -> None:
 
 @contextmanager
 def _servers(
-    s: _Study, variant_of: dict[str, Variant], order: list[str], data_path: str | Path, cpus: list[int] | None
+    s: _Study,
+    variant_of: dict[str, Variant],
+    settings_of: dict[str, ServeConfig],
+    order: list[str],
+    data_path: str | Path,
+    cpus: list[int] | None,
 ) -> Iterator[None]:
-    """Start every variant's server (side by side), stop them all at the end.
+    """Start every row's server (side by side; each with its serving's settings), stop them all at the end.
 
     keep_warm is one spinner per server core for the whole study, not one per server: measured here, six
     servers with a spinner each on one core made the baseline's unloaded p50 191 ms against 27 ms with one
     shared spinner (several SCHED_IDLE spinners on a core do take time from its normal tasks).
     """
     started: dict[str, ServerHandle] = {}
-    serve = dataclasses.replace(s.serve, keep_warm=False)
     spinners = start_keep_warm(cpus or sorted(os.sched_getaffinity(0))) if s.serve.keep_warm else []
     try:
         for n in order:
@@ -345,7 +353,7 @@ def _servers(
                 started[n] = start_server(
                     variant_of[n].dir,
                     data_path,
-                    for_variant(serve, variant_of[n].runtime),
+                    dataclasses.replace(settings_of[n], keep_warm=False),
                     cpus=cpus,
                     work_dir=s.out / n / "server",
                     wait=False,

@@ -8,7 +8,6 @@ a study, and its worker processes, get the typed settings as one JSON file or st
 
 from __future__ import annotations
 
-import dataclasses
 import json
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -34,7 +33,7 @@ class RetrievalConfig:
 class BatchingConfig:
     """Dynamic batching (as Triton's): concurrent requests' candidate blocks in one model call.
 
-    The one place these keys live; a variant's runtime["batching"] overrides them for that variant.
+    The one place these keys live; a study's serving (loadtest.study.servings) turns `enabled` on or off.
     """
 
     enabled: bool = MISSING
@@ -161,16 +160,6 @@ def serve_config(node: Any, where: str = "serve") -> ServeConfig:
     if isinstance(node, str):
         node = json.loads(node)
     return typed(node, ServeConfig, where)
-
-
-def for_variant(cfg: ServeConfig, runtime: dict) -> ServeConfig:
-    """`cfg` with a variant's runtime["server"] over it (the triton step: backend and instance count)."""
-    server = runtime.get("server")
-    if not server:
-        return cfg
-    instances = int(server.get("instances", cfg.triton.instances))
-    triton = dataclasses.replace(cfg.triton, instances=instances)
-    return dataclasses.replace(cfg, backend=ServeBackend(server["backend"]), triton=triton)
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -8,12 +8,11 @@ only its own transport, admission and batching around them.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass
 
 import numpy as np
 import orjson
 
-from reco.config import typed
 from reco.data.schema import Dataset
 from reco.runtime import Scorer
 from reco.serve.config import BatchingConfig, ServeConfig
@@ -29,7 +28,7 @@ class Loaded:
     backend: str  # the variant's runtime (Variant.backend)
     store: FeatureStore
     scorer: Scorer
-    batching: BatchingConfig  # serve.batching with the variant's runtime["batching"] over it
+    batching: BatchingConfig  # serve.batching
 
 
 def check_same_data(variant, data: Dataset, dataset_path: str) -> None:
@@ -67,12 +66,8 @@ def load_variant(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Loade
     check_same_data(variant, data, dataset_path)
     store = FeatureStore(data, cfg.retrieval)
     del data
-    runtime = variant.runtime.get("batching", {})
-    batching = typed(
-        {**asdict(cfg.batching), **runtime}, BatchingConfig, f"variant {variant.name} runtime.batching"
-    )
     loaded = Loaded(
-        variant.name, variant.backend, store, load_scorer(variant, threads=cfg.intra_op_threads), batching
+        variant.name, variant.backend, store, load_scorer(variant, threads=cfg.intra_op_threads), cfg.batching
     )
     # First calls of a runtime allocate and pick kernels; do them before accepting traffic.
     req = parse_request(b'{"user_id": 0, "k": 1}', store, cfg.max_k, cfg.max_candidates)
