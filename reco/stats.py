@@ -151,9 +151,9 @@ def bootstrap_ci(
     with replacement, and pools them.
 
     Used for ratios of two variants' figures (p99 of A / p99 of B). Resampling requests alone assumes every
-    request came from one distribution; measured here, the eager baseline's p50 drifted 26 -> 33 ms within
-    minutes, so its repeats differ by more than their requests' noise, and a requests-only interval from
-    one run excluded the next run's ratio. Drawing the repeats first makes the interval as wide as the
+    request came from one distribution; the eager baseline's speed drifts within minutes
+    (experiments/ecommerce_case_study/README.md, runs 4-5), so its repeats differ by more than their
+    requests' noise, and a requests-only interval from one run can exclude the next run's ratio. Drawing the repeats first makes the interval as wide as the
     repeats disagree (with one repeat it is the plain bootstrap over requests). Two-level resampling is
     known to be conservative (within-repeat noise counts twice): it errs wide, not narrow.
     n is the smallest pooled sample's size.

@@ -3,7 +3,7 @@
 Commands are taken from the README's fenced code blocks, so a documented command cannot rot:
 - `python run.py ...`: composed with its overrides and its variant graph planned (what run.py does
   before anything slow; a full run of each would take hours). Multirun sweeps are expanded per value.
-- `python -m reco.X ...` and the `locust` / `mlflow` command lines: `--help` runs, and every flag the
+- `python -m reco.X ...` / `python -m bench.X ...` and the `locust` / `mlflow` command lines: `--help` runs, and every flag the
   README uses is one the program accepts.
 - `make T`: the target exists (`make -n T`); pip pins shown for a manual install match the Makefile's.
 """
@@ -75,7 +75,7 @@ def _help(argv: list[str]) -> str:
 
 @pytest.mark.parametrize(
     "cmd",
-    [c for c in COMMANDS if re.match(r"^(\.venv/bin/)?python3? -m reco\.|^\.venv/bin/(locust|mlflow) ", c)],
+    [c for c in COMMANDS if re.match(r"^(\.venv/bin/)?python3? -m (reco|bench)\.|^\.venv/bin/(locust|mlflow) ", c)],
 )
 def test_program_accepts_every_flag_shown(cmd):
     args = shlex.split(cmd)

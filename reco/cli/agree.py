@@ -4,7 +4,7 @@ For every variant in both files and every ratio the report gives a CI for (speed
 the two runs agree on that figure when their 95 % CIs overlap. A figure missing from either run (an
 empty cell: not measured, or n too small) is listed as such, never counted as agreeing.
 
-    python -m reco.cli.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run 7" "run 8"
+    python -m reco.cli.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run A" "run B"
 
 Prints a Markdown table and a one-line summary; exits 1 when some pair of CIs does not overlap.
 """

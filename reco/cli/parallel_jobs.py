@@ -2,10 +2,8 @@
 
 Each job trains with `trainer.threads` torch threads; two 2-thread jobs on 2 cores oversubscribe them,
 and OpenMP's default busy-wait (libgomp, which torch uses) then spins the waiting threads on the cores the
-working ones need. Measured (2026-12-02, AMD EPYC Zen 3, 2 vCPU; 30 batches of the default baseline,
-`trainer.threads=2`; each twice): two jobs at once took 65-66 s each busy-waiting and 36-37 s each with
-`OMP_WAIT_POLICY=PASSIVE`; one job alone took 21-22 s busy-waiting and 24-25 s passive. So passive waiting
-is set for parallel jobs only, in the launching process before the launcher starts its workers (libgomp
+working ones need. Passive waiting roughly halves two side-by-side jobs' time and slightly slows a lone
+job (experiments/platform/README.md), so it is set for parallel jobs only, in the launching process before the launcher starts its workers (libgomp
 reads the variable once, when torch loads); a value set by the user wins.
 """
 

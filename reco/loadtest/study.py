@@ -10,9 +10,8 @@ so drift of the machine hits all variants alike):
    baseline ~110 MB -- not CPU; their keep-warm spinners are SCHED_IDLE). One process per variant for
    the whole study: no restart between repeats, the same process answers every run of that variant.
 2. **Settle** (`study.settle_s` seconds of one closed-loop user per variant, in study order, recorded
-   nowhere): the first measured window otherwise caught the tail of the servers' start-up -- measured
-   in two case-study runs, the baseline's first unloaded window had p99 53.4 / 71.6 ms against 36.7-43.9
-   in its later ones, its first 100 requests at p50 46 ms against ~27 ms after.
+   nowhere): the first measured window otherwise catches the tail of the servers' start-up
+   (experiments/ecommerce_case_study/README.md, runs 4 and 5).
    **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant, its rounds spread over
    the study -- start, after the capacity searches, end (unloaded_slots) -- so drift over the study shows
    in their spread. With a relative SLO the reference gets extra rounds at the start until it has
@@ -341,9 +340,8 @@ def _servers(
 ) -> Iterator[None]:
     """Start every row's server (side by side; each with its serving's settings), stop them all at the end.
 
-    keep_warm is one spinner per server core for the whole study, not one per server: measured here, six
-    servers with a spinner each on one core made the baseline's unloaded p50 191 ms against 27 ms with one
-    shared spinner (several SCHED_IDLE spinners on a core do take time from its normal tasks).
+    keep_warm is one spinner per server core for the whole study, not one per server: several SCHED_IDLE
+    spinners on one core do take time from its normal tasks (experiments/platform/README.md).
     """
     started: dict[str, ServerHandle] = {}
     spinners = start_keep_warm(cpus or sorted(os.sched_getaffinity(0))) if s.serve.keep_warm else []

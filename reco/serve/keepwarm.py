@@ -1,16 +1,13 @@
 """Keep a core from idling: one SCHED_IDLE spinner process per core.
 
 On this kind of VM (Firecracker, 2 vCPUs) a vCPU that idles between requests runs the next model
-call several times slower: measured here, torch eager ranking 500 candidates after a 50 ms sleep had
-p90 110 ms against 31 ms back to back, and 4.4 vs 24.6 ms for the distilled model with a spinner vs
-without. A SCHED_IDLE process runs only when nothing else on the core is runnable, so it takes no time
+call several times slower (experiments/platform/README.md). A SCHED_IDLE process runs only when nothing else on the core is runnable, so it takes no time
 from the server (or the load generator) but keeps the vCPU busy -- the software form of booting a
 latency-critical host with idle=poll. It costs a whole core of host CPU; switch it off with
 serve.keep_warm=false / loadtest.loadgen.keep_warm=false.
 
 One spinner per core, never more: several SCHED_IDLE spinners on one core do take time from its normal
-tasks (six servers with a spinner each on one core: baseline unloaded p50 191 ms; with one shared
-spinner: 27 ms), so a study of many servers runs one spinner per server core (reco.loadtest.study).
+tasks (experiments/platform/README.md), so a study of many servers runs one spinner per server core (reco.loadtest.study).
 """
 
 from __future__ import annotations

@@ -176,10 +176,11 @@ def check_port(host: str, port: int) -> None:
 # PyTriton ships its proxy (model.py, communication.py) to Triton with every model it loads. There, each
 # instance after the first fetches its config from the first one's handshake server, giving it 1 s,
 # hard-coded, to create its socket, and connecting once. Instances start at once, so on a busy machine
-# (CI, 2026-12-01: two Triton servers and reco's starting on one core beside another test) the socket
-# was not there yet ("Timeout occurred while waiting for config file .../reco_batched-config.sock"), or
-# was bound but not yet listening (ConnectionRefusedError), and the model never loaded. The shipped copy
-# waits HANDSHAKE_WAIT_S and retries a refused connect until then.
+# the socket may not exist yet ("Timeout occurred while waiting for config file ...-config.sock"), or be
+# bound but not listening (ConnectionRefusedError), and the model never loads (seen in CI: CHANGELOG.md).
+# The shipped copy waits HANDSHAKE_WAIT_S and retries a refused connect until then. Upstream: PyTriton
+# 0.7.0 (triton-inference-server/pytriton); no upstream issue covers it (its tracker searched, none
+# found): remove this patch once PyTriton's handshake waits for the first instance.
 HANDSHAKE_WAIT_S = 60.0
 HANDSHAKE_PATCHES = (
     (
