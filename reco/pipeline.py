@@ -19,22 +19,19 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from reco.claim import claim
-from reco.config import typed
 from reco.data import load_dataset
 from reco.data.schema import Dataset
-from reco.graph import Node, cache_key, plan
-from reco.loadtest.config import loadtest_config
+from reco.experiment import ExperimentConfig, RunContext
+from reco.graph import Node, cache_key
 from reco.loadtest.servings import DEFAULT, cross
-from reco.measure import RankLatencyConfig, predict, rank_latency, score_metrics
-from reco.profile import ProfileConfig, profile_rank
+from reco.measure import predict, rank_latency, score_metrics
+from reco.profile import profile_rank
 from reco.runtime import load_scorer
 from reco.steps import StepRun
 from reco.tracking import Tracker, environment_tags, flatten
-from reco.tracking_server import TrackingConfig
-from reco.train.loop import TrainConfig
 from reco.variant import ArtifactError, Variant, atomic_write
 
 FINISHED = "FINISHED"  # marker file: the variant directory is complete
@@ -57,60 +54,36 @@ class Built:
         return self.label or self.node.name
 
 
-def run(cfg: DictConfig) -> list[Built]:
+def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
     """The whole experiment (see the module docstring).
 
     Args:
-        cfg: the composed config (run.py's @hydra.main, or reco.config.compose).
+        exp: the typed experiment (reco.experiment.experiment_config; its variant graph already planned).
+        ctx: where this execution writes (reco.cli.run fills it from Hydra).
     Returns:
-        One Built per variant of the graph, parents first.
+        One Built per row of the report: every variant of the graph, parents first, each followed by its
+        serving rows (reco.loadtest.servings) when the load test runs.
     """
-    from hydra.core.hydra_config import HydraConfig
-
-    nodes = plan(cfg)  # config errors before anything slow
-    tracking = typed(cfg.tracking, TrackingConfig, "tracking")
-    trainer = typed(cfg.trainer, TrainConfig, "trainer")
-    hc = HydraConfig.get()
-    out_dir = Path(hc.runtime.output_dir)
-    multirun = hc.mode.name == "MULTIRUN"
-    tracker = Tracker(tracking.uri, cfg.experiment_name, tracking.artifact_root)
+    tracker = Tracker(exp.tracking.uri, exp.experiment_name, exp.tracking.artifact_root)
     for run_id in tracker.close_orphans():
         print(f"MLflow: closed run {run_id} left RUNNING by an interrupted execution (KILLED)", flush=True)
-    overrides = [o for o in hc.overrides.task if not o.startswith("experiment=")]
-    run_name = cfg.experiment_name + (f" [{', '.join(overrides)}]" if overrides else "")
-    tags = {**environment_tags(), "experiment": cfg.experiment_name, "overrides": " ".join(overrides)}
-    if multirun:
-        tags["multirun.sweep_dir"] = str(Path(hc.sweep.dir).resolve())  # as a user can find it from anywhere
+    run_name = exp.experiment_name + (f" [{', '.join(ctx.overrides)}]" if ctx.overrides else "")
+    tags = {**environment_tags(), "experiment": exp.experiment_name, "overrides": " ".join(ctx.overrides)}
+    if ctx.multirun:
+        tags["multirun.sweep_dir"] = str(Path(ctx.sweep_dir).resolve())  # as a user can find it from anywhere
     parent_run = tracker.start_run(run_name, tags=tags)
-    print(f"MLflow: experiment {cfg.experiment_name!r}, parent run {parent_run} ({tracking.uri})", flush=True)
+    print(f"MLflow: experiment {exp.experiment_name!r}, parent run {parent_run} ({exp.tracking.uri})", flush=True)
     status = "FAILED"
     built: list[Built] = []
     try:
-        resolved = OmegaConf.to_container(cfg, resolve=True)
-        tracker.log(parent_run, params=flatten({k: v for k, v in resolved.items() if k != "hydra"}))
-        atomic_write(out_dir / "resolved_config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-        tracker.log_artifacts(parent_run, [out_dir / "resolved_config.yaml"])
-
-        print(f"[data] loading {cfg.data.loader}", flush=True)
-        data, data_path = load_dataset(
-            OmegaConf.to_container(cfg.data, resolve=True), Path(cfg.cache_dir) / "data"
-        )
-        print(
-            f"[data] {data.name}: train {len(data.train):,} val {len(data.val):,} test {len(data.test):,} rows, "
-            f"fingerprint {data.fingerprint}, skipped {data.skipped or 'none'}, padded {data.padded or 'none'}",
-            flush=True,
-        )
-        tracker.log(
-            parent_run,
-            params={"data.fingerprint": data.fingerprint, "data.path": str(data_path)},
-            metrics={f"data_skipped_{k}": v for k, v in data.skipped.items()}
-            | {f"data_padded_{k}": v for k, v in data.padded.items()},
-        )
-        build_all(nodes, data, cfg, trainer, tracker, parent_run, built)
-        profile_all(built, data, cfg, out_dir / "profile", tracker)
+        tracker.log(parent_run, params=flatten(exp.resolved))
+        atomic_write(ctx.out_dir / "resolved_config.yaml", OmegaConf.to_yaml(OmegaConf.create(exp.resolved)))
+        tracker.log_artifacts(parent_run, [ctx.out_dir / "resolved_config.yaml"])
+        data, data_path = _load_data(exp, tracker, parent_run)
+        build_all(exp, data, tracker, parent_run, built)
+        profile_all(exp, built, data, ctx.out_dir / "profile", tracker)
         study = None
-        lt = loadtest_config(cfg.loadtest)
-        if lt.enabled:
+        if exp.loadtest.enabled:
             from reco.loadtest.study import run_study
 
             def log(name: str, metrics: dict, artifacts: list[Path], subdir: str) -> None:
@@ -119,14 +92,15 @@ def run(cfg: DictConfig) -> list[Built]:
                 tracker.log_artifacts(b.run_id, artifacts, subdir)
 
             ready = [(b.name, b.variant) for b in built if b.variant is not None]
-            add_serving_rows(built, ready, lt.study.servings, tracker, parent_run)
-            study = run_study(ready, data, data_path, cfg, out_dir / "load", log)
-        report_dir = out_dir / "report" if multirun else Path(cfg.report_dir)
-        paths = write_study_report(built, data, cfg, study, report_dir, tracker)
+            add_serving_rows(built, ready, exp.loadtest.study.servings, tracker, parent_run)
+            study = run_study(ready, data, data_path, exp.loadtest, exp.serve, ctx.out_dir / "load", log)
+        report_dir = ctx.out_dir / "report" if ctx.multirun else exp.report_dir
+        paths = write_study_report(exp, built, data, study, report_dir, tracker)
         tracker.log_artifacts(parent_run, paths, "report")
         print(f"\nReport: {report_dir / 'report.md'}", flush=True)
+        print(f"MLflow runs table: {runs_table_url(exp.tracking.uri, tracker.experiment_id)}", flush=True)
         status = "FINISHED"
-    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (run.py turns it into this)
+    except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (reco.cli.run turns it into this)
         status = "KILLED"
         tracker.log(parent_run, tags={"reco.end_reason": f"interrupted: {e or 'SIGINT'}"})
         raise
@@ -140,17 +114,35 @@ def run(cfg: DictConfig) -> list[Built]:
     return built
 
 
-def build_all(
-    nodes: list[Node],
-    data: Dataset,
-    cfg: DictConfig,
-    trainer: TrainConfig,
-    tracker: Tracker,
-    parent_run: str,
-    built: list[Built],
-) -> None:
+def runs_table_url(uri: str, experiment_id: str) -> str:
+    """The MLflow UI page of the experiment's runs table (MLflow 3 otherwise opens an overview page):
+    on the tracking server itself, or on `make mlflow-ui` for the embedded store."""
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
+    hint = "" if uri.startswith(("http://", "https://")) else "  (start the UI: make mlflow-ui)"
+    return f"{base}/#/experiments/{experiment_id}/runs{hint}"
+
+
+def _load_data(exp: ExperimentConfig, tracker: Tracker, parent_run: str) -> tuple[Dataset, Path]:
+    print(f"[data] loading {exp.data.loader}", flush=True)
+    data, data_path = load_dataset(exp.data, exp.cache_dir / "data")
+    print(
+        f"[data] {data.name}: train {len(data.train):,} val {len(data.val):,} test {len(data.test):,} rows, "
+        f"fingerprint {data.fingerprint}, skipped {data.skipped or 'none'}, padded {data.padded or 'none'}",
+        flush=True,
+    )
+    tracker.log(
+        parent_run,
+        params={"data.fingerprint": data.fingerprint, "data.path": str(data_path)},
+        metrics={f"data_skipped_{k}": v for k, v in data.skipped.items()}
+        | {f"data_padded_{k}": v for k, v in data.padded.items()},
+    )
+    return data, data_path
+
+
+def build_all(exp: ExperimentConfig, data: Dataset, tracker: Tracker, parent_run: str, built: list[Built]) -> None:
     """Build (or reuse) and measure every node, parents first, appending to `built` as it goes (so an
     interruption still ends every run started); a failure skips only its subtree."""
+    nodes, trainer = exp.variants, exp.trainer
     done: dict[str, Built] = {}
     for i, node in enumerate(nodes, 1):
         parent = done[node.parent] if node.parent else None
@@ -172,7 +164,7 @@ def build_all(
             tracker.log(run_id, tags={"error": b.error, "status": "skipped"})
             continue
         key = cache_key(node, parent.variant.cache_key if parent else None, data.fingerprint, trainer)
-        out_dir = Path(cfg.cache_dir) / "variants" / f"{node.name}-{key}"
+        out_dir = exp.cache_dir / "variants" / f"{node.name}-{key}"
         t0 = time.time()
         try:
             # Parallel jobs sharing this variant (a sweep's common baseline): one builds, the others wait
@@ -189,18 +181,18 @@ def build_all(
                     measure_accuracy(v, data, trainer.threads)
                 v.metrics.update(
                     rank_latency(
-                        load_scorer(v, threads=cfg.serve.intra_op_threads),
+                        load_scorer(v, threads=exp.serve.intra_op_threads),
                         data.val,  # timing only; the test split is the accuracy report's
-                        n_candidates=cfg.serve.n_candidates,
-                        cfg=typed(cfg.rank_latency, RankLatencyConfig, "rank_latency"),
-                        seed=cfg.seed,
+                        n_candidates=exp.serve.n_candidates,
+                        cfg=exp.rank_latency,
+                        seed=exp.seed,
                     )
                 )
                 v.mlflow_run_id = run_id
                 v.save()
                 atomic_write(out_dir / FINISHED, key)
             b.variant = v
-            _log_variant(tracker, run_id, v, cfg.tracking.log_models)
+            _log_variant(tracker, run_id, v, exp.tracking.log_models)
             tracker.log(run_id, tags={"status": "ok", "cached": str(b.cached)})
             m = v.metrics
             print(
@@ -213,7 +205,7 @@ def build_all(
             b.error = f"variant {node.name!r} (step {node.step}): {type(e).__name__}: {e}"
             print(f"  FAILED: {b.error}", flush=True)
             tracker.log(run_id, tags={"error": b.error[:5000], "status": "failed"})
-            failed = Path(cfg.cache_dir) / "failed"
+            failed = exp.cache_dir / "failed"
             failed.mkdir(parents=True, exist_ok=True)
             atomic_write(failed / f"{node.name}.txt", traceback.format_exc())
 
@@ -238,24 +230,24 @@ def add_serving_rows(
         built.insert(built.index(src) + 1 + sum(1 for b in built if b.label and b.node is src.node), row)
 
 
-def profile_all(built: list[Built], data: Dataset, cfg: DictConfig, out_dir: Path, tracker: Tracker) -> None:
+def profile_all(exp: ExperimentConfig, built: list[Built], data: Dataset, out_dir: Path, tracker: Tracker) -> None:
     """One request's ranking call of every built variant profiled (reco.profile): stage split metrics
     (`profile_<stage>_ms`, also in the report) and the runtime's trace as the MLflow artifact `profile/`."""
-    c = typed(cfg.profile, ProfileConfig, "profile")
+    c, n = exp.profile, exp.serve.n_candidates
     if not c.enabled:
         return
     print(
-        f"[profile] where the rank time goes: {c.calls} calls of {cfg.serve.n_candidates} candidates",
+        f"[profile] where the rank time goes: {c.calls} calls of {n} candidates",
         flush=True,
     )
-    idx = np.random.default_rng(cfg.seed).integers(0, len(data.val), size=cfg.serve.n_candidates)
+    idx = np.random.default_rng(exp.seed).integers(0, len(data.val), size=n)
     part = data.val.take(idx)
     block = (part.dense.numpy(), part.ids.numpy(), part.mask().numpy())
     for b in built:
         if b.variant is None:
             continue
         try:
-            p = profile_rank(b.variant, block, out_dir / b.name, c, threads=cfg.serve.intra_op_threads)
+            p = profile_rank(b.variant, block, out_dir / b.name, c, threads=exp.serve.intra_op_threads)
         except Exception as e:  # a profile is a diagnostic: it must not fail the variant
             print(f"  {b.name}: profile failed: {type(e).__name__}: {e}", flush=True)
             tracker.log(b.run_id, tags={"profile_error": f"{type(e).__name__}: {e}"[:5000]})
@@ -317,7 +309,7 @@ def _log_variant(tracker: Tracker, run_id: str, v: Variant, log_models: bool) ->
 
 
 def write_study_report(
-    built: list[Built], data: Dataset, cfg: DictConfig, study, out_dir: Path, tracker: Tracker
+    exp: ExperimentConfig, built: list[Built], data: Dataset, study, out_dir: Path, tracker: Tracker
 ) -> list[Path]:
     """Comparison table, plots and report.md of the study; each variant's report metrics into its run.
 
@@ -348,14 +340,14 @@ def write_study_report(
         )
     tags = environment_tags()
     ctx = StudyContext(
-        experiment=cfg.experiment_name,
+        experiment=exp.experiment_name,
         baseline=base.name,
-        max_auc_drop=cfg.gate.max_auc_drop_pct / 100,
-        max_error_rate=cfg.loadtest.capacity.max_error_rate,
+        max_auc_drop=exp.gate.max_auc_drop_pct / 100,
+        max_error_rate=exp.loadtest.capacity.max_error_rate,
         study=study,
         machine=Machine.from_tags(tags),
         commit=tags["git.commit"],
-        targets=OmegaConf.to_container(cfg.targets, resolve=True),
+        targets=exp.targets,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = write_report(results, ctx, out_dir)

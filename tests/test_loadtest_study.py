@@ -180,4 +180,4 @@ def run_study_logged(variants, data, dpath, cfg, out_dir, calls):
         assert all(p.exists() for p in paths)
         calls.append((name, metrics, paths, subdir))
 
-    return run_study(variants, data, dpath, cfg, out_dir, log)
+    return run_study(variants, data, dpath, cfg["loadtest"], cfg["serve"], out_dir, log)

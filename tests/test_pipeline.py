@@ -99,7 +99,7 @@ def test_settings_that_must_agree_follow_each_other():
     cfg = compose(["model.embedding_dim=32"])
     assert cfg.model.bottom[-1] == 32
     assert compose(["distill.student.embedding_dim=8"]).distill.student.bottom[-1] == 8
-    assert compose(["serve.batching.max_queue_delay_ms=7"]).batching.max_queue_delay_ms == 7
+    assert compose(["serve.batching.max_queue_delay_ms=7"]).export.triton.max_queue_delay_ms == 7
 
 
 def test_presets_share_one_variant_graph():

@@ -7,13 +7,16 @@ message reco builds and exits 2; RECO_TRACEBACK=1 shows the traceback too.
 import os
 import signal
 import sys
+from pathlib import Path
 
 import hydra
+from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
 from reco.cli.compose import register
 from reco.cli.errors import report, user_errors
 from reco.config import CONF_DIR
+from reco.experiment import RunContext
 
 register()  # typed schemas into Hydra's ConfigStore before @hydra.main composes
 
@@ -23,14 +26,27 @@ def _terminate(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+def run_context() -> RunContext:
+    """Where Hydra put this job (output dir, sweep dir) and the user's overrides."""
+    hc = HydraConfig.get()
+    multirun = hc.mode.name == "MULTIRUN"
+    return RunContext(
+        out_dir=Path(hc.runtime.output_dir),
+        multirun=multirun,
+        overrides=[o for o in hc.overrides.task if not o.startswith("experiment=")],
+        sweep_dir=str(hc.sweep.dir) if multirun else "",
+    )
+
+
 @hydra.main(version_base="1.3", config_path=str(CONF_DIR), config_name="config")
 def main(cfg: DictConfig) -> float | None:
     """One pipeline execution; under `experiment=search` its objective, which Hydra's sweeper reads."""
+    from reco.experiment import experiment_config
     from reco.pipeline import run
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        built = run(cfg)
+        built = run(experiment_config(cfg), run_context())
         if "search" in cfg:
             from reco.search import finish_trial
 

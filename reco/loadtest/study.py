@@ -1,6 +1,6 @@
 """Serve and load-test every built variant the same way; return what was measured (StudyOutcome).
 
-    outcome = run_study(variants, data, data_path, cfg, out_dir, log)
+    outcome = run_study(variants, data, data_path, loadtest, serve, out_dir, log)
 
 Order of work (every kind of run `study.repeats` times, interleaved across variants -- A B C A B C --
 so drift of the machine hits all variants alike):
@@ -40,12 +40,10 @@ import math
 import os
 import statistics
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
-
-from omegaconf import DictConfig
 
 from reco.data.schema import Dataset
 from reco.loadtest.capacity import find_capacity, open_loop_measure, resolve_slo, write_capacity
@@ -63,11 +61,6 @@ from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.variant import Variant
 
 Log = Callable[[str, dict[str, float], list[Path], str], None]
-
-
-def _section(cfg: Any, name: str) -> Any:
-    """cfg.<name> of a typed root, or cfg[name] of a dict / DictConfig."""
-    return cfg[name] if isinstance(cfg, Mapping | DictConfig) else getattr(cfg, name)
 
 
 def _say(msg: str) -> None:
@@ -248,7 +241,8 @@ def run_study(
     variants: list[tuple[str, Variant]],
     data: Dataset,
     data_path: str | Path,
-    cfg: Any,
+    lt: LoadtestConfig,
+    serve: ServeConfig,
     out_dir: str | Path,
     log: Log | None = None,
 ) -> StudyOutcome:
@@ -259,15 +253,15 @@ def run_study(
             loadtest.study.servings (reco.loadtest.servings), and the outcomes are keyed by the pairs' labels.
         data: the dataset (requests are drawn from its test split; correctness scores against it).
         data_path: its .pt file (the servers load it).
-        cfg: the experiment config (typed root, DictConfig or dict) with `loadtest` and `serve`.
+        lt: the load-test settings (their `study` section says how; `servings` how each variant is served).
+        serve: the serve settings every server starts from.
         out_dir: raw files: out_dir/requests.jsonl, out_dir/<variant>/{unloaded,capacity,common,equal_util}/r<k>/.
         log: called as log(variant_name, metrics, artifact_paths, artifact_subdir) as results arrive;
             the metrics (study_metrics) come once per variant at the end.
     Returns:
         The StudyOutcome; a variant whose load test failed has LoadOutcome.error set.
     """
-    lt = loadtest_config(_section(cfg, "loadtest"))
-    serve = serve_config(_section(cfg, "serve"))
+    lt, serve = loadtest_config(lt), serve_config(serve)
     st = lt.study
     out = Path(out_dir)
     keep_warm = bool(lt.loadgen.keep_warm and serve.keep_warm)

@@ -1,0 +1,88 @@
+"""The experiment as one typed object, composed once (reco.cli.run) and passed down.
+
+    exp = experiment_config(cfg)     # cfg: Hydra's composed DictConfig, on the top floor only
+    run(exp, ctx)                    # reco.pipeline: every module below gets its typed section
+
+Each section is its module's schema dataclass (typed and range-checked by reco.config.typed, errors
+naming the key); the variant graph is planned here too, so a bad step setting stops before anything
+slow. Only `resolved` keeps the composed config as plain data, for the record (MLflow params and
+resolved_config.yaml).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from omegaconf import MISSING, DictConfig, OmegaConf
+
+from reco.config import typed
+from reco.data.config import DataConfig
+from reco.graph import Node, plan
+from reco.loadtest.config import LoadtestConfig
+from reco.measure import RankLatencyConfig
+from reco.profile import ProfileConfig
+from reco.serve.config import ServeConfig
+from reco.tracking_server import TrackingConfig
+from reco.train.loop import TrainConfig
+
+
+@dataclass
+class GateConfig:
+    """`gate` (conf/config.yaml): the report's quality gate."""
+
+    max_auc_drop_pct: float = MISSING  # relative AUC drop against the baseline a variant may have, in %
+
+
+@dataclass
+class RunContext:
+    """Where this execution writes, as the launcher (Hydra) decided it."""
+
+    out_dir: Path  # this job's output directory
+    multirun: bool = False  # one job of a sweep: its report goes under out_dir, not report_dir
+    overrides: list[str] = field(default_factory=list)  # the user's overrides, experiment= excluded
+    sweep_dir: str = ""  # a sweep's directory (multirun only)
+
+
+@dataclass
+class ExperimentConfig:
+    experiment_name: str
+    seed: int
+    cache_dir: Path  # datasets and finished variants, reused by content hash
+    report_dir: Path
+    data: DataConfig
+    trainer: TrainConfig
+    serve: ServeConfig
+    loadtest: LoadtestConfig
+    tracking: TrackingConfig
+    rank_latency: RankLatencyConfig
+    profile: ProfileConfig
+    gate: GateConfig
+    targets: dict[str, Any]  # the preset's goals, checked in the report (reco.report.targets)
+    variants: list[Node]  # the variant graph, parents first, each node with its typed step config
+    resolved: dict[str, Any]  # every key as composed and resolved, `hydra` excluded (for the record)
+
+
+def experiment_config(cfg: DictConfig) -> ExperimentConfig:
+    """Type every section of the composed config and plan the variant graph (ConfigError names the key)."""
+    resolved = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(resolved, dict)
+    resolved.pop("hydra", None)
+    return ExperimentConfig(
+        experiment_name=str(cfg.experiment_name),
+        seed=int(cfg.seed),
+        cache_dir=Path(cfg.cache_dir),
+        report_dir=Path(cfg.report_dir),
+        data=typed(cfg.data, DataConfig, "data"),
+        trainer=typed(cfg.trainer, TrainConfig, "trainer"),
+        serve=typed(cfg.serve, ServeConfig, "serve"),
+        loadtest=typed(cfg.loadtest, LoadtestConfig, "loadtest"),
+        tracking=typed(cfg.tracking, TrackingConfig, "tracking"),
+        rank_latency=typed(cfg.rank_latency, RankLatencyConfig, "rank_latency"),
+        profile=typed(cfg.profile, ProfileConfig, "profile"),
+        gate=typed(cfg.gate, GateConfig, "gate"),
+        targets=dict(resolved.get("targets") or {}),
+        variants=plan(cfg),
+        resolved=resolved,
+    )
