@@ -9,8 +9,8 @@ verdict on a confidence interval (reco.stats).
     figures   pooled latencies, ratios and gains derived from the outcomes
     gate      accuracy / latency / overall verdicts
     metrics   flat per-variant metrics with CI bounds (MLflow, CSV)
-    table     comparison.csv and the Markdown table
-    targets   the preset's targets, MET / MISSED / INCONCLUSIVE
+    table     comparison.csv, the Markdown table and the report's summary columns
+    targets   the preset's targets, MET / MISSED / INCONCLUSIVE / NOT MEASURED
     sections  the comparison sections of report.md
     markdown  report.md
     plots     the PNGs

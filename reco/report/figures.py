@@ -172,6 +172,25 @@ def highest_pass_at(cap: Capacity, slo_ms: float, max_error_rate: float) -> floa
     return max(ok, default=0.0)
 
 
+@dataclass(frozen=True)
+class Bracket:
+    """Where a variant's capacity at the SLO lies, [highest pass, lowest fail) in req/s, medians over the
+    capacity repeats. A repeat with no failing rate counts as failing at +inf, so the upper median never
+    falls below the lower one; None when that median is open (most repeats found no failing rate)."""
+
+    highest_pass: float
+    lowest_fail: float | None
+    n: int  # capacity repeats
+
+
+def bracket(caps: list[Capacity]) -> Bracket | None:
+    """The median capacity bracket of a variant's searches; None when no search ran."""
+    if not caps:
+        return None
+    fail = median(math.inf if c.lowest_fail is None else c.lowest_fail for c in caps)
+    return Bracket(median(c.highest_pass for c in caps), fail if math.isfinite(fail) else None, len(caps))
+
+
 def range_estimate(xs: list[float]) -> Estimate | None:
     """Median of repeats with lo/hi = their range (n = repeats); None when empty."""
     return Estimate(median(xs), min(xs), max(xs), len(xs)) if xs else None
@@ -199,6 +218,10 @@ class VariantFigures:
     @property
     def ok(self) -> bool:
         return self.result.status == "ok"
+
+    @property
+    def bracket(self) -> Bracket | None:
+        return bracket(self.capacity)
 
     def p99(self, kind: str = "common") -> Estimate | None:
         lat = self.latency.get(kind)

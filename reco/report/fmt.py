@@ -54,9 +54,19 @@ def spread(e: Estimate | None, spec: str | None = None, unit: str = "") -> str:
     return f"{num(e.value, s)}{unit} ({num(e.lo, s)}–{num(e.hi, s)}, {e.n} run{'s' * (e.n != 1)})"
 
 
-def vs_base(is_baseline: bool, e: Estimate | None, spec: str = ".2f", unit: str = "×") -> str:
-    """A ratio to the baseline; the baseline's own reads '1 (reference)'."""
-    return "1 (reference)" if is_baseline else short(e, spec, unit)
+def bracket(lo: float | None, hi: float | None, spec: str = ".0f", unit: str = "") -> str:
+    """A capacity bracket '[18, 22)': the highest rate that passed, the lowest that failed (excluded);
+    '[18, open)' when no rate failed, '–' when no search ran."""
+    if lo is None:
+        return DASH
+    return f"[{num(lo, spec)}, {'open' if hi is None else num(hi, spec)}){unit}"
+
+
+def vs_base(
+    is_baseline: bool, e: Estimate | None, spec: str = ".2f", unit: str = "×", reference: str = "1"
+) -> str:
+    """A figure relative to the baseline; the baseline's own reads '1 (reference)' (or `reference`)."""
+    return f"{reference} (reference)" if is_baseline else short(e, spec, unit)
 
 
 def count(x: float | None) -> str:

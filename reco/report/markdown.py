@@ -1,4 +1,5 @@
-"""report.md: setup, the table, the gate, the headline, targets, then the comparison sections and plots."""
+"""report.md: a one-screen summary (headline, the seed's comparison in five columns, the targets' tally,
+one picture), then the full table, setup, gate, targets, the comparison sections and plots."""
 
 from __future__ import annotations
 
@@ -11,8 +12,9 @@ from reco.report.context import StudyContext
 from reco.report.figures import KINDS, VariantFigures
 from reco.report.fmt import DASH, est, one_line, scaled, short, spread, table
 from reco.report.gate import Gate
-from reco.report.table import markdown_table, metric
-from reco.report.targets import fastest_passing, target_lines
+from reco.report.plots import lead
+from reco.report.table import like_for_like_kind, markdown_table, metric, summary_columns, variant_table
+from reco.report.targets import Outcome, TargetResult, evaluate, fastest_passing, target_lines
 
 PLOTS = ("latency_cdf", "auc_vs_p99", "qps_vs_p99", "server_stages")
 
@@ -67,6 +69,8 @@ def setup(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
 
 def headline(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyContext) -> str:
     best = fastest_passing(figs, gates)
+    if best is None and ctx.study is None:
+        return "**No load test**: latency and throughput not measured; the gate checks accuracy only."
     if best is None:
         return (
             "**No variant passes the gate** with an e2e p99 at the common load (see the gate table for why)."
@@ -87,6 +91,56 @@ def headline(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyConte
         f"load; p99 speed-up vs the baseline {'; '.join(ratios) or DASH}; {auc}; max QPS at the SLO "
         f"{spread(best.max_qps, '.0f')}, gain {short(best.qps_gain, '.2f', '×')}."
     )
+
+
+def summary_note(figs: list[VariantFigures], ctx: StudyContext) -> str:
+    """What the summary's columns hold (the speed-up's kind of run is in its header)."""
+    kind = like_for_like_kind(figs)
+    speedup = (
+        "baseline p99 / variant p99 in the same kind of run (bootstrap 95 % CI); the common-load ratio, "
+        "not like for like, is in the table below"
+        if kind
+        else "not measured (no unloaded or equal-utilisation runs)"
+    )
+    capacity = (
+        f"the capacity bracket at the {ctx.slo_p99_ms:g} ms p99 SLO, medians over the capacity repeats: the "
+        "highest offered rate that passed and the lowest that failed (req/s)"
+        if ctx.slo_p99_ms is not None
+        else "not measured (no SLO)"
+    )
+    gate = "accuracy and latency, see Gate" if ctx.study else "accuracy only (no load test)"
+    return (
+        f"ΔAUC: relative to the baseline, % (DeLong 95 % CI). Speed-up: {speedup}. Max QPS: {capacity}. "
+        f"Gate: {gate}."
+    )
+
+
+def tally(targets: list[TargetResult]) -> str:
+    """'3 MET, 1 INCONCLUSIVE, 1 NOT MEASURED', in Outcome's order."""
+    counts = {o: sum(t.outcome == o for t in targets) for o in Outcome}
+    return ", ".join(f"**{n} {o}**" for o, n in counts.items() if n)
+
+
+def summary(
+    figs: list[VariantFigures],
+    gates: dict[str, Gate],
+    ctx: StudyContext,
+    targets: list[TargetResult],
+    images: dict[str, Path],
+    out_dir: Path,
+) -> list[str]:
+    """The one screen: headline, the seed's comparison, the targets' tally and the lead picture."""
+    lines = [headline(figs, gates, ctx), "", *variant_table(figs, gates, summary_columns(figs)), ""]
+    lines += [summary_note(figs, ctx), ""]
+    if targets:
+        lines += [f"Targets: {tally(targets)} (see Targets).", ""]
+    picture = lead(images)
+    if picture is None:
+        lines += ["No plot drawn (no data).", ""]
+    else:
+        caption, path = picture
+        lines += [f"![{caption}]({path.relative_to(out_dir).as_posix()})", ""]
+    return lines
 
 
 def gate_table(figs: list[VariantFigures], gates: dict[str, Gate]) -> list[str]:
@@ -122,11 +176,14 @@ def report(
     Returns:
         Markdown text.
     """
-    lines = [f"# {ctx.experiment}: variant comparison", "", "## Setup", "", *setup(figs, ctx), ""]
-    lines += ["## Results", "", markdown_table(figs, gates), "", headline(figs, gates, ctx), ""]
+    targets = evaluate(figs, gates, ctx)
+    lines = [f"# {ctx.experiment}: variant comparison", ""]
+    lines += ["## Summary", "", *summary(figs, gates, ctx, targets, images, out_dir)]
+    lines += ["## Results", "", markdown_table(figs, gates), ""]
+    lines += ["## Setup", "", *setup(figs, ctx), ""]
     lines += ["## Gate", "", *gate_table(figs, gates), ""]
-    if ctx.targets:
-        lines += ["## Targets", "", *target_lines(figs, gates, ctx), ""]
+    if targets:
+        lines += ["## Targets", "", *target_lines(targets), ""]
     lines += ["## Baseline training", "", *sections.learning_curve(figs), ""]
     lines += ["## Latency, like for like", "", *sections.like_for_like(figs, ctx), ""]
     lines += ["## Throughput at the SLO", "", *sections.throughput(figs, ctx), ""]

@@ -14,6 +14,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 from matplotlib.lines import Line2D
 
+from reco.loadtest.outcome import Capacity, CapacityStep
 from reco.report.context import StudyContext
 from reco.report.figures import VariantFigures
 from reco.report.metrics import outside_handler
@@ -142,51 +143,68 @@ def auc_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path
     return _save(fig, path)
 
 
-def qps_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path: Path) -> Path | None:
-    """Every capacity step: achieved QPS vs p99 with its CI, marker = the step's verdict."""
+def capacity_curve(cap: Capacity) -> list[CapacityStep]:
+    """The steps of one capacity search that have a finite p99 to draw, sorted by offered rate (the search
+    visits rates out of order; joined in that order the line doubles back on itself)."""
+    return sorted((s for s in cap.steps if _plottable(s.run.quantiles.get("p99"))), key=lambda s: s.rate)
+
+
+def _mark_bracket(ax, f: VariantFigures, slo: float, colour: tuple, rates: list[float]) -> None:
+    """The variant's capacity bracket [highest pass, lowest fail) as a bar on the SLO line; an open end
+    (nothing passed, or nothing failed) is drawn to the last rate measured, with an arrow head."""
+    b = f.bracket
+    if b is None or not rates:
+        return
+    lo = b.highest_pass if b.highest_pass > 0 else min(rates)
+    hi = b.lowest_fail if b.lowest_fail is not None else max(rates)
+    ax.plot(
+        [lo, hi], [slo, slo], color=colour, lw=7, alpha=0.45, solid_capstyle="butt", gid=f"bracket:{f.name}"
+    )
+    ends = [(lo, "|" if b.highest_pass > 0 else "<"), (hi, "|" if b.lowest_fail is not None else ">")]
+    for x, marker in ends:
+        ax.plot([x], [slo], marker=marker, ms=11, mew=2, color=colour, ls="")
+
+
+def draw_qps_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict) -> Figure | None:
+    """Every capacity step: p99 with its CI against the offered rate, one line per search sorted by rate,
+    marker = the step's verdict; each variant's capacity bracket marked on the SLO line."""
     fig, ax = _figure()
-    handles = []
+    handles, rates = [], []
     for f in figs:
         if not f.ok or not f.capacity:
             continue
         c = colors[f.name]
         handles.append(Line2D([], [], color=c, label=f.name))
+        drawn = [s.rate for cap in f.capacity for s in capacity_curve(cap)]
         for cap in f.capacity:
-            steps = sorted(
-                (s for s in cap.steps if _plottable(s.run.quantiles.get("p99"))), key=lambda s: s.rate
-            )
-            if not steps:
-                continue
-            ax.plot(
-                [s.run.qps for s in steps],
-                [s.run.quantiles["p99"].value for s in steps],
-                "-",
-                color=c,
-                alpha=0.5,
-            )
-            for s in steps:
-                p99 = s.run.quantiles["p99"]
+            steps = capacity_curve(cap)
+            x, p99 = [s.rate for s in steps], [s.run.quantiles["p99"] for s in steps]
+            ax.plot(x, [e.value for e in p99], "-", color=c, alpha=0.5, gid=f"steps:{f.name}")
+            for s, e in zip(steps, p99, strict=True):
                 ax.errorbar(
-                    s.run.qps,
-                    p99.value,
-                    yerr=_err(p99),
-                    fmt=MARKER[s.verdict],
-                    color=c,
-                    ms=5,
-                    capsize=2,
-                    lw=0.8,
+                    s.rate, e.value, yerr=_err(e), fmt=MARKER[s.verdict], color=c, ms=5, capsize=2, lw=0.8
                 )
+        _mark_bracket(ax, f, ctx.slo_p99_ms or f.capacity[0].slo_p99_ms, c, drawn)
+        rates += drawn
     if not handles:
         return None
     handles += [Line2D([], [], ls="", marker=m, color="gray", label=str(v)) for v, m in MARKER.items()]
+    handles.append(Line2D([], [], color="gray", lw=7, alpha=0.45, label="capacity bracket [pass, fail)"))
     _slo_line(ax, ctx, vertical=False)
+    if rates and max(rates) / min(rates) > 10:
+        ax.set_xscale("log")
     ax.set_yscale("log")
-    ax.set_xlabel("achieved throughput (QPS)")
+    ax.set_xlabel("offered rate (req/s)" + (", log scale" if ax.get_xscale() == "log" else ""))
     ax.set_ylabel("e2e p99 latency (ms, log scale, 95 % CI)")
-    ax.set_title("Capacity search: every step (p99 n/a or infinite: not drawn)")
+    ax.set_title("Capacity search by offered rate (p99 n/a or infinite: not drawn)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(handles=handles + ax.get_legend_handles_labels()[0], fontsize=7)
-    return _save(fig, path)
+    return fig
+
+
+def qps_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path: Path) -> Path | None:
+    fig = draw_qps_vs_p99(figs, ctx, colors)
+    return None if fig is None else _save(fig, path)
 
 
 def stage_bars(figs: list[VariantFigures], path: Path) -> Path | None:
@@ -254,6 +272,17 @@ def _stack(ax, names: list[str], parts: list[tuple[str, list[float]]], colour: d
     ax.set_xlim(0, max(left.max(), 1e-9) * 1.25)
 
 
+# The report's one picture up front: the first of these drawn. The capacity plot shows every variant's
+# bracket against the SLO, the figure the summary's QPS column gives; quality vs latency comes next.
+LEAD = ("qps_vs_p99", "auc_vs_p99", "latency_cdf")
+
+
+def lead(images: dict[str, Path]) -> tuple[str, Path] | None:
+    """(caption, path) of the first LEAD plot among `images` (write_plots' result); None when none was drawn."""
+    by_stem = {p.stem: (caption, p) for caption, p in images.items()}
+    return next((by_stem[k] for k in LEAD if k in by_stem), None)
+
+
 def write_plots(figs: list[VariantFigures], ctx: StudyContext, out_dir: Path) -> dict[str, Path]:
     """Draw every plot that has data.
 
@@ -268,7 +297,9 @@ def write_plots(figs: list[VariantFigures], ctx: StudyContext, out_dir: Path) ->
         "ΔAUC vs e2e p99 with 95 % CIs and the Pareto front": auc_vs_p99(
             figs, ctx, colors, out_dir / "auc_vs_p99.png"
         ),
-        "p99 vs throughput, every capacity step": qps_vs_p99(figs, ctx, colors, out_dir / "qps_vs_p99.png"),
+        "p99 vs offered rate, every capacity step, and each variant's capacity bracket at the SLO": qps_vs_p99(
+            figs, ctx, colors, out_dir / "qps_vs_p99.png"
+        ),
         "Where the time goes: server stages and outside the handler": stage_bars(
             figs, out_dir / "server_stages.png"
         ),

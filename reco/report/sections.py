@@ -9,7 +9,7 @@ from __future__ import annotations
 from reco.profile import STAGES
 from reco.report.context import StudyContext
 from reco.report.figures import KINDS, SLO_FACTORS, VariantFigures
-from reco.report.fmt import DASH, est, num, one_line, short, spread, table, vs_base
+from reco.report.fmt import DASH, bracket, est, num, one_line, short, spread, table, vs_base
 from reco.report.metrics import outside_handler
 
 KIND_LABEL = {"unloaded": "unloaded", "common": "at the common load", "equal_util": "at equal utilisation"}
@@ -92,10 +92,7 @@ def throughput(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         return ["No capacity search was run."]
     rows = []
     for f in caps:
-        brackets = ", ".join(
-            f"[{c.highest_pass:.0f}, {num(c.lowest_fail, '.0f') if c.lowest_fail is not None else 'open'}]"
-            for c in f.capacity
-        )
+        brackets = ", ".join(bracket(c.highest_pass, c.lowest_fail) for c in f.capacity)
         rows.append([f"`{f.name}`", spread(f.max_qps, ".0f"), brackets, vs_base(f.is_baseline, f.qps_gain)])
     slo = ctx.slo_p99_ms
     sens = [
@@ -108,7 +105,7 @@ def throughput(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
     ]
     return [
         "Max QPS at the SLO = the highest rate whose p99 CI lies within the SLO (median over repeats, range "
-        "in parentheses); each repeat's bracket is [highest pass, lowest fail] in req/s. The gain's interval "
+        "in parentheses); each repeat's bracket is [highest pass, lowest fail) in req/s. The gain's interval "
         "covers every pair of repeats and each search's resolution: from highest pass / the baseline's lowest "
         "fail to lowest fail / the baseline's highest pass.",
         "",

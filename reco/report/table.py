@@ -13,7 +13,7 @@ from pathlib import Path
 
 from reco.report.context import StudyContext
 from reco.report.figures import VariantFigures
-from reco.report.fmt import DASH, count, num, scaled, short, spread, table, vs_base
+from reco.report.fmt import DASH, bracket, count, num, scaled, short, spread, table, vs_base
 from reco.report.gate import Gate
 from reco.report.metrics import variant_metrics
 
@@ -64,6 +64,10 @@ def write_csv(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyCont
     return path
 
 
+Cell = Callable[[VariantFigures, Gate], str]
+Column = tuple[str, Cell]  # (header, cell): every cell from the variant's figures and gate
+
+
 def _valid(f: VariantFigures) -> str:
     lat = f.latency.get("common")
     if lat is None:
@@ -74,7 +78,7 @@ def _valid(f: VariantFigures) -> str:
     return "yes" if not bad else f"{len(lat.runs) - bad}/{len(lat.runs)} runs (**{bad} invalid, excluded**)"
 
 
-def _common(key: str) -> Callable[[VariantFigures, Gate], str]:
+def _common(key: str) -> Cell:
     def cell(f: VariantFigures, g: Gate) -> str:
         lat = f.latency.get("common")
         return short(lat.quantiles[key]) if lat else DASH
@@ -88,23 +92,37 @@ def _status(f: VariantFigures, g: Gate) -> str:
 
 def _auc_delta(f: VariantFigures, g: Gate) -> str:
     d = f.result.auc_delta
-    return short(scaled(d[1], 100), "+.2f") if d else DASH
+    return vs_base(f.is_baseline, scaled(d[1], 100) if d else None, "+.2f", "", reference="0")
 
 
-def _speedup(f: VariantFigures, g: Gate) -> str:
-    r = f.speedup.get(("common", "p99"))
-    return vs_base(f.is_baseline, r.pooled if r else None)
+def _speedup(kind: str | None) -> Cell:
+    """baseline p99 / variant p99 in runs of `kind` (None: no such run, every variant reads '–')."""
+
+    def cell(f: VariantFigures, g: Gate) -> str:
+        r = f.speedup.get((kind, "p99"))
+        return vs_base(f.is_baseline, r.pooled if r else None)
+
+    return cell
 
 
-# (header, cell) -- one table, every cell from the variant's figures and gate
-COLUMNS: list[tuple[str, Callable[[VariantFigures, Gate], str]]] = [
-    ("variant", lambda f, g: f"`{f.name}`"),
+def _bracket(f: VariantFigures, g: Gate) -> str:
+    b = f.bracket
+    return bracket(b.highest_pass, b.lowest_fail) if b else DASH
+
+
+VARIANT: Column = ("variant", lambda f, g: f"`{f.name}`")
+AUC_DELTA: Column = ("ΔAUC % [CI]", _auc_delta)
+GATE: Column = ("gate", lambda f, g: f"**{g.overall}**")
+
+# The full comparison table (comparison.md and report.md's Results).
+COLUMNS: list[Column] = [
+    VARIANT,
     ("lineage", lambda f, g: f"{f.result.variant.parent or DASH} → {f.result.variant.step}"),
     ("backend", lambda f, g: f.result.variant.backend),
     ("params", lambda f, g: count(f.result.variant.params or None)),
     ("size MB", lambda f, g: num(f.result.variant.size_mb or None, ".2f")),
     ("AUC", lambda f, g: num(metric(f, "auc"), ".4f")),
-    ("ΔAUC % [CI]", _auc_delta),
+    AUC_DELTA,
     ("rank p50 ms in-process", lambda f, g: num(metric(f, "rank_p50_ms"))),
     ("e2e p50 ms [CI]", _common("p50")),
     ("e2e p99 ms [CI]", _common("p99")),
@@ -117,10 +135,38 @@ COLUMNS: list[tuple[str, Callable[[VariantFigures, Gate], str]]] = [
     ("valid", lambda f, g: _valid(f)),
     ("max QPS @SLO (range)", lambda f, g: spread(f.max_qps, ".0f")),
     ("QPS gain [CI]", lambda f, g: vs_base(f.is_baseline, f.qps_gain)),
-    ("p99 speed-up @common [CI]", _speedup),
-    ("gate", lambda f, g: f"**{g.overall}**"),
+    ("p99 speed-up @common [CI]", _speedup("common")),
+    GATE,
     ("status", _status),
 ]
+
+# The like-for-like runs the summary's speed-up may come from, in order of preference: unloaded (what the
+# model and the server cost) before equal utilisation (each variant at the same share of its capacity).
+LIKE_FOR_LIKE = {"unloaded": "unloaded", "equal_util": "at equal utilisation"}
+
+
+def like_for_like_kind(figs: list[VariantFigures]) -> str | None:
+    """The first LIKE_FOR_LIKE kind of run any variant has a p99 speed-up from; None when none has."""
+    return next((k for k in LIKE_FOR_LIKE if any((k, "p99") in f.speedup for f in figs)), None)
+
+
+def summary_columns(figs: list[VariantFigures]) -> list[Column]:
+    """The seed's comparison in five columns: ΔAUC, a like-for-like p99 speed-up (its header says which),
+    the capacity bracket at the SLO and the gate."""
+    kind = like_for_like_kind(figs)
+    which = LIKE_FOR_LIKE[kind] if kind else "like for like (not measured)"
+    return [
+        VARIANT,
+        AUC_DELTA,
+        (f"p99 speed-up {which} [CI]", _speedup(kind)),
+        ("max QPS @SLO [pass, fail)", _bracket),
+        GATE,
+    ]
+
+
+def variant_table(figs: list[VariantFigures], gates: dict[str, Gate], columns: list[Column]) -> list[str]:
+    """A Markdown table: one row per variant, one cell per column."""
+    return table([h for h, _ in columns], [[cell(f, gates[f.name]) for _, cell in columns] for f in figs])
 
 
 def markdown_table(figs: list[VariantFigures], gates: dict[str, Gate]) -> str:
@@ -129,7 +175,6 @@ def markdown_table(figs: list[VariantFigures], gates: dict[str, Gate]) -> str:
     Returns:
         Markdown text.
     """
-    rows = [[cell(f, gates[f.name]) for _, cell in COLUMNS] for f in figs]
     notes = [
         "",
         "Latencies are at the common load, pooled over the valid repeats: nearest-rank quantile with a "
@@ -138,4 +183,4 @@ def markdown_table(figs: list[VariantFigures], gates: dict[str, Gate]) -> str:
         "highest passing rate over the capacity repeats (range in brackets); speed-up = baseline p99 / "
         "variant p99 (bootstrap CI over repeats and requests). The in-process rank p50 (one thread, after warm-up) is a point figure.",
     ]
-    return "\n".join(table([h for h, _ in COLUMNS], rows) + notes)
+    return "\n".join(variant_table(figs, gates, COLUMNS) + notes)

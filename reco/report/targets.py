@@ -1,15 +1,19 @@
-"""The experiment's targets (`targets:` in the preset), each MET / MISSED / INCONCLUSIVE decided on the CI.
+"""The experiment's targets (`targets:` in the preset): MET / MISSED / INCONCLUSIVE decided on the CI, or
+NOT MEASURED.
 
 One table, TARGETS: a target names what it measures, the direction of its goal and how to measure it.
 A figure with sampling error (latency, throughput, ΔAUC) is MET only when its whole CI is on the right
-side of the goal; an exact figure (parameter count, file size) is compared as is. A target that cannot
-be measured is MISSED, with the reason.
+side of the goal; an exact figure (parameter count, file size) is compared as is. A target whose figure
+does not exist (load test off, no such step in the study, too few requests) is NOT MEASURED, with the
+reason; one whose figure exists but on no variant that passes the gate is MISSED. evaluate() returns
+the verdicts as TargetResult objects; target_lines() renders them.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from enum import StrEnum
 
 from reco.report.context import StudyContext
 from reco.report.figures import VariantFigures
@@ -18,7 +22,16 @@ from reco.report.gate import Gate
 from reco.report.table import metric
 from reco.stats import Estimate, Verdict, verdict_at_least, verdict_at_most
 
-WORD = {Verdict.PASS: "MET", Verdict.FAIL: "MISSED", Verdict.INCONCLUSIVE: "INCONCLUSIVE"}
+
+class Outcome(StrEnum):
+    MET = "MET"
+    MISSED = "MISSED"
+    INCONCLUSIVE = "INCONCLUSIVE"
+    NOT_MEASURED = "NOT MEASURED"  # the figure does not exist: nothing to hold against the goal
+    NOT_EVALUATED = "NOT EVALUATED"  # a key TARGETS does not know
+
+
+WORD = {Verdict.PASS: Outcome.MET, Verdict.FAIL: Outcome.MISSED, Verdict.INCONCLUSIVE: Outcome.INCONCLUSIVE}
 
 
 @dataclass(frozen=True)
@@ -27,8 +40,15 @@ class Measured:
     text: str  # the figure as shown, with the variant it comes from
 
 
-# A measure returns the figure, or the reason it could not be measured.
-Measure = Callable[[list[VariantFigures], dict[str, Gate], StudyContext], Measured | str]
+@dataclass(frozen=True)
+class Unmeasured:
+    reason: str
+    # True: the figure exists, but on no variant the target may count (none passes the gate): a miss
+    missed: bool = False
+
+
+# A measure returns the figure, or why there is none.
+Measure = Callable[[list[VariantFigures], dict[str, Gate], StudyContext], Measured | Unmeasured]
 
 
 def exact(x: float) -> Estimate:
@@ -42,13 +62,24 @@ def fastest_passing(figs: list[VariantFigures], gates: dict[str, Gate]) -> Varia
     return min(ok, key=lambda f: f.p99().value) if ok else None
 
 
-def _speedup(figs, gates, ctx) -> Measured | str:
+def _no_passing(figs: list[VariantFigures], has: Callable[[VariantFigures], bool], what: str) -> Unmeasured:
+    """No variant that passes the gate has the figure: a miss when some variant has it, else not measured."""
+    if any(has(f) for f in figs):
+        return Unmeasured(f"no variant that passes the gate has {what}", missed=True)
+    return Unmeasured(f"no variant has {what}")
+
+
+def _speedup(figs, gates, ctx) -> Measured | Unmeasured:
     best = fastest_passing(figs, gates)
+    if best is not None and best.is_baseline:
+        return Measured(exact(1.0), f"1× (`{best.name}`, the baseline, is the fastest passing variant)")
     if best is None or ("common", "p99") not in best.speedup:
-        return "no passing variant with an e2e p99 at the common load"
+        return _no_passing(
+            figs, lambda f: ("common", "p99") in f.speedup, "an e2e p99 speed-up at the common load"
+        )
     r = best.speedup[("common", "p99")].pooled
     if not r.supported:
-        return f"`{best.name}`: p99 not supported by n"
+        return Unmeasured(f"`{best.name}`: p99 not supported by n")
     like = [
         f"{label} {short(best.speedup[(kind, 'p99')].pooled, '.2f', '×')}"
         for kind, label in (("unloaded", "unloaded"), ("equal_util", "equal utilisation"))
@@ -58,10 +89,10 @@ def _speedup(figs, gates, ctx) -> Measured | str:
     return Measured(r, f"{short(r, '.2f', '×')} at the common load (`{best.name}`{extra})")
 
 
-def _qps_gain(figs, gates, ctx) -> Measured | str:
+def _qps_gain(figs, gates, ctx) -> Measured | Unmeasured:
     ok = [f for f in figs if gates[f.name].overall == Verdict.PASS and f.qps_gain is not None]
     if not ok:
-        return "no passing variant with a capacity at the SLO"
+        return _no_passing(figs, lambda f: f.qps_gain is not None, "a QPS gain at the SLO")
     top = max(ok, key=lambda f: f.qps_gain.value)
     return Measured(
         top.qps_gain,
@@ -75,10 +106,10 @@ def _lineage_best(
     """Best figure over successful variants of `step`: from the parent's figures, else the step's own metric
     `fallback` (when the parent is not in the study)."""
 
-    def measure(figs, gates, ctx) -> Measured | str:
+    def measure(figs, gates, ctx) -> Measured | Unmeasured:
         best = _best_of(figs, step, compute, fallback)
         if best is None:
-            return f"no successful {step} variant"
+            return Unmeasured(f"no successful {step} variant with the figure")
         x, f = best
         return Measured(exact(x), f"{x:.2f}{unit} (`{f.name}`, exact)")
 
@@ -115,27 +146,33 @@ def _size_ratio(f: VariantFigures, parent: VariantFigures) -> float | None:
     return b / a if a and b else None
 
 
-def _drop_of(f: VariantFigures, which: str) -> Measured | str:
+def _drop_of(f: VariantFigures, which: str) -> Measured | Unmeasured:
     """f's relative AUC drop vs the baseline in % (test split, paired CI)."""
     if f.is_baseline:
         return Measured(exact(0.0), f"0 (`{f.name}` is the baseline)")
     rel = f.result.auc_delta[1] if f.result.auc_delta else None
     if rel is None or not rel.supported:
-        return f"`{f.name}` has no ΔAUC CI"
+        return Unmeasured(f"`{f.name}` has no ΔAUC CI")
     drop = Estimate(-rel.value * 100, -rel.hi * 100, -rel.lo * 100, rel.n)
     return Measured(drop, f"{short(drop, '.2f', '%')} (`{f.name}`, {which})")
 
 
-def _auc_drop(figs, gates, ctx) -> Measured | str:
+def _has_p99(f: VariantFigures) -> bool:
+    return f.p99() is not None and f.p99().supported
+
+
+def _auc_drop(figs, gates, ctx) -> Measured | Unmeasured:
     best = fastest_passing(figs, gates)
-    return "no passing variant" if best is None else _drop_of(best, "the fastest passing variant")
+    if best is None:  # "fastest" needs an e2e p99: without one there is no variant to hold to the goal
+        return _no_passing(figs, _has_p99, "an e2e p99 at the common load to rank it by")
+    return _drop_of(best, "the fastest passing variant")
 
 
-def _embed_auc_drop(figs, gates, ctx) -> Measured | str:
+def _embed_auc_drop(figs, gates, ctx) -> Measured | Unmeasured:
     """The drop of the variant the size target measured (the most compressed embed_quant variant)."""
     best = _best_of(figs, "embed_quant", _size_ratio, "model_size_ratio")
     if best is None:
-        return "no successful embed_quant variant"
+        return Unmeasured("no successful embed_quant variant")
     return _drop_of(best[1], "the most compressed embed_quant variant")
 
 
@@ -171,26 +208,51 @@ TARGETS: dict[str, Target] = {
 }
 
 
-def target_lines(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyContext) -> list[str]:
-    """One Markdown line per target in ctx.targets: '- **MET** — what: measured figure [CI]'.
+@dataclass(frozen=True)
+class TargetResult:
+    """One target's verdict with what it was decided on."""
 
-    Raises ValueError when a goal is not a number.
-    """
-    lines = []
-    for key, goal in ctx.targets.items():
-        if not isinstance(goal, int | float):
-            raise ValueError(f"StudyContext.targets[{key!r}] = {goal!r}: expected a number")
-        target = TARGETS.get(key)
-        if target is None:
-            lines.append(
-                f"- **NOT EVALUATED** — unknown target `{key}` = {goal!r} (known: {', '.join(TARGETS)})"
-            )
-            continue
-        what = target.what.format(goal=goal)
-        got = target.measure(figs, gates, ctx)
-        if isinstance(got, str):
-            lines.append(f"- **MISSED** — {what}: not measured ({got}).")
-            continue
-        v = (verdict_at_least if target.at_least else verdict_at_most)(got.figure, goal)
-        lines.append(f"- **{WORD[v]}** — {what}: measured {got.text}.")
-    return lines
+    key: str  # its name under `targets:`
+    goal: float
+    what: str  # the target in words, goal filled in ('' for an unknown key)
+    outcome: Outcome
+    measured: Measured | None  # None unless MET / MISSED / INCONCLUSIVE on a figure
+    reason: str = ""  # why there is no figure (NOT MEASURED, a MISSED without one, NOT EVALUATED)
+
+
+def evaluate_one(
+    key: str, goal: float, figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyContext
+) -> TargetResult:
+    """The verdict on one target. Raises ValueError when the goal is not a number."""
+    if isinstance(goal, bool) or not isinstance(goal, int | float):
+        raise ValueError(f"StudyContext.targets[{key!r}] = {goal!r}: expected a number")
+    target = TARGETS.get(key)
+    if target is None:
+        return TargetResult(key, goal, "", Outcome.NOT_EVALUATED, None, f"known: {', '.join(TARGETS)}")
+    what = target.what.format(goal=goal)
+    got = target.measure(figs, gates, ctx)
+    if isinstance(got, Unmeasured):
+        outcome = Outcome.MISSED if got.missed else Outcome.NOT_MEASURED
+        return TargetResult(key, goal, what, outcome, None, got.reason)
+    v = (verdict_at_least if target.at_least else verdict_at_most)(got.figure, goal)
+    return TargetResult(key, goal, what, WORD[v], got)
+
+
+def evaluate(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyContext) -> list[TargetResult]:
+    """Every target in ctx.targets, in its order. Raises ValueError when a goal is not a number."""
+    return [evaluate_one(key, goal, figs, gates, ctx) for key, goal in ctx.targets.items()]
+
+
+def target_line(t: TargetResult) -> str:
+    """'- **MET** `e2e_speedup` — what: measured figure [CI].'"""
+    head = f"- **{t.outcome}** `{t.key}` — "
+    if t.outcome == Outcome.NOT_EVALUATED:
+        return f"{head}unknown target = {t.goal!r} ({t.reason})"
+    if t.measured is None:
+        return f"{head}{t.what}: {t.reason}."
+    return f"{head}{t.what}: measured {t.measured.text}."
+
+
+def target_lines(results: list[TargetResult]) -> list[str]:
+    """One Markdown line per target."""
+    return [target_line(t) for t in results]
