@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import io
 import time
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 from omegaconf import MISSING
@@ -11,6 +13,7 @@ from omegaconf import MISSING
 from reco.data.schema import Split
 from reco.runtime import Scorer
 from reco.train.metrics import auc, classification_metrics
+from reco.variant import atomic_write
 
 
 def predict(scorer: Scorer, split: Split, batch_size: int = 4096) -> np.ndarray:
@@ -20,6 +23,19 @@ def predict(scorer: Scorer, split: Split, batch_size: int = 4096) -> np.ndarray:
         part = split.take(slice(lo, lo + batch_size))
         out.append(scorer(part.dense.numpy(), part.ids.numpy(), part.mask().numpy()))
     return np.concatenate(out)
+
+
+def save_scores(path: Path, scores: np.ndarray) -> Path:
+    """Write [N] scores as a float32 .npy file, atomically (a reader never sees half a file): the one format
+    a variant's test scores (ΔAUC in the report) and a search's cached validation scores share."""
+    buf = io.BytesIO()
+    np.save(buf, np.asarray(scores, dtype=np.float32))
+    return atomic_write(path, buf.getvalue())
+
+
+def load_scores(path: Path) -> np.ndarray:
+    """[N] scores written by save_scores (no pickled objects accepted)."""
+    return np.load(path, allow_pickle=False)
 
 
 @dataclass

@@ -225,8 +225,9 @@ def add_serving_rows(
             parent_id=parent_run,
             tags={"variant": p.label, "parent_variant": p.variant.name, "step": "serving", "serving": p.serving_name},
         )
-        tracker.log(run_id, params=flatten({"serving": p.serving_name, **asdict(p.serving)}))
         row = Built(src.node, p.as_variant(), "", run_id, src.cached, label=p.label)
+        _log_variant(tracker, run_id, row.variant, log_models=False)  # its model's figures, as its own run's
+        tracker.log(run_id, params=flatten({"serving": {"name": p.serving_name, **asdict(p.serving)}}))
         built.insert(built.index(src) + 1 + sum(1 for b in built if b.label and b.node is src.node), row)
 
 

@@ -1,4 +1,4 @@
-"""Accuracy-budget search (reco/search.py, conf/experiment/search.yaml): the objective on hand-made metrics,
+"""Accuracy-budget search (reco/search/, conf/experiment/search.yaml): the objective on hand-made metrics,
 the search-space check, and real 2-trial Optuna sweeps of `run.py -m experiment=search` at toy size."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from dataclasses import asdict
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -17,16 +17,16 @@ from reco.cli.compose import compose
 from reco.config import ConfigError, typed
 from reco.search import (
     NO_VARIANT,
-    SUMMARY_FILE,
     TRIAL_FILE,
     Candidate,
     FrontLoad,
     SearchConfig,
+    Trial,
     check_space,
     front,
     objective,
-    summarize,
 )
+from reco.search.summary import SUMMARY_FILE, summarize
 
 ROOT = Path(__file__).resolve().parents[1]
 # Smaller than the smoke preset: a baseline trains in seconds; loadtest and profile are off in the preset.
@@ -52,6 +52,24 @@ TOY = [
     "rank_latency.warmup=1",
     "hydra.sweeper.n_trials=2",
 ]
+
+
+def table(md: str) -> list[dict[str, str]]:
+    """The rows of the summary's Markdown table, each as {column: cell}."""
+    lines = md.splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("| trial |"))
+    header = [h.strip() for h in lines[start].strip("|").split("|")]
+    rows = []
+    for line in lines[start + 2 :]:
+        if not line.startswith("|"):
+            break
+        rows.append(dict(zip(header, (c.strip() for c in line.strip("|").split("|")), strict=True)))
+    return rows
+
+
+def by_variant(md: str) -> dict[tuple[str, str], dict[str, str]]:
+    """The summary table's rows by (trial, variant) cells."""
+    return {(r["trial"], r["variant"]): r for r in table(md)}
 
 
 def test_objective_is_the_fastest_variant_within_the_budget():
@@ -84,23 +102,30 @@ def test_a_batched_copy_is_not_screened_but_load_tested_with_its_parent(tmp_path
     assert s.best == "onnx" and s.objective == pytest.approx(500.0)
     assert objective([fast_batched], 0.1).objective == NO_VARIANT
 
-    def trial(n: int, ms: float) -> dict:
+    def trial(n: int, ms: float) -> Trial:
         cands = [Candidate("onnx", ms, -0.0005), Candidate("onnx_batched", 0.1, -0.0005, batched_from="onnx")]
-        return {"trial": n, "overrides": [f"batching.max_queue_delay_ms={n + 0.123456789}"],
-                "max_auc_drop_pct": 0.1, "objective": 1000 / ms, "within_budget": True, "best": "onnx",
-                "parent_run": "", "candidates": [asdict(c) for c in cands]}  # fmt: skip
+        return Trial(n, [f"batching.max_queue_delay_ms={n + 0.123456789}"], max_auc_drop_pct=0.1,
+                     objective=1000 / ms, within_budget=True, best="onnx", candidates=cands)  # fmt: skip
 
     trials = [trial(0, 1.0), trial(1, 3.0)]  # trial 1's onnx is dominated (slower, same ΔAUC)
-    assert [(t["trial"], c["name"]) for t, c in front(trials)] == [(0, "onnx"), (0, "onnx_batched")]
+    assert [(t.trial, c.name) for t, c in front(trials)] == [(0, "onnx"), (0, "onnx_batched")]
     load = FrontLoad("by hand", "baseline", {"t0_onnx": 50.0, "t0_onnx_batched": 80.0, "baseline": 90.0},
                      {"t0_onnx": 31.0, "t0_onnx_batched": None, "baseline": float("inf")})  # fmt: skip
     md, winner, files = summarize(trials, tmp_path, load)
     # the winner is the front's best; the reference (faster here) is shown, never chosen
-    assert winner is not None and (winner["trial"], winner["variant"]) == (0, "onnx_batched")
-    assert "| with onnx | 80 | n/a |" in md and "| not screened |  |  |" in md and "| 50 | 31.0 |" in md
-    assert "| baseline (reference) | | | 0 | | | | | 90 | inf | |" in md  # > 1% failed: p99 not finite
+    assert winner is not None and (winner.trial.trial, winner.cand.name) == (0, "onnx_batched")
+    rows = by_variant(md)
+    load_cols = ("Pareto", "max QPS @ SLO", "e2e p99 ms @ common load")
+    assert [rows["0", "onnx_batched"][k] for k in load_cols] == ["with onnx", "80", "n/a"]
+    assert [rows["1", "onnx_batched"][k] for k in load_cols] == ["not screened", "", ""]
+    assert [rows["0", "onnx"][k] for k in load_cols] == ["yes", "50", "31.0"]
+    ref = rows["", "baseline (reference)"]  # > 1% failed: p99 not finite
+    assert {k: v for k, v in ref.items() if v} == {
+        "variant": "baseline (reference)", "val ΔAUC [95% CI]": "0", "max QPS @ SLO": "90",
+        "e2e p99 ms @ common load": "inf",
+    }  # fmt: skip
     assert [f.name for f in files] == [SUMMARY_FILE, "search_pareto.png", "search_front_load.png"]
-    assert "batching.max_queue_delay_ms=0.1235" in md  # sampled floats shown to 4 digits
+    assert rows["0", "onnx"]["overrides"] == "batching.max_queue_delay_ms=0.1235"  # 4 significant digits
 
 
 def test_the_size_objective_picks_the_smallest_file_within_the_budget(tmp_path):
@@ -116,20 +141,21 @@ def test_the_size_objective_picks_the_smallest_file_within_the_budget(tmp_path):
     assert s.within_budget and s.best == "emb_int4" and s.objective == pytest.approx(10.0)
     assert objective(cands, 0.1, "throughput").best == "onnx_int8"
 
-    trial = {"trial": 0, "overrides": ["embed_quant.table_budget=0.001"], "max_auc_drop_pct": 0.1,
-             "objective_kind": "size", "baseline_size_mb": 40.0, "objective": s.objective, "within_budget": True,
-             "best": s.best, "parent_run": "", "candidates": [asdict(c) for c in cands]}  # fmt: skip
+    trial = Trial(0, ["embed_quant.table_budget=0.001"], max_auc_drop_pct=0.1, objective_kind="size",
+                  baseline_size_mb=40.0, objective=s.objective, within_budget=True, best=s.best,
+                  candidates=cands)  # fmt: skip
     # on the size front: both budget-meeting variants (neither dominates the other); emb_int2 is on the
     # front too but over the budget, so it is not load-tested
-    assert [c["name"] for _, c in front([trial])] == ["onnx_int8", "emb_int4"]
+    assert [c.name for _, c in front([trial])] == ["onnx_int8", "emb_int4"]
     load = FrontLoad("by hand", "baseline", {"t0_onnx_int8": 300.0, "t0_emb_int4": 120.0, "baseline": 20.0},
                      {"t0_onnx_int8": 10.0, "t0_emb_int4": 25.0, "baseline": 90.0})  # fmt: skip
     md, winner, files = summarize([trial], tmp_path, load)
-    assert winner is not None and winner["variant"] == "emb_int4" and winner["max_qps"] == 120.0
+    assert winner is not None and winner.cand.name == "emb_int4" and winner.max_qps == 120.0
     assert "`search.objective=size`" in md and "size_mb vs val ΔAUC" in md
     assert "model file 4.00 MB (10.00x smaller than the baseline's)" in md
     assert "within the 0.1% budget by its point estimate, CI verdict PASS" in md
-    assert "| 4.00 | -0.080% |" in md  # the size column
+    row = by_variant(md)["0", "emb_int4"]
+    assert (row["size MB"], row["val ΔAUC [95% CI]"]) == ("4.00", "-0.080%")
     with pytest.raises(ConfigError, match=r"search.objective: expected one of \['size', 'throughput'\]"):
         typed(compose(["experiment=search", "search.objective=memory"]).search, SearchConfig, "search")
 
@@ -150,34 +176,37 @@ def test_budget_test_ci_counts_a_variant_only_when_its_whole_ci_is_within(tmp_pa
     off = objective([noisy], 0.1, test="ci")  # penalised by the CI's excess: 0.15 % - 0.1 %
     assert not off.within_budget and off.objective == pytest.approx(-0.05)
 
-    def record(test: str) -> dict:
-        return {"trial": 0, "overrides": [], "max_auc_drop_pct": 0.1, "budget_test": test, "objective": 1.0,
-                "within_budget": True, "best": "onnx", "parent_run": "",
-                "candidates": [asdict(tight), asdict(noisy)]}  # fmt: skip
+    def record(test: str) -> Trial:
+        return Trial(0, [], max_auc_drop_pct=0.1, budget_test=test, objective=1.0, within_budget=True,
+                     best="onnx", candidates=[tight, noisy])  # fmt: skip
 
-    assert [c["name"] for _, c in front([record("ci")])] == ["onnx"]
-    assert [c["name"] for _, c in front([record("point")])] == ["onnx", "emb"]
+    def within(md: str) -> dict[str, str]:
+        return {r["variant"]: r["within budget (CI verdict)"] for r in table(md)}
+
+    assert [c.name for _, c in front([record("ci")])] == ["onnx"]
+    assert [c.name for _, c in front([record("point")])] == ["onnx", "emb"]
     md, _, _ = summarize([record("ci")], tmp_path)
-    assert "| no (INCONCLUSIVE) |" in md and "| yes (PASS) |" in md and "`search.budget_test=ci`" in md
+    assert within(md) == {"onnx": "yes (PASS)", "emb": "no (INCONCLUSIVE)"}
+    assert "`search.budget_test=ci`" in md
     md, _, _ = summarize([record("point")], tmp_path)
-    assert md.count("| yes (") == 2 and "| yes (INCONCLUSIVE) |" in md
+    assert within(md) == {"onnx": "yes (PASS)", "emb": "yes (INCONCLUSIVE)"}
     bad = Candidate("x", 1.0, -0.003, val_delta_lo=-0.004, val_delta_hi=-0.002)
     md, _, _ = summarize(
-        [record("point") | {"candidates": [asdict(bad)], "best": "x", "within_budget": False}], tmp_path
+        [replace(record("point"), candidates=[bad], best="x", within_budget=False)], tmp_path
     )
-    assert "| no (FAIL) |" in md
+    assert within(md) == {"x": "no (FAIL)"}
     with pytest.raises(ConfigError, match=r"search.budget_test: expected one of \('point', 'ci'\)"):
         typed(compose(["experiment=search", "search.budget_test=strict"]).search, SearchConfig, "search")
 
 
 def test_summary_without_a_winner_names_the_best_delta_seen(tmp_path):
-    trial = {"trial": 0, "overrides": ["prune.amount=0.5"], "max_auc_drop_pct": 0.1, "objective": -0.2,
-             "within_budget": False, "best": "pruned", "parent_run": "",
-             "candidates": [{"name": "pruned", "rank_p50_ms": 2.0, "val_delta_rel": -0.003, "val_delta_lo": -0.004,
-                             "val_delta_hi": -0.002, "params": 10}]}  # fmt: skip
+    pruned = Candidate("pruned", 2.0, -0.003, val_delta_lo=-0.004, val_delta_hi=-0.002, params=10)
+    trial = Trial(0, ["prune.amount=0.5"], max_auc_drop_pct=0.1, objective=-0.2, within_budget=False,
+                  best="pruned", candidates=[pruned])  # fmt: skip
     md, winner, files = summarize([trial], tmp_path)
     assert winner is None
-    assert "No trial met the budget" in md and "-0.300%" in md
+    assert "No trial met the budget" in md and "Best val ΔAUC seen: -0.300% [-0.400, -0.200] (`pruned`)" in md
+    assert by_variant(md)["0", "pruned"]["val ΔAUC [95% CI]"] == "-0.300% [-0.400, -0.200]"
     assert (tmp_path / SUMMARY_FILE).read_text() == md and all(f.exists() for f in files)
 
 
@@ -248,14 +277,14 @@ def test_two_trial_sweep_load_tests_the_front_and_names_a_winner_within_the_budg
     test_summary_without_a_winner_names_the_best_delta_seen and the penalty test above."""
     p, out = sweep(store, "ok", "search.max_auc_drop_pct=50", *TOY_LOAD)
     assert p.returncode == 0, (p.stdout + p.stderr)[-4000:]
-    trials = [json.loads(f.read_text()) for f in sorted(out.glob(f"*/{TRIAL_FILE}"))]
+    trials = [Trial.load(f) for f in sorted(out.glob(f"*/{TRIAL_FILE}"))]
     assert len(trials) == 2
     runs = trial_runs(store, out)
     parents = [
         r for r in runs if "mlflow.parentRunId" not in r.data.tags and "search.summary" not in r.data.tags
     ]
     assert len(parents) == 2  # each trial is an MLflow run
-    assert {r.info.run_id for r in parents} == {t["parent_run"] for t in trials}
+    assert {r.info.run_id for r in parents} == {t.parent_run for t in trials}
     client = MlflowClient(f"sqlite:///{store}/mlflow.db")
     cached = []
     for r in parents:
@@ -265,31 +294,29 @@ def test_two_trial_sweep_load_tests_the_front_and_names_a_winner_within_the_budg
     assert sorted(cached) == ["False", "True"]  # the baseline was built once, reused by the second trial
     # main's return value reached Optuna: the sweeper's best value is the best trial objective
     best = OmegaConf.load(out / "optimization_results.yaml").best_value
-    assert best == pytest.approx(max(t["objective"] for t in trials))
+    assert best == pytest.approx(max(t.objective for t in trials))
     md = (out / SUMMARY_FILE).read_text()
-    for t in trials:
-        assert f"{t['objective']:.4g}" in md
+    shown = {r["trial"]: r["trial objective"] for r in table(md) if r["trial"]}  # not the reference
+    assert shown == {str(t.trial): f"{t.objective:.4g}" for t in trials}
     for t in trials:  # every lever of the space built a variant; the batched one is known as such
-        built = {c["name"]: c["batched_from"] for c in t["candidates"]}
+        built = {c.name: c.batched_from for c in t.candidates}
         assert built == {"pruned": "", "distilled": "", "distilled_onnx": "", "distilled_emb": "",
                          "distilled_onnx_batched": "distilled_onnx"}, t  # fmt: skip
-        assert t["best"] != "distilled_onnx_batched"
+        assert t.best != "distilled_onnx_batched"
         # what the size objective and the budget test read: every file's size, the sweep's settings
-        assert t["objective_kind"] == "throughput" and t["budget_test"] == "point"
-        assert t["baseline_size_mb"] > max(c["size_mb"] for c in t["candidates"]) > 0
+        assert t.objective_kind == "throughput" and t.budget_test == "point"
+        assert t.baseline_size_mb > max(c.size_mb for c in t.candidates) > 0
     for t in trials:  # the objective is the in-process throughput of the trial's best variant in budget
-        if t["within_budget"]:
-            c = next(c for c in t["candidates"] if c["name"] == t["best"])
-            assert -c["val_delta_rel"] * 100 <= 50 and t["objective"] == pytest.approx(
-                1000 / c["rank_p50_ms"]
-            )
+        if t.within_budget:
+            c = t.candidate(t.best)
+            assert -c.val_delta_rel * 100 <= 50 and t.objective == pytest.approx(1000 / c.rank_p50_ms)
     # the second fidelity: the front within the budget served beside the baseline and load-tested
     assert "capacity at p99 ≤ 100.0 ms" in md and "common load 100.0 req/s" in md
     assert json.loads((out / "front_load.json").read_text())["reference"] == "baseline"
     assert (out / "search_front_load.png").exists()
     assert (out / "front_load" / "requests.jsonl").exists()
     served = {d.name for d in (out / "front_load").iterdir() if d.is_dir()}
-    names = {f"t{t['trial']}_{c['name']}" for t in trials for c in t["candidates"]}
+    names = {f"t{t.trial}_{c.name}" for t in trials for c in t.candidates}
     assert "baseline" in served and served - {"baseline"} and served - {"baseline"} <= names
     (summary,) = [r for r in runs if r.data.tags.get("search.summary") == "true"]
     qps = {k: v for k, v in summary.data.metrics.items() if k.startswith("front_max_qps_t")}

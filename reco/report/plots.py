@@ -25,13 +25,14 @@ OUTSIDE = "outside the handler"
 UNSTAGED = "handler, no stage"
 
 
-def _figure(w: float = 7.5, h: float = 4.5, cols: int = 1):
+def figure(w: float = 7.5, h: float = 4.5, cols: int = 1, sharey: bool = False):
+    """A figure of `cols` axes side by side on its own Agg canvas (no pyplot state): (figure, axes)."""
     fig = Figure(figsize=(w, h), dpi=120, layout="constrained")
     FigureCanvasAgg(fig)
-    return fig, fig.subplots(1, cols)
+    return fig, fig.subplots(1, cols, sharey=sharey)
 
 
-def _save(fig: Figure, path: Path) -> Path:
+def save(fig: Figure, path: Path) -> Path:
     fig.savefig(path)
     return path
 
@@ -49,6 +50,18 @@ def _slo_line(ax, ctx: StudyContext, vertical: bool) -> None:
         )
 
 
+def auc_limit(ax, drop_pct: float, label: str) -> None:
+    """The largest relative ΔAUC drop allowed (%), as a horizontal line at −drop_pct."""
+    ax.axhline(-drop_pct, color="orange", ls=":", lw=1, label=label)
+
+
+def labelled_points(ax, points: list[tuple[str, float, float]], fontsize: float = 6) -> None:
+    """(label, x, y) points, each annotated with its label."""
+    ax.scatter([x for _, x, _ in points], [y for _, _, y in points], s=18)
+    for label, x, y in points:
+        ax.annotate(label, (x, y), fontsize=fontsize)
+
+
 def _err(e: Estimate) -> list[list[float]]:
     """[[below], [above]] error-bar lengths; an infinite bound (failures) draws no whisker."""
     lo = e.value - e.lo if math.isfinite(e.lo) else 0.0
@@ -63,7 +76,7 @@ def _plottable(e: Estimate | None) -> bool:
 def latency_cdf(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path: Path) -> Path | None:
     """CDF of the pooled e2e latencies at the common load; failures are not drawn but counted (the
     curve then tops out below 1)."""
-    fig, ax = _figure()
+    fig, ax = figure()
     drawn = False
     for f in figs:
         lat = f.latency.get("common")
@@ -93,7 +106,7 @@ def latency_cdf(figs: list[VariantFigures], ctx: StudyContext, colors: dict, pat
     ax.set_title(f"Latency CDF{load}, pooled repeats (dotted: p99)")
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, loc="lower right")
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
@@ -120,7 +133,7 @@ def auc_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path
             pts.append((f, p99, Estimate(rel.value * 100, rel.lo * 100, rel.hi * 100, rel.n)))
     if not pts:
         return None
-    fig, ax = _figure()
+    fig, ax = figure()
     for f, p99, d in pts:
         ax.errorbar(
             p99.value, d.value, xerr=_err(p99), yerr=_err(d), fmt="o", color=colors[f.name], ms=5, capsize=3
@@ -129,9 +142,7 @@ def auc_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path
     front = pareto_front([(p.value, d.value) for _, p, d in pts])
     ax.plot(*zip(*front, strict=True), color="black", ls="--", lw=1, label="Pareto front", zorder=2)
     _slo_line(ax, ctx, vertical=True)
-    ax.axhline(
-        -ctx.max_auc_drop * 100, color="orange", ls=":", lw=1, label=f"AUC limit −{ctx.max_auc_drop:.2%}"
-    )
+    auc_limit(ax, ctx.max_auc_drop * 100, f"AUC limit −{ctx.max_auc_drop:.2%}")
     xs = [p.value for _, p, _ in pts]
     if max(xs) / min(xs) > 10:
         ax.set_xscale("log")
@@ -140,7 +151,7 @@ def auc_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path
     ax.set_title("Quality vs tail latency (up-left is better)")
     ax.grid(True, alpha=0.3)
     ax.legend(fontsize=8)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def capacity_curve(cap: Capacity) -> list[CapacityStep]:
@@ -168,7 +179,7 @@ def _mark_bracket(ax, f: VariantFigures, slo: float, colour: tuple, rates: list[
 def draw_qps_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict) -> Figure | None:
     """Every capacity step: p99 with its CI against the offered rate, one line per search sorted by rate,
     marker = the step's verdict; each variant's capacity bracket marked on the SLO line."""
-    fig, ax = _figure()
+    fig, ax = figure()
     handles, rates = [], []
     for f in figs:
         if not f.ok or not f.capacity:
@@ -204,7 +215,7 @@ def draw_qps_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict)
 
 def qps_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict, path: Path) -> Path | None:
     fig = draw_qps_vs_p99(figs, ctx, colors)
-    return None if fig is None else _save(fig, path)
+    return None if fig is None else save(fig, path)
 
 
 def stage_bars(figs: list[VariantFigures], path: Path) -> Path | None:
@@ -237,7 +248,7 @@ def stage_bars(figs: list[VariantFigures], path: Path) -> Path | None:
         return max(st["server_total_mean_ms"] - sum(st.get(f"server_{s}_mean_ms", 0.0) for s in stages), 0.0)
 
     names = [name for name, _, _ in rows]
-    fig, (left_ax, right_ax) = _figure(11, 2.2 + 0.45 * max(len(names), 4), cols=2)
+    fig, (left_ax, right_ax) = figure(11, 2.2 + 0.45 * max(len(names), 4), cols=2)
     mean_parts = [(s, [st.get(f"server_{s}_mean_ms", 0.0) for _, st, _ in rows]) for s in stages]
     mean_parts.append((UNSTAGED, [rest(st) for _, st, _ in rows]))
     mean_parts.append((OUTSIDE, [max(out.get("outside_handler_mean_ms", 0.0), 0.0) for _, _, out in rows]))
@@ -253,7 +264,7 @@ def stage_bars(figs: list[VariantFigures], path: Path) -> Path | None:
     right_ax.set_title("p99: server total + outside the handler")
     for ax in (left_ax, right_ax):
         ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=4, frameon=False)
-    return _save(fig, path)
+    return save(fig, path)
 
 
 def _stack(ax, names: list[str], parts: list[tuple[str, list[float]]], colour: dict[str, tuple]) -> None:
