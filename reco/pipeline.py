@@ -11,7 +11,6 @@ share a parent build it once and the others wait for it.
 from __future__ import annotations
 
 import functools
-import io
 import shutil
 import time
 import traceback
@@ -27,7 +26,7 @@ from reco.data.schema import Dataset
 from reco.experiment import ExperimentConfig, RunContext
 from reco.graph import Node, cache_key
 from reco.loadtest.servings import DEFAULT, cross
-from reco.measure import predict, rank_latency, score_metrics
+from reco.measure import load_scores, predict, rank_latency, save_scores, score_metrics
 from reco.profile import profile_rank
 from reco.runtime import load_scorer
 from reco.steps import StepRun
@@ -285,9 +284,7 @@ def measure_accuracy(v: Variant, data: Dataset, threads: int) -> None:
     (kept as an artifact so ΔAUC against the baseline is paired on the same rows)."""
     scores = predict(load_scorer(v, threads=threads), data.test)
     v.metrics.update(score_metrics(data.test, scores))
-    buf = io.BytesIO()
-    np.save(buf, scores.astype(np.float32))
-    atomic_write(v.path / SCORES, buf.getvalue())
+    save_scores(v.path / SCORES, scores)
     v.add_artifact("test_scores", SCORES)
 
 
@@ -361,4 +358,4 @@ def write_study_report(
 def _scores(v: Variant | None) -> np.ndarray | None:
     if v is None or "test_scores" not in v.artifacts:
         return None
-    return np.load(v.verify("test_scores"), allow_pickle=False)
+    return load_scores(v.verify("test_scores"))

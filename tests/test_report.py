@@ -852,7 +852,7 @@ def _comparison_csv(path, rows):
 
 
 def test_agree_overlap_missing_and_exit_code(tmp_path, capsys):
-    from reco.report import agree
+    from reco.cli import agree
 
     a = _comparison_csv(
         tmp_path / "a.csv",
@@ -892,7 +892,7 @@ def test_agree_overlap_missing_and_exit_code(tmp_path, capsys):
 
 
 def test_agree_bad_input_names_file_and_column(tmp_path):
-    from reco.report import agree
+    from reco.cli import agree
 
     not_csv = tmp_path / "report.md"
     not_csv.write_text("# a report, not comparison.csv\n")
