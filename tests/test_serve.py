@@ -220,9 +220,13 @@ BAD = [
     (b'{"user_id": 7, "k": 5, "context": {"hour": "noon"}}', 422, "context.hour"),
     (b'{"user_id": 7, "k": 5, "context": {"colour": 1}}', 422, "context.colour"),
     (b'{"user_id": 7, "k": 5, "context": {"user_id": 1}}', 422, "context.user_id"),
+    (b'{"user_id": 7, "k": 5, "context": {"hour": [3, 4]}}', 422, "context.hour"),  # max_len 1
+    (b'{"user_id": 7, "k": 5, "context": {"hour": [2.5]}}', 422, "context.hour"),
+    (b'{"user_id": 7, "k": 5, "context": {"hour": null}}', 422, "context.hour"),
     (b'{"user_id": 7, "k": 5, "candidates": []}', 422, "candidates"),
     (b'{"user_id": 7, "k": 5, "candidates": "1,2"}', 422, "candidates"),
     (b'{"user_id": 7, "k": 5, "candidates": [1, "x"]}', 422, "candidates[1]"),
+    (b'{"user_id": 7, "k": 5, "candidates": [1, 2.5]}', 422, "candidates[1]"),
     (b'{"user_id": 7, "k": 5, "candidates": [1, 99999, 0]}', 422, "candidates"),
     (json.dumps({"user_id": 7, "k": 5, "candidates": list(range(1, 2002))}).encode(), 422, "candidates"),
     (b'{"user_id": 7, "k": 5, "kk": 1}', 422, "kk"),
@@ -391,9 +395,15 @@ def test_healthz_metrics_and_openapi(plain, served):
     status, _, body = plain.request("GET", "/openapi.json")
     spec = json.loads(body)
     assert status == 200 and spec["openapi"].startswith("3.")
-    req = spec["components"]["schemas"]["RecommendRequest"]
+    schemas = spec["components"]["schemas"]
+    req = schemas["RecommendRequest"]
     assert req["required"] == ["user_id", "k"] and req["properties"]["k"]["maximum"] == 100
-    assert set(req["properties"]["context"]["properties"]) == {"hour", "device"}
+    assert req["properties"]["context"]["anyOf"] == [
+        {"$ref": "#/components/schemas/RecommendContext"},
+        {"type": "null"},
+    ]
+    assert set(schemas["RecommendContext"]["properties"]) == {"hour", "device"}
+    assert schemas["RecommendResponse"]["required"] == ["items", "model"]
     assert {"200", "413", "422", "503"} <= set(spec["paths"]["/recommend"]["post"]["responses"])
 
 
