@@ -22,8 +22,9 @@ from reco.serve.__main__ import settings as cli_settings
 from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES, parse_stage_histograms
+from reco.serve.openapi import openapi_schema
 from reco.serve.process import start_server, stop_servers
-from reco.serve.request import parse_request
+from reco.serve.request import RequestError, parse_request
 from reco.variant import Variant
 
 pytestmark = pytest.mark.timeout(240)
@@ -260,6 +261,22 @@ def test_bad_input_is_a_4xx_naming_the_field_and_the_server_keeps_serving(plain,
     assert status == 405 and "field" in json.loads(resp)
     status, _, resp = plain.recommend(a_test_row(served["data"]))
     assert status == 200 and len(resp["items"]) == 10
+
+
+def test_the_validating_model_is_the_openapi_schema(tiny_data):
+    """/openapi.json's request schema is generated from the model that validates: its limits and each
+    field's description (the "expected ..." of that field's 422 message) come from one place."""
+    store, cfg = FeatureStore(tiny_data, None), serve_settings("max_k=7", "max_candidates=3")
+    props = openapi_schema(store, cfg, "tiny")["components"]["schemas"]["RecommendRequest"]["properties"]
+    assert props["k"]["maximum"] == 7 and props["candidates"]["anyOf"][0]["maxItems"] == 3
+    for body, field in [
+        (b'{"user_id": 1, "k": 8}', "k"),
+        (b'{"user_id": 1, "k": 1, "candidates": [1,2,3,4]}', "candidates"),
+    ]:
+        with pytest.raises(RequestError) as e:
+            parse_request(body, store, cfg.max_k, cfg.max_candidates)
+        assert e.value.field == field and f"expected {props[field]['description']}, got" in e.value.message
+    assert parse_request(b'{"user_id": 66.0, "k": 7.0}', store, cfg.max_k, cfg.max_candidates).k == 7
 
 
 def expected_scores(vdir, data: Dataset, cfg: ServeConfig, body: dict) -> dict[int, float]:

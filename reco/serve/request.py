@@ -173,26 +173,7 @@ class RequestSchema:
             "candidates": f"a non-empty array of at most {max_candidates} item ids (null = not given)",
             "candidates[]": f"an item id in [1, {store.item_card - 1}]",
         }
-        ctx_fields: list[tuple[str, Any, Any]] = []
-        for name, (_, f) in store.ctx_sparse.items():
-            expected = self.expected[f"context.{name}"] = (
-                f"an integer id or a non-empty array of at most {f.max_len} ({AN_ID}); ids outside "
-                f"[0, {f.cardinality}) are the unknown id 0"
-            )
-            ids = Annotated[list[integer(-MAX_ID, MAX_ID)], Meta(min_length=1, max_length=f.max_len)]
-            one_or_more = integer(-MAX_ID, MAX_ID) | ids
-            ctx_fields.append((name, Annotated[one_or_more, Meta(description=expected)] | UnsetType, UNSET))
-        for name in store.ctx_dense:
-            expected = self.expected[f"context.{name}"] = f"a number with |x| <= {F32_MAX:.6g} (float32)"
-            number = Annotated[float, Meta(ge=-F32_MAX, le=F32_MAX, description=expected)]
-            ctx_fields.append((name, number | UnsetType, UNSET))
-        context = msgspec.defstruct(
-            "RecommendContext",
-            ctx_fields,
-            kw_only=True,
-            forbid_unknown_fields=True,
-            namespace={"__doc__": "Context features by name; one left out is the unknown id 0 (dense: 0)."},
-        )
+        context = self._context_model(store)
         item = integer(1, store.item_card - 1, self.expected["candidates[]"])
         items = Annotated[list[item], Meta(min_length=1, max_length=max_candidates)]
         self.model = msgspec.defstruct(
@@ -207,6 +188,29 @@ class RequestSchema:
             namespace={
                 "__doc__": "One user's request: rank candidates (given or generated), return the top k."
             },
+        )
+
+    def _context_model(self, store: FeatureStore) -> Any:
+        """The Struct of this model's context features, each optional (not given: the unknown id 0 / 0.0)."""
+        ctx_fields: list[tuple[str, Any, Any]] = []
+        for name, (_, f) in store.ctx_sparse.items():
+            expected = self.expected[f"context.{name}"] = (
+                f"an integer id or a non-empty array of at most {f.max_len} ({AN_ID}); ids outside "
+                f"[0, {f.cardinality}) are the unknown id 0"
+            )
+            ids = Annotated[list[integer(-MAX_ID, MAX_ID)], Meta(min_length=1, max_length=f.max_len)]
+            one_or_more = integer(-MAX_ID, MAX_ID) | ids
+            ctx_fields.append((name, Annotated[one_or_more, Meta(description=expected)] | UnsetType, UNSET))
+        for name in store.ctx_dense:
+            expected = self.expected[f"context.{name}"] = f"a number with |x| <= {F32_MAX:.6g} (float32)"
+            number = Annotated[float, Meta(ge=-F32_MAX, le=F32_MAX, description=expected)]
+            ctx_fields.append((name, number | UnsetType, UNSET))
+        return msgspec.defstruct(
+            "RecommendContext",
+            ctx_fields,
+            kw_only=True,
+            forbid_unknown_fields=True,
+            namespace={"__doc__": "Context features by name; one left out is the unknown id 0 (dense: 0)."},
         )
 
     def parse(self, body: bytes) -> Request:
