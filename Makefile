@@ -67,6 +67,7 @@ PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 test: $(STAMP)
 	$(PY) -m ruff check .
 	.venv/bin/lint-imports
+	$(PY) -m deptry .
 	$(PY) -m pytest -q $(PYTEST_XDIST)
 
 # Everything but the six end-to-end subprocess runs marked `slow`.

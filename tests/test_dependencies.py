@@ -77,7 +77,8 @@ def test_every_declaration_is_used():
         for key in imported_distributions([ROOT / "reco", ROOT / "bench", ROOT / "loadtest", ROOT / "tests"])
         for d in key.split("|")
     }
-    unused = declared() - used - set(NOT_IMPORTED) - {"pytest-timeout", "pytest-xdist", "ruff", "setuptools"}
+    tools = {"pytest-timeout", "pytest-xdist", "ruff", "setuptools", "deptry", "import-linter"}
+    unused = declared() - used - set(NOT_IMPORTED) - tools
     assert not unused, f"declared in pyproject.toml but never imported (nor explained): {sorted(unused)}"
 
 

@@ -23,8 +23,9 @@ from reco.data.schema import Dataset
 from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES, parse_stage_histograms
+from reco.serve.openapi import openapi_schema
 from reco.serve.process import start_server, stop_servers
-from reco.serve.request import parse_request
+from reco.serve.request import RequestError, parse_request
 from reco.variant import Variant
 
 pytestmark = pytest.mark.timeout(240)
@@ -221,9 +222,13 @@ BAD = [
     (b'{"user_id": 7, "k": 5, "context": {"hour": "noon"}}', 422, "context.hour"),
     (b'{"user_id": 7, "k": 5, "context": {"colour": 1}}', 422, "context.colour"),
     (b'{"user_id": 7, "k": 5, "context": {"user_id": 1}}', 422, "context.user_id"),
+    (b'{"user_id": 7, "k": 5, "context": {"hour": [3, 4]}}', 422, "context.hour"),  # max_len 1
+    (b'{"user_id": 7, "k": 5, "context": {"hour": [2.5]}}', 422, "context.hour"),
+    (b'{"user_id": 7, "k": 5, "context": {"hour": null}}', 422, "context.hour"),
     (b'{"user_id": 7, "k": 5, "candidates": []}', 422, "candidates"),
     (b'{"user_id": 7, "k": 5, "candidates": "1,2"}', 422, "candidates"),
     (b'{"user_id": 7, "k": 5, "candidates": [1, "x"]}', 422, "candidates[1]"),
+    (b'{"user_id": 7, "k": 5, "candidates": [1, 2.5]}', 422, "candidates[1]"),
     (b'{"user_id": 7, "k": 5, "candidates": [1, 99999, 0]}', 422, "candidates"),
     (json.dumps({"user_id": 7, "k": 5, "candidates": list(range(1, 2002))}).encode(), 422, "candidates"),
     (b'{"user_id": 7, "k": 5, "kk": 1}', 422, "kk"),
@@ -257,6 +262,22 @@ def test_bad_input_is_a_4xx_naming_the_field_and_the_server_keeps_serving(plain,
     assert status == 405 and "field" in json.loads(resp)
     status, _, resp = plain.recommend(a_test_row(served["data"]))
     assert status == 200 and len(resp["items"]) == 10
+
+
+def test_the_validating_model_is_the_openapi_schema(tiny_data):
+    """/openapi.json's request schema is generated from the model that validates: its limits and each
+    field's description (the "expected ..." of that field's 422 message) come from one place."""
+    store, cfg = FeatureStore(tiny_data, None), serve_settings("max_k=7", "max_candidates=3")
+    props = openapi_schema(store, cfg, "tiny")["components"]["schemas"]["RecommendRequest"]["properties"]
+    assert props["k"]["maximum"] == 7 and props["candidates"]["anyOf"][0]["maxItems"] == 3
+    for body, field in [
+        (b'{"user_id": 1, "k": 8}', "k"),
+        (b'{"user_id": 1, "k": 1, "candidates": [1,2,3,4]}', "candidates"),
+    ]:
+        with pytest.raises(RequestError) as e:
+            parse_request(body, store, cfg.max_k, cfg.max_candidates)
+        assert e.value.field == field and f"expected {props[field]['description']}, got" in e.value.message
+    assert parse_request(b'{"user_id": 66.0, "k": 7.0}', store, cfg.max_k, cfg.max_candidates).k == 7
 
 
 def expected_scores(vdir, data: Dataset, cfg: ServeConfig, body: dict) -> dict[int, float]:
@@ -392,9 +413,15 @@ def test_healthz_metrics_and_openapi(plain, served):
     status, _, body = plain.request("GET", "/openapi.json")
     spec = json.loads(body)
     assert status == 200 and spec["openapi"].startswith("3.")
-    req = spec["components"]["schemas"]["RecommendRequest"]
+    schemas = spec["components"]["schemas"]
+    req = schemas["RecommendRequest"]
     assert req["required"] == ["user_id", "k"] and req["properties"]["k"]["maximum"] == 100
-    assert set(req["properties"]["context"]["properties"]) == {"hour", "device"}
+    assert req["properties"]["context"]["anyOf"] == [
+        {"$ref": "#/components/schemas/RecommendContext"},
+        {"type": "null"},
+    ]
+    assert set(schemas["RecommendContext"]["properties"]) == {"hour", "device"}
+    assert schemas["RecommendResponse"]["required"] == ["items", "model"]
     assert {"200", "413", "422", "503"} <= set(spec["paths"]["/recommend"]["post"]["responses"])
 
 

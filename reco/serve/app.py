@@ -1,8 +1,8 @@
 """The /recommend service (Starlette on uvicorn): features -> candidates -> rank -> top-k.
 
-Plain Starlette rather than FastAPI: the body is parsed once with orjson and validated by hand
-(reco.serve.request), which keeps the per-request overhead to a few tens of microseconds and lets every
-4xx name the exact field; the OpenAPI schema (reco.serve.openapi) is served at GET /openapi.json.
+Plain Starlette rather than FastAPI: the body is parsed once with orjson and validated by one msgspec
+model (reco.serve.request), which keeps the per-request overhead to microseconds and lets every 4xx name
+the exact field; the same model is the request schema of GET /openapi.json (reco.serve.openapi).
 
 Order of work for one request, cheapest refusals first:
     415 wrong Content-Type -> body read (413 too large, 408 not in body_timeout_s) -> admission (503

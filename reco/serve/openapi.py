@@ -1,15 +1,24 @@
 """The service's OpenAPI 3.1 schema (GET /openapi.json), built from the served model's feature store.
 
-It states exactly what reco.serve.request accepts -- id ranges, the context features of this model,
-float32-finite dense values, no unknown fields -- so a request valid under the schema gets 200 and an
-invalid one a 4xx (tests/test_serve_fuzz.py checks both with Schemathesis).
+Its component schemas are generated from typed models: RecommendRequest is the very model that
+reco.serve.request validates requests with (id ranges, the context features of this model,
+float32-finite dense values, no unknown fields), so a request valid under the schema gets 200 and an
+invalid one a 4xx (tests/test_serve_fuzz.py checks both with Schemathesis); the answers' shapes are the
+Structs below. Paths and status codes are declared here.
 """
 
 from __future__ import annotations
 
+from typing import Annotated, Any
+
+import msgspec
+from msgspec import Meta
+
 from reco.serve.config import ServeConfig
 from reco.serve.features import FeatureStore
-from reco.serve.request import F32_MAX, MAX_ID
+from reco.serve.request import request_schema
+
+REF = "#/components/schemas/{name}"
 
 DESCRIPTION = """\
 POST /recommend: features -> candidates -> rank -> top-k for one user.
@@ -34,6 +43,30 @@ served cold-start.
 """
 
 
+class RecommendedItem(msgspec.Struct, forbid_unknown_fields=True):
+    """One ranked item and its score (the model's probability)."""
+
+    item_id: int
+    score: Annotated[float, Meta(ge=0, le=1)]
+
+
+class Error(msgspec.Struct):
+    """A refused request: the message starts with the field at fault, named in `field` ("" if none)."""
+
+    error: str
+    field: str
+
+
+def response_model(max_k: int) -> Any:
+    """The 200 answer of POST /recommend (reco.serve.recommend.response_body writes it)."""
+    return msgspec.defstruct(
+        "RecommendResponse",
+        [("items", Annotated[list[RecommendedItem], Meta(max_length=max_k)]), ("model", str)],
+        forbid_unknown_fields=True,
+        namespace={"__doc__": "The top k items, best first, and the model that ranked them."},
+    )
+
+
 def openapi_schema(store: FeatureStore, cfg: ServeConfig, model: str) -> dict:
     """The OpenAPI document of one worker.
 
@@ -44,20 +77,13 @@ def openapi_schema(store: FeatureStore, cfg: ServeConfig, model: str) -> dict:
     Returns:
         The schema as a JSON-able dict.
     """
-    an_id = {"type": "integer", "minimum": -MAX_ID, "maximum": MAX_ID}
-    ctx_props: dict[str, dict] = {}
-    for name, (_, f) in store.ctx_sparse.items():
-        ctx_props[name] = {
-            "description": f"id in [0, {f.cardinality}); others are the unknown id 0",
-            "anyOf": [an_id, {"type": "array", "items": an_id, "minItems": 1, "maxItems": f.max_len}],
-        }
-    for name in store.ctx_dense:
-        ctx_props[name] = {"type": "number", "minimum": -F32_MAX, "maximum": F32_MAX}
+    models = [request_schema(store, cfg.max_k, cfg.max_candidates).model, response_model(cfg.max_k), Error]
+    _, components = msgspec.json.schema_components(models, ref_template=REF)
 
     def error(description: str, retry: bool = False) -> dict:
         out: dict = {
             "description": description,
-            "content": {"application/json": {"schema": {"$ref": "#/components/schemas/Error"}}},
+            "content": {"application/json": {"schema": {"$ref": REF.format(name="Error")}}},
         }
         if retry:
             out["headers"] = {"Retry-After": {"schema": {"type": "string"}, "description": "seconds"}}
@@ -72,17 +98,16 @@ def openapi_schema(store: FeatureStore, cfg: ServeConfig, model: str) -> dict:
                     "summary": f"Top-k items for a user, ranked by {model}",
                     "requestBody": {
                         "required": True,
+                        "description": f"candidates omitted or null: {cfg.n_candidates} generated for the user",
                         "content": {
-                            "application/json": {"schema": {"$ref": "#/components/schemas/RecommendRequest"}}
+                            "application/json": {"schema": {"$ref": REF.format(name="RecommendRequest")}}
                         },
                     },
                     "responses": {
                         "200": {
                             "description": "Ranked items; Server-Timing header with per-stage times",
                             "content": {
-                                "application/json": {
-                                    "schema": {"$ref": "#/components/schemas/RecommendResponse"}
-                                }
+                                "application/json": {"schema": {"$ref": REF.format(name="RecommendResponse")}}
                             },
                         },
                         "400": error("Invalid JSON or Content-Length"),
@@ -121,56 +146,5 @@ def openapi_schema(store: FeatureStore, cfg: ServeConfig, model: str) -> dict:
                 }
             },
         },
-        "components": {
-            "schemas": {
-                "RecommendRequest": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["user_id", "k"],
-                    "properties": {
-                        "user_id": {**an_id, "description": "encoded user id; unknown -> cold start"},
-                        "k": {"type": "integer", "minimum": 1, "maximum": cfg.max_k},
-                        # null = not given (the server reads a null field as an omitted one)
-                        "context": {
-                            "type": ["object", "null"],
-                            "additionalProperties": False,
-                            "properties": ctx_props,
-                        },
-                        "candidates": {
-                            "type": ["array", "null"],
-                            "items": {"type": "integer", "minimum": 1, "maximum": store.item_card - 1},
-                            "minItems": 1,
-                            "maxItems": cfg.max_candidates,
-                            "description": f"item ids to rank; omitted -> {cfg.n_candidates} generated",
-                        },
-                    },
-                },
-                "RecommendResponse": {
-                    "type": "object",
-                    "additionalProperties": False,
-                    "required": ["items", "model"],
-                    "properties": {
-                        "items": {
-                            "type": "array",
-                            "maxItems": cfg.max_k,
-                            "items": {
-                                "type": "object",
-                                "additionalProperties": False,
-                                "required": ["item_id", "score"],
-                                "properties": {
-                                    "item_id": {"type": "integer"},
-                                    "score": {"type": "number", "minimum": 0, "maximum": 1},
-                                },
-                            },
-                        },
-                        "model": {"type": "string"},
-                    },
-                },
-                "Error": {
-                    "type": "object",
-                    "required": ["error", "field"],
-                    "properties": {"error": {"type": "string"}, "field": {"type": "string"}},
-                },
-            }
-        },
+        "components": {"schemas": components},
     }
