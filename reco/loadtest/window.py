@@ -67,8 +67,7 @@ class Window:
     @property
     def records(self) -> list[Path]:
         """Each generator process's latency file (one per worker when loadtest.workers > 1)."""
-        n = self.c.workers
-        return [self.latency_file] if n == 1 else [worker_file(self.latency_file, i) for i in range(n)]
+        return _records(self.latency_file, self.c.workers)
 
     def files(self, suffix: str) -> list[Path]:
         """Each record's `suffix` file (".started", ".window_end", ".summary.json")."""
@@ -107,8 +106,8 @@ def plan_window(
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     lat = out / "latencies.csv"
-    records = [lat] if c.workers == 1 else [worker_file(lat, i) for i in range(c.workers)]
-    for stale in [f"{lat}.failed"] + [f"{r}{s}" for r in {lat, *records} for s in RECORD_SUFFIXES]:
+    records = {lat, *_records(lat, c.workers)}
+    for stale in [f"{lat}.failed"] + [f"{r}{s}" for r in records for s in RECORD_SUFFIXES]:
         Path(stale).unlink(missing_ok=True)
     (out / "latency_cdf.png").unlink(missing_ok=True)
     if requests_path is not None and not Path(requests_path).exists():
@@ -116,6 +115,10 @@ def plan_window(
     req = Path(requests_path).resolve() if requests_path else None
     users, run_time, opts = window_options(c, lat)
     return Window(url, c, out, req, requests_path, cpus, kind, reports, triton_model, users, run_time, opts)
+
+
+def _records(latency_file: Path, workers: int) -> list[Path]:
+    return [latency_file] if workers == 1 else [worker_file(latency_file, i) for i in range(workers)]
 
 
 def window_cap_s(c: LoadtestConfig) -> float:
