@@ -41,9 +41,10 @@ With --triton-model NAME (serve.backend=triton, reco/serve/triton_backend.py) ev
 HTTP/REST (KServe v2) protocol instead: POST /v2/models/NAME/infer with the body as the one element of the
 BYTES input "request"; an answer whose "response" holds an error counts as failed with the status in it.
 
-Distributed (--master / --worker, reco.loadtest.distributed): the master only dispatches users and
-ends the test; each worker is one Poisson scheduler at --rate / (users x workers) per user (open loop;
-the superposition of independent Poisson processes is Poisson at --rate), owns its share of
+Distributed (--master / --worker, reco.loadtest.distributed; a worker's share: reco.loadtest.records):
+the master only dispatches users and ends the test; each worker is one Poisson scheduler at
+--rate / (users x workers) per user (open loop; the superposition of independent Poisson processes is
+Poisson at --rate), owns its share of
 --window-requests and writes its own record, named by its worker index, beside --latency-file
 (`latencies.w<i>.csv`, ...; its summary adds its CPU over its window). When it has drained, it tells
 the master ("reco_done"); once all --expect-workers have, the master quits. A worker lost before then
@@ -51,8 +52,9 @@ ends the test with an error (and `<latency file>.failed`): the window is not val
 
 Web UI: a "reco" tab shows the exact end-to-end percentiles of the running test with their 95 % CIs
 and n (reco.stats; failures count as +inf) and the server's per-stage times scraped from its /metrics
-since the test started -- the figures the study records. Two routes serve a driver that keeps this
-process running across tests (reco.loadtest.locust_pool; each test a POST /swarm with its options):
+since the test started (reco.loadtest.scrape, the runner's reader too) -- the figures the study
+records. Two routes serve a driver that keeps this process running across tests
+(reco.loadtest.locust_pool; each test a POST /swarm with its options):
 GET /reco/state (the runner's state, read now) and POST /reco/reports (Locust's CSV/HTML/JSON reports of
 the stopped test, written beside its --latency-file).
 """
@@ -67,14 +69,14 @@ import os
 import random
 import resource
 import time
-import urllib.request
 from pathlib import Path
 
 import gevent
 from locust import FastHttpUser, events, task
 from locust.runners import STATE_MISSING, MasterRunner, WorkerRunner
 
-from reco.loadtest.distributed import lag_p99, window_share, worker_file
+from reco.loadtest.records import lag_p99, window_share, worker_file
+from reco.loadtest.scrape import scrape, stage_summary
 
 JSON_HEADERS = {"Content-Type": "application/json"}
 
@@ -294,7 +296,7 @@ def _test_start(environment, **_kw) -> None:
     # FastHttpUser reads it then (the web UI can switch --load-mode between runs).
     RecoUser.concurrency = max(1, o.max_inflight) if o.load_mode == "open" else 1
     if environment.web_ui is not None and environment.host:
-        METRICS_AT_START[0] = _scrape(environment.host)
+        METRICS_AT_START[0] = scrape(environment.host, timeout_s=2.0)
     if REC.path:
         Path(REC.path).parent.mkdir(parents=True, exist_ok=True)
         for suffix in (".window_end", ".summary.json", ".scores.jsonl"):
@@ -507,14 +509,6 @@ class RecoUser(FastHttpUser):
             gevent.sleep(1.0)
 
 
-def _scrape(host: str) -> str:
-    try:
-        with urllib.request.urlopen(host.rstrip("/") + "/metrics", timeout=2.0) as r:
-            return r.read().decode()
-    except OSError:
-        return ""
-
-
 def reco_tab_rows(host: str | None) -> list[dict]:
     """Rows of the web UI's "reco" tab: exact e2e quantiles with CIs of every request so far (failures
     +inf), the error rate, and the server's stage times since the test started."""
@@ -530,10 +524,8 @@ def reco_tab_rows(host: str | None) -> list[dict]:
     rows.append(
         {"figure": "error rate", "value": f"{failed / len(x):.4f} (n={len(x):,})" if len(x) else "n/a"}
     )
-    after = _scrape(host) if host else ""
+    after = scrape(host, timeout_s=2.0) if host else ""
     if after and METRICS_AT_START[0]:
-        from reco.serve.metrics import stage_summary
-
         for k, v in stage_summary(METRICS_AT_START[0], after).items():
             rows.append({"figure": k, "value": f"{v:.3f}"})
     return rows

@@ -20,9 +20,10 @@ from reco.cli.serve import main as serve_main
 from reco.cli.serve import settings as cli_settings
 from reco.config import ConfigError
 from reco.data.schema import Dataset
+from reco.loadtest.scrape import parse_stage_histograms
 from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import FeatureStore, ServeConfigError
-from reco.serve.metrics import STAGES, parse_stage_histograms
+from reco.serve.metrics import STAGES
 from reco.serve.openapi import openapi_schema
 from reco.serve.process import start_server, stop_servers
 from reco.serve.request import RequestError, parse_request

@@ -1,5 +1,6 @@
-"""Distributed load generation (loadtest.workers = N > 1): each Locust worker's share and record, and
-their merge into the one record a single Locust process would have written.
+"""Distributed load generation (loadtest.workers = N > 1): the generator that runs a window on Locust's
+master and N workers (DistributedLocust), and the merge of the workers' records into the one record a
+single Locust process would have written.
 
     worker_file("out/latencies.csv", 1)          -> out/latencies.w1.csv (+ .started, .summary.json, ...)
     window_share(301, 0, 2), window_share(301, 1, 2)   -> 151, 150
@@ -16,38 +17,45 @@ gave it. The merge concatenates the requests (so quantiles over the merged file 
 their times on the earliest worker's start and keeps each worker's summary, so the saturation check can
 judge every worker on its own (one saturated worker voids the window).
 
-This module is imported by the locustfile in every worker: standard library and numpy only.
+DistributedLocust starts the master (`--master --expect-workers N`, bound to 127.0.0.1) and N workers,
+worker i pinned to cpus[i % len(cpus)], for this window alone; the validity check (reco.loadtest.window.
+judge_window) covers the master's CPU and every worker's own CPU over its window and send lag. A worker
+or the master that exits before every worker has finished its window raises LoadTestError naming it
+(the master reports a worker it lost in `<latency file>.failed`); every process is then stopped.
+
+What a worker itself needs (worker_file, window_share, lag_p99) is in reco.loadtest.records, which the
+locustfile imports without this module's dependencies.
 """
 
 from __future__ import annotations
 
+import functools
 import json
-import math
+import sys
+import time
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
-HEADER = "start_s,latency_ms,ok,status"
+from reco.loadtest.locust_proc import (
+    LOCUSTFILE,
+    Check,
+    Gen,
+    check_record,
+    generator_session,
+    kill,
+    locust_command,
+    measure,
+    spawn_gen,
+    wait_for,
+)
+from reco.loadtest.outcome import LoadRun
+from reco.loadtest.records import HEADER, lag_p99, window_share, worker_file
+from reco.loadtest.window import LoadTestError, Samples, Window, finish_run
+from reco.serve.process import free_port, log_tail
 
-
-def worker_file(latency_file: str | Path, index: int) -> Path:
-    """Where worker `index` writes its record: `<stem>.w<index><suffix>` beside `latency_file`."""
-    p = Path(latency_file)
-    return p.with_name(f"{p.stem}.w{index}{p.suffix}")
-
-
-def window_share(total: int, index: int, workers: int) -> int:
-    """Worker `index`'s share of a window of `total` requests (0: no count) split as evenly as can be."""
-    if total <= 0:
-        return 0
-    return total // workers + int(index < total % workers)
-
-
-def lag_p99(lags_ms: list[float]) -> float:
-    """Nearest-rank p99 of the open-loop schedule lags (0.0 when there are none)."""
-    lags = sorted(lags_ms)
-    return lags[min(len(lags) - 1, math.ceil(0.99 * len(lags)) - 1)] if lags else 0.0
+__all__ = ["HEADER", "DistributedLocust", "lag_p99", "merge_records", "window_share", "worker_file"]
 
 
 def merge_records(latency_file: Path, workers: int) -> dict[str, Any]:
@@ -105,3 +113,97 @@ def merge_records(latency_file: Path, workers: int) -> dict[str, Any]:
     if summary["window_end_epoch"] is not None:
         Path(f"{latency_file}.window_end").write_text(repr(summary["window_end_epoch"]))
     return summary
+
+
+def master_command(cmd: list[str], workers: int, port: int) -> list[str]:
+    """`cmd` (locust_command's) as the master of `workers` local workers, on 127.0.0.1:`port`."""
+    return [
+        *cmd, "--master", "--master-bind-host", "127.0.0.1", "--master-bind-port", str(port),
+        "--expect-workers", str(workers),
+    ]  # fmt: skip
+
+
+def worker_command(w: Window, port: int) -> list[str]:
+    """A Locust worker of the master on 127.0.0.1:`port`. Only what its init reads is given here; the
+    test's options (rate, window, files) arrive from the master."""
+    cmd = [
+        sys.executable, "-m", "locust", "-f", str(LOCUSTFILE), "--worker",
+        "--master-host", "127.0.0.1", "--master-port", str(port),
+        "--loglevel", "WARNING", "--seed", str(int(w.c.seed)),
+    ]  # fmt: skip
+    if w.requests is not None:
+        cmd += ["--requests-file", str(w.requests)]
+    if w.triton_model:  # read at the worker's init, like the request file
+        cmd += ["--triton-model", w.triton_model]
+    return cmd
+
+
+def _check_alive(gens: list[Gen], done: list[Path], failed: Path) -> None:
+    """Any generator process gone before every worker's record exists fails the run."""
+    if all(p.exists() for p in done):
+        return
+    for g in gens:
+        if g.proc.poll() is None:
+            continue
+        if failed.exists():  # the master saw a worker go (missed heartbeats, a remote worker) first
+            raise LoadTestError(
+                f"{failed.read_text().strip()} (reported by the Locust master); the window is not "
+                f"counted. {gens[0].log}:\n{log_tail(gens[0].log)}"
+            )
+        raise LoadTestError(
+            f"{g.name} (pid {g.proc.pid}) exited with code {g.proc.returncode} before every worker had "
+            f"finished its window; the window is not counted. {g.log}:\n{log_tail(g.log)}"
+        )
+
+
+class DistributedLocust:
+    """Locust's master and loadtest.workers workers, started for this window alone."""
+
+    def run_window(self, w: Window) -> LoadRun:
+        n, done = w.c.workers, w.files(".summary.json")
+        with generator_session(w) as base:
+            gens: list[Gen] = []
+            try:
+                _spawn(w, gens)
+                check = functools.partial(_check_alive, gens, done, Path(f"{w.latency_file}.failed"))
+                samples = base.complete(self._until_done(w, gens, check))
+            finally:
+                kill(gens)
+        check_record(w, gens)
+        summary = merge_records(w.latency_file, n)
+        logs = [w.out / f"locust.worker{i + 1}.log" for i in range(n)]
+        return finish_run(w, summary, samples, *_by_process(summary, gens[0], samples), extra_artifacts=logs)
+
+    @staticmethod
+    def _until_done(w: Window, gens: list[Gen], check: Check) -> Samples:
+        """The window's samples, once every worker has drained and written its record and every process
+        has exited (LoadTestError when a worker does not finish in time or a process is lost)."""
+        samples = measure(w, gens, check)
+        if not wait_for(w.files(".summary.json"), gens, time.time() + w.c.drain_s + 60, check):
+            check()
+            raise LoadTestError(f"Locust workers did not finish their windows in time; {w.log}")
+        gens[0].proc.wait(timeout=w.c.drain_s + 60)
+        for g in gens[1:]:
+            g.proc.wait(timeout=30)
+        return samples
+
+
+def _spawn(w: Window, gens: list[Gen]) -> None:
+    """Start the master, then its workers, each appended to `gens` as soon as it runs (a start that fails
+    leaves the ones before it in `gens`, for the caller to kill)."""
+    n, port = w.c.workers, free_port()
+    gens.append(spawn_gen("Locust master", master_command(locust_command(w), n, port), w.log, w.out, w.cpus))
+    for i in range(n):
+        log, cpus = w.out / f"locust.worker{i + 1}.log", [w.cpus[i % len(w.cpus)]] if w.cpus else None
+        gens.append(spawn_gen(f"Locust worker {i + 1} of {n}", worker_command(w, port), log, w.out, cpus))
+
+
+def _by_process(
+    summary: dict[str, Any], master: Gen, s: Samples
+) -> tuple[dict[str, float], dict[str, float]]:
+    """judge_window's cpu_by and lag_by: the master's CPU (sampled by the runner) and every worker's own
+    CPU over its window and send lag (from its record), each named, so one saturated worker voids it."""
+    workers = {f" on Locust worker index {w['index']} (pid {w['pid']})": w for w in summary["workers"]}
+    cpu_by = {f" on {master.name}": s.cpu_pct()} | {who: float(w["cpu_pct"]) for who, w in workers.items()}
+    lag_by = {who: float((w["open"] or {}).get("lag_p99_ms", 0.0)) for who, w in workers.items()}
+    return cpu_by, lag_by

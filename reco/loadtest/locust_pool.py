@@ -16,14 +16,13 @@ watch the study's tests live in Locust's UI, "reco" tab included.
 One process per key serves one window at a time (the study is sequential). A process that died, or that a
 window left in an unknown state (an exception mid-window), is killed and replaced at the next window.
 Single-process generators only: a distributed window (loadtest.workers > 1) starts its master and workers
-per window, as a headless run (reco.loadtest.runner).
+per window (reco.loadtest.distributed). PooledLocust is the load generator (reco.loadtest.window) that
+runs a window in the pool's process.
 """
 
 from __future__ import annotations
 
-import functools
 import json
-import os
 import subprocess
 import sys
 import time
@@ -34,10 +33,17 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-from reco.children import die_with_parent
+from reco.loadtest.locust_proc import (
+    LOCUSTFILE,
+    Gen,
+    check_record,
+    generator_session,
+    measure,
+    spawn_locust,
+)
+from reco.loadtest.outcome import LoadRun
+from reco.loadtest.window import Window, finish_run, single_process
 from reco.serve.process import free_port, log_tail
-
-LOCUSTFILE = Path(__file__).resolve().parents[2] / "loadtest" / "locustfile.py"
 
 Key = tuple[str, str, tuple[int, ...], int]  # request file, Triton model, cores, seed
 
@@ -82,24 +88,6 @@ class KeptLocust:
     def write_reports(self) -> list[Path]:
         """Locust's CSV/HTML/JSON reports of the stopped test, beside its latency file."""
         return [Path(p) for p in self.call("/reco/reports", {}, timeout_s=60.0)["written"]]
-
-
-def _child_setup(parent_pid: int, cpus: list[int] | tuple[int, ...] | None) -> None:
-    """In a Locust child before exec: die with the caller (PR_SET_PDEATHSIG), run on `cpus`."""
-    die_with_parent(parent_pid)
-    if cpus:
-        os.sched_setaffinity(0, cpus)
-
-
-def spawn_locust(
-    cmd: list[str], log: Path, cwd: Path, cpus: list[int] | tuple[int, ...] | None
-) -> subprocess.Popen:
-    """Start a Locust process writing stdout and stderr to `log`; it dies with us and runs on `cpus`."""
-    with open(log, "wb") as f:
-        return subprocess.Popen(
-            cmd, stdout=f, stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, cwd=cwd,
-            preexec_fn=functools.partial(_child_setup, os.getpid(), cpus),
-        )  # fmt: skip
 
 
 class LocustPool:
@@ -178,3 +166,43 @@ class LocustPool:
     def close(self) -> None:
         for key in list(self.kept):
             self.discard(key)
+
+
+@dataclass
+class PooledLocust:
+    """A window in the pool's kept process for its start-up settings: a POST /swarm with the window's
+    options, Locust's reports of it through /reco/reports, its part of the kept log as its locust.log."""
+
+    pool: LocustPool
+
+    def run_window(self, w: Window) -> LoadRun:
+        kept = self.pool.get(w.url, w.requests, w.triton_model, w.cpus, w.c.seed)
+        log_at, finished = kept.log.stat().st_size, False
+        gens = [Gen("Locust", kept.proc, kept.log)]
+        with generator_session(w) as base:
+            try:
+                form = {
+                    "user_count": w.users,
+                    "spawn_rate": w.c.spawn_rate,
+                    "host": w.url,
+                    "run_time": w.run_time,
+                }
+                kept.swarm(form | w.opts)
+                samples = measure(w, gens)
+                kept.wait_stopped(time.time() + w.c.drain_s + 60)
+                if w.reports:
+                    kept.write_reports()
+                samples, finished = base.complete(samples), True
+            finally:
+                _copy_tail(kept.log, log_at, w.log)
+                if not finished:  # mid-test, or gone: a fresh process for the next window
+                    self.pool.discard(kept.key)
+        check_record(w, gens)
+        summary = json.loads(w.files(".summary.json")[0].read_text())
+        return finish_run(w, summary, samples, *single_process(summary, samples))
+
+
+def _copy_tail(src: Path, offset: int, dst: Path) -> None:
+    with open(src, "rb") as f:
+        f.seek(offset)
+        dst.write_bytes(f.read())

@@ -5,7 +5,7 @@ statistics extension): queue (waiting for an instance, dynamic batcher included)
 compute_infer (here: the whole reco pipeline in the Python model, IPC with the stub included) and
 compute_output; success is the request's whole time inside Triton. Two scrapes, at the window's start
 and end, give the means over the window's requests in the keys reco's own server reports
-(server_<stage>_mean_ms, reco.serve.metrics.stage_summary), so the report's stage breakdown shows either
+(server_<stage>_mean_ms, reco.loadtest.scrape.stage_summary), so the report's stage breakdown shows either
 server. Triton keeps no histograms here, so there are no p99s. Also: requests per model execution
 (server_batch_requests_mean) and failed requests (server_failed_requests).
 """

@@ -1,0 +1,137 @@
+"""The server's own figures over a load-test window: two scrapes (the window's open and close) and what
+the requests served between them cost, per stage.
+
+    text = scrape(url)                            # GET {url}/metrics ("" when the server does not answer)
+    stage_summary(before, after)                  # {"server_rank_mean_ms": ..., "server_rank_p99_ms": ...}
+    probe = ServerProbe(triton_model)             # reco's /metrics, or Triton's statistics when a model
+    probe.stages(probe.read(url), probe.read(url))  # is named (reco.loadtest.triton_stats)
+
+reco's server exports the reco_stage_seconds{stage} histogram (wall time per request stage) and
+reco_cpu_seconds{stage="rank"} (CPU time of the model call's thread), with 20 % wide buckets
+(reco.serve.metrics); a quantile is interpolated linearly inside its bucket from the difference of the
+two scrapes' cumulative counts (Prometheus' histogram_quantile), so warm-up requests are in neither.
+
+The one reader of /metrics: the runner (reco.loadtest.window) scrapes at the window's edges, and
+loadtest/locustfile.py's web UI ("reco" tab) at the test's start and on each poll. Standard library and
+numpy at import (prometheus_client's parser is imported on first parse), so a Locust process pays little.
+"""
+
+from __future__ import annotations
+
+import urllib.request
+from dataclasses import dataclass
+
+import numpy as np
+
+from reco.loadtest.triton_stats import scrape_stats, stats_summary
+
+# The histograms a load run reads back, and the prefix of their summary keys: wall time per stage, and the
+# CPU time of the model call's thread (reco_cpu_seconds{stage="rank"} -> cpu_rank_*).
+FAMILIES = {"reco_stage_seconds": "server_", "reco_cpu_seconds": "cpu_"}
+
+
+def scrape(url: str, timeout_s: float = 5.0) -> str:
+    """GET {url}/metrics as text; empty string when the server does not answer (any OSError: refused,
+    reset, timed out, an HTTP error status), so a missing scrape leaves the stages out, never the run."""
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/metrics", timeout=timeout_s) as r:
+            return r.read().decode()
+    except OSError:
+        return ""
+
+
+def parse_histograms(text: str) -> dict[str, dict[str, dict]]:
+    """FAMILIES' histograms in a /metrics scrape, summed over workers, read in one pass.
+
+    Args:
+        text: Prometheus exposition text.
+    Returns:
+        {family: {stage: {"sum": s, "count": n, "le": [bounds], "cum": [cumulative counts]}}}.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    out: dict[str, dict[str, dict]] = {}
+    for fam in text_string_to_metric_families(text):
+        if fam.name not in FAMILIES:
+            continue
+        by_stage = out.setdefault(fam.name, {})
+        for s in fam.samples:
+            st = by_stage.setdefault(s.labels.get("stage", ""), {"sum": 0.0, "count": 0.0, "buckets": {}})
+            if s.name.endswith("_bucket"):
+                le = float(s.labels["le"])
+                st["buckets"][le] = st["buckets"].get(le, 0.0) + s.value
+            elif s.name.endswith("_sum"):
+                st["sum"] += s.value
+            elif s.name.endswith("_count"):
+                st["count"] += s.value
+    for by_stage in out.values():
+        for st in by_stage.values():
+            b = st.pop("buckets")
+            st["le"] = sorted(b)
+            st["cum"] = [b[le] for le in st["le"]]
+    return out
+
+
+def parse_stage_histograms(text: str) -> dict[str, dict]:
+    """The wall-time stage histograms of a scrape: parse_histograms(text)["reco_stage_seconds"]."""
+    return parse_histograms(text).get("reco_stage_seconds", {})
+
+
+def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, float]:
+    """Per-stage mean and quantile (ms) of the requests served between two scrapes.
+
+    Args:
+        before: /metrics text scraped at the start of the window.
+        after: /metrics text scraped at its end.
+        quantile: the quantile to report (0.99 -> keys ..._p99_ms).
+    Returns:
+        server_{stage}_mean_ms, server_{stage}_p99_ms (wall time), cpu_rank_mean_ms, cpu_rank_p99_ms (CPU
+        time of the model call's thread); quantiles interpolated inside their bucket.
+    """
+    a, b = parse_histograms(before), parse_histograms(after)
+    out: dict[str, float] = {}
+    for family, prefix in FAMILIES.items():
+        for stage, hb in b.get(family, {}).items():
+            empty = {"sum": 0.0, "count": 0.0, "le": hb["le"], "cum": [0.0] * len(hb["le"])}
+            ha = a.get(family, {}).get(stage, empty)
+            n = hb["count"] - ha["count"]
+            if n <= 0:
+                continue
+            out[f"{prefix}{stage}_mean_ms"] = (hb["sum"] - ha["sum"]) / n * 1000
+            cum = np.array(hb["cum"]) - np.array(ha["cum"])
+            q = _bucket_quantile(np.array(hb["le"]), cum, quantile)
+            out[f"{prefix}{stage}_p{round(quantile * 100)}_ms"] = q * 1000
+    return out
+
+
+def _bucket_quantile(les: np.ndarray, cum: np.ndarray, q: float) -> float:
+    """Quantile of a cumulative histogram, linear inside the bucket (Prometheus histogram_quantile)."""
+    total = cum[-1]
+    rank = q * total
+    i = int(np.searchsorted(cum, rank, side="left"))
+    i = min(i, len(les) - 1)
+    if np.isinf(les[i]):
+        return float(les[i - 1]) if i > 0 else float("nan")
+    lo_b = les[i - 1] if i > 0 else 0.0
+    lo_c = cum[i - 1] if i > 0 else 0.0
+    width = cum[i] - lo_c
+    frac = (rank - lo_c) / width if width > 0 else 1.0
+    return float(lo_b + (les[i] - lo_b) * frac)
+
+
+@dataclass(frozen=True)
+class ServerProbe:
+    """Where a window's server figures come from: reco's /metrics, or, for a Triton server, the named
+    model's statistics (Triton keeps no histograms there: means only, reco.loadtest.triton_stats)."""
+
+    triton_model: str | None = None
+
+    def read(self, url: str) -> str:
+        """One scrape ("" when the server does not answer)."""
+        return scrape_stats(url, model=self.triton_model) if self.triton_model else scrape(url)
+
+    def stages(self, before: str, after: str) -> dict[str, float]:
+        """The stage figures of the requests served between two scrapes ({} when either is missing)."""
+        if not (before and after):
+            return {}
+        return stats_summary(before, after) if self.triton_model else stage_summary(before, after)
