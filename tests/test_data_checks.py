@@ -366,7 +366,7 @@ def test_fingerprint_does_not_copy_tensors(tiny_data: Dataset) -> None:
 
 def test_load_dataset_takes_a_dict_or_a_data_config(tmp_path: Path) -> None:
     write_example_table(tmp_path / "t.csv", n=100)
-    plain = OmegaConf.to_container(compose(["data=table"]).data, resolve=True)
+    plain = OmegaConf.to_container(compose(["data=table_example"]).data, resolve=True)
     plain["params"]["path"] = str(tmp_path / "t.csv")
     ds, path = load_dataset(plain, tmp_path / "cache")
     again, path2 = load_dataset(DataConfig(loader="table", params=dict(plain["params"])), tmp_path / "cache")
@@ -409,7 +409,7 @@ def test_data_yamls_list_the_schema_and_compose_checks_keys() -> None:
     assert compose(["experiment=smoke"]).data.loader == "synthetic_ecommerce"
     with pytest.raises(Exception, match="Could not override 'data.loadr'"):
         compose(["data=criteo", "data.loadr=x"])
-    appended = OmegaConf.to_container(compose(["data=table", "+data.loadr=x"]).data, resolve=True)
+    appended = OmegaConf.to_container(compose(["data=table_example", "+data.loadr=x"]).data, resolve=True)
     with pytest.raises(ConfigError, match="data: loadr: Key 'loadr' not in 'DataConfig'"):
         build_dataset(appended)  # `+key=` gets past compose, not past the loader
     with pytest.raises(ConfigError, match="data.params: short_row: Key 'short_row' not in 'CriteoConfig'"):
