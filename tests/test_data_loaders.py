@@ -525,7 +525,10 @@ def test_table_errors(tmp_path: Path) -> None:
     bad["clicked"] = bad["clicked"].astype(object)
     bad.iloc[3, bad.columns.get_loc("clicked")] = 3
     bad.to_csv(tmp_path / "bad.csv", index=False)
-    with pytest.raises(ValueError, match=r"bad\.csv column 'clicked': line 5: label 3, expected 0 or 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"bad\.csv column 'clicked' \(data\.params\.label\): line 5: label 3, expected 0 or 1",
+    ):
         load_table(**table_params(tmp_path / "bad.csv"))
     with pytest.raises(ValueError, match=r"data.params.dense: at least one dense column"):
         load_table(**table_params(tmp_path / "t.csv", dense=[]))
@@ -533,13 +536,16 @@ def test_table_errors(tmp_path: Path) -> None:
         load_table(**table_params(tmp_path / "t.csv", dense=[{"column": "price", "side": "item", "lg": 1}]))
     with pytest.raises(ValueError, match=r"data.params.sparse\[0\].side: expected one of"):
         load_table(**table_params(tmp_path / "t.csv", sparse=[{"column": "user", "side": "buyer"}]))
-    with pytest.raises(ValueError, match=r"data.params.user_key: 'tags' must name a single-valued sparse column"):
+    with pytest.raises(
+        ValueError, match=r"data.params.user_key: 'tags' must name a single-valued sparse column"
+    ):
         load_table(**table_params(tmp_path / "t.csv", user_key="tags"))
     text = frame.assign(price=frame["price"].astype(object))
     text.iloc[2, text.columns.get_loc("price")] = "cheap"
     text.to_csv(tmp_path / "text.csv", index=False)
     with pytest.raises(
-        ValueError, match=r"text\.csv column 'price': line 4: value 'cheap', expected a number"
+        ValueError,
+        match=r"text\.csv column 'price' \(data\.params\.dense\[0\]\): line 4: value 'cheap', expected a number",
     ):
         load_table(**table_params(tmp_path / "text.csv"))
 

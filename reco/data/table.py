@@ -139,24 +139,7 @@ def load_table(
         short_rows_key="data.params.short_rows",
         encoding_key="data.params.encoding",
     )
-    if fmt == "csv":
-        have = read_header(file, text)
-    else:
-        have = _parquet_columns(file, sparse_cols)
-    _check_present(wanted, have, file, csv_separator if fmt == "csv" else None)
-    usecols = list(dict.fromkeys(wanted.values()))
-    skipped: dict[str, int] = {}
-    padded: dict[str, int] = {}
-    if fmt == "csv":
-        frame, skipped["short_rows"], padded["short_rows"] = _read_text(
-            file, replace(text, names=tuple(have)), usecols
-        )
-        where = "line"
-    else:
-        # Rows numbered by position in the file (0-based), not by a pandas index stored with it.
-        frame = pd.read_parquet(file, columns=usecols).reset_index(drop=True)
-        where = "row"
-
+    frame, where, skipped, padded = _read(file, fmt, text, wanted, sparse_cols)
     y = _labels(frame[label], label_threshold, f"{file} column {label!r} (data.params.label)", where)
     keep = y.notna().to_numpy().copy()  # pandas may hand out a read-only view
     skipped["label_missing"] = int((~keep).sum())
@@ -190,6 +173,21 @@ def load_table(
         skipped,
         {k: v for k, v in padded.items() if v},
     )
+
+
+def _read(
+    file: Path, fmt: str, text: TextFormat, wanted: dict[str, str], sparse: list[SparseColumn]
+) -> tuple[pd.DataFrame, str, dict[str, int], dict[str, int]]:
+    """The `wanted` columns of the file -> (frame, what its index counts: "line" | "row", rows skipped
+    by reason, rows padded by reason). A column not in the file raises naming its config key."""
+    have = read_header(file, text) if fmt == "csv" else _parquet_columns(file, sparse)
+    _check_present(wanted, have, file, text.sep if fmt == "csv" else None)
+    usecols = list(dict.fromkeys(wanted.values()))
+    if fmt == "csv":
+        frame, skipped, padded = _read_text(file, replace(text, names=tuple(have)), usecols)
+        return frame, "line", {"short_rows": skipped}, {"short_rows": padded}
+    # Rows numbered by position in the file (0-based), not by a pandas index stored with it.
+    return pd.read_parquet(file, columns=usecols).reset_index(drop=True), "row", {}, {}
 
 
 def _read_text(file: Path, fmt: TextFormat, usecols: list[str]) -> tuple[pd.DataFrame, int, int]:
