@@ -40,4 +40,4 @@ def check_set(loader: str, params: Mapping[str, Any]) -> None:
             "and sparse columns (conf/data/table_example.yaml is one), or set them on the command line "
             "(data.params.path=...)"
         )
-    raise ConfigError(f"{keys}: not set (???): state it in your data YAML or on the command line")
+    raise ConfigError(f"{keys}: not set (???): state each in your data YAML or on the command line")

@@ -40,7 +40,7 @@ class TableConfig:
     conf/data/table.yaml, the base every table data config lists first (`defaults: [table, _self_]`)."""
 
     path: str  # required: the file; .csv/.tsv/.txt (optionally .gz) or .parquet
-    format: str  # auto (by the file's extension) | csv | parquet
+    format: str  # auto (by the file's extension, else Parquet's magic bytes) | csv | parquet
     csv_separator: str  # text files only: the field separator ("," or "\t")
     encoding: str  # text files only: the text encoding, e.g. utf-8, latin-1
     short_rows: str  # text files only: a line with too few fields -> error | pad | skip
