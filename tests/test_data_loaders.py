@@ -458,12 +458,12 @@ def write_example_table(path: Path, n: int = 2000, seed: int = 0) -> pd.DataFram
 
 
 def table_params(path: Path, **over: object) -> dict:
-    cfg = data_config("table")
+    cfg = data_config("table_example")
     return {**cfg["params"], "path": str(path), **over}
 
 
 def test_table_yaml_runs_on_committed_example() -> None:
-    cfg = data_config("table")
+    cfg = data_config("table_example")
     cfg["params"]["path"] = str(ROOT / cfg["params"]["path"])
     ds = build_dataset(cfg)
     check_invariants(ds)
@@ -525,21 +525,27 @@ def test_table_errors(tmp_path: Path) -> None:
     bad["clicked"] = bad["clicked"].astype(object)
     bad.iloc[3, bad.columns.get_loc("clicked")] = 3
     bad.to_csv(tmp_path / "bad.csv", index=False)
-    with pytest.raises(ValueError, match=r"bad\.csv column 'clicked': line 5: label 3, expected 0 or 1"):
+    with pytest.raises(
+        ValueError,
+        match=r"bad\.csv column 'clicked' \(data\.params\.label\): line 5: label 3, expected 0 or 1",
+    ):
         load_table(**table_params(tmp_path / "bad.csv"))
-    with pytest.raises(ValueError, match="at least one dense column"):
+    with pytest.raises(ValueError, match=r"data.params.dense: at least one dense column"):
         load_table(**table_params(tmp_path / "t.csv", dense=[]))
     with pytest.raises(ValueError, match=r"data.params.dense\[0\]: unknown key\(s\) \['lg'\]"):
         load_table(**table_params(tmp_path / "t.csv", dense=[{"column": "price", "side": "item", "lg": 1}]))
     with pytest.raises(ValueError, match=r"data.params.sparse\[0\].side: expected one of"):
         load_table(**table_params(tmp_path / "t.csv", sparse=[{"column": "user", "side": "buyer"}]))
-    with pytest.raises(ValueError, match="user_key='tags' must name a single-valued sparse column"):
+    with pytest.raises(
+        ValueError, match=r"data.params.user_key: 'tags' must name a single-valued sparse column"
+    ):
         load_table(**table_params(tmp_path / "t.csv", user_key="tags"))
     text = frame.assign(price=frame["price"].astype(object))
     text.iloc[2, text.columns.get_loc("price")] = "cheap"
     text.to_csv(tmp_path / "text.csv", index=False)
     with pytest.raises(
-        ValueError, match=r"text\.csv column 'price': line 4: value 'cheap', expected a number"
+        ValueError,
+        match=r"text\.csv column 'price' \(data\.params\.dense\[0\]\): line 4: value 'cheap', expected a number",
     ):
         load_table(**table_params(tmp_path / "text.csv"))
 
@@ -555,6 +561,7 @@ def test_table_errors(tmp_path: Path) -> None:
         ("movielens", load_movielens),
         ("criteo", load_criteo),
         ("table", load_table),
+        ("table_example", load_table),
     ],
 )
 def test_data_configs_match_loader_signatures(name: str, fn: object) -> None:

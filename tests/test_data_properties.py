@@ -129,7 +129,7 @@ def test_table_formats_agree_with_what_was_written(rows: list[dict], policy: str
                 load_table(**table_params(d / "t.csv"))
         event("too few rows" if len(kept) < MIN_ROWS else "read back")
         if len(kept) < MIN_ROWS:
-            with pytest.raises(ValueError, match=rf"t: {len(kept)} usable rows"):
+            with pytest.raises(ValueError, match=rf"t\.csv: {len(kept)} usable rows"):
                 load_table(**table_params(d / "t.csv", short_rows=policy))
             return
         csv_ds = load_table(**table_params(d / "t.csv", short_rows=policy))

@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from omegaconf import DictConfig, OmegaConf
 
 from reco.claim import claim
-from reco.data.config import DataConfig
+from reco.data.config import DataConfig, check_set
 
 if TYPE_CHECKING:
     from reco.data.schema import Dataset
@@ -46,9 +46,9 @@ def build_dataset(cfg: DataConfig | dict[str, Any] | DictConfig) -> Dataset:
 
         return load_criteo(**vars(typed(cfg.params, CriteoConfig, where)))
     if cfg.loader == "table":
-        from reco.data.table import TableConfig, load_table
+        from reco.data.table import load_table, table_config
 
-        return load_table(**vars(typed(cfg.params, TableConfig, where)))
+        return load_table(**vars(table_config(cfg.params)))
     raise ValueError(f"data.loader: expected one of {LOADERS}, got {cfg.loader!r}")
 
 
@@ -94,6 +94,8 @@ def _data_config(cfg: DataConfig | dict[str, Any] | DictConfig) -> DataConfig:
 
     if isinstance(cfg, DictConfig):  # resolve ${seed} etc. against the whole config first
         cfg = OmegaConf.to_container(cfg, resolve=True)
+    if isinstance(cfg, dict) and isinstance(cfg.get("params"), dict):  # typed() names only the first
+        check_set(str(cfg.get("loader")), cfg["params"])
     cfg = typed(cfg, DataConfig, "data")
     if isinstance(cfg.params, DictConfig):
         cfg = DataConfig(cfg.loader, OmegaConf.to_container(cfg.params, resolve=True))
