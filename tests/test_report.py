@@ -852,7 +852,8 @@ def _comparison_csv(path, rows):
 
 
 def test_agree_overlap_missing_and_exit_code(tmp_path, capsys):
-    from reco.cli import agree
+    from reco.cli import agree as agree_cli
+    from reco.report import agree
 
     a = _comparison_csv(
         tmp_path / "a.csv",
@@ -882,24 +883,24 @@ def test_agree_overlap_missing_and_exit_code(tmp_path, capsys):
         ("pruned", "qps_gain"): None,  # run a lacks it: not counted as agreeing
         ("triton", "qps_gain"): None,
     }
-    assert agree.main([str(a), str(b), "--names", "r7", "r8"]) == 1
+    assert agree_cli.main([str(a), str(b), "--names", "r7", "r8"]) == 1
     rows = md_table(capsys.readouterr().out)
     assert list(rows[0]) == ["variant", "figure", "r7", "r8", "CIs overlap"]
     shown = {(r["variant"].strip("`"), r["figure"]): r["CIs overlap"] for r in rows}
     assert shown == {(v, agree.FIGURES[k]): {True: "yes", False: "**no**"}.get(o, "– (missing in a run)")
                      for (v, k), o in ps.items()}  # fmt: skip
-    assert agree.main([str(a), str(a)]) == 0  # a run agrees with itself
+    assert agree_cli.main([str(a), str(a)]) == 0  # a run agrees with itself
 
 
 def test_agree_bad_input_names_file_and_column(tmp_path):
-    from reco.cli import agree
+    from reco.cli import agree as agree_cli
 
     not_csv = tmp_path / "report.md"
     not_csv.write_text("# a report, not comparison.csv\n")
     with pytest.raises(SystemExit, match="report.md: expected a study's comparison.csv"):
-        agree.main([str(not_csv), str(not_csv)])
+        agree_cli.main([str(not_csv), str(not_csv)])
     bad = _comparison_csv(tmp_path / "bad.csv", {"student": {"qps_gain": ("many", 1, 2)}})
     with pytest.raises(SystemExit, match=r"bad.csv: variant 'student', column 'qps_gain': expected numbers"):
-        agree.main([str(bad), str(bad)])
+        agree_cli.main([str(bad), str(bad)])
     with pytest.raises(SystemExit, match="missing.csv: cannot read"):
-        agree.main([str(tmp_path / "missing.csv"), str(bad)])
+        agree_cli.main([str(tmp_path / "missing.csv"), str(bad)])
