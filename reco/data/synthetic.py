@@ -55,72 +55,120 @@ def generate(cfg: SyntheticConfig) -> Dataset:
 
 
 def simulate(cfg: SyntheticConfig) -> Simulation:
+    """The catalogue, the users, their impressions and clicks, as a Dataset with its planted click model.
+
+    One generator draws everything in a fixed order (items, users, impressions, clicks), so a config gives
+    the same data, and the same fingerprint, every time; the helpers below keep that order.
+    """
     rng = np.random.default_rng(cfg.seed)
-    k = cfg.latent_dim
-    n_u, n_i, n_c = cfg.n_users, cfg.n_items, cfg.n_categories
+    it = _items(cfg, rng)
+    us = _users(cfg, rng, it)
+    users, items, hour, device = _impressions(cfg, rng, it, us)
+    terms = _click_terms(cfg, it, us, users, items, hour, device)
+    logit = sum(terms.values())  # left to right, in the order of _click_terms
+    offset = _offset_for_ctr(logit, cfg.target_ctr)
+    logit += offset
+    prob = 1 / (1 + np.exp(-logit))
+    labels = (rng.random(cfg.n_rows) < prob).astype(np.float32)
+    dense, ids, lengths = _features(cfg, it, us, users, items, hour, device)
+    full = Split(
+        torch.from_numpy(dense),
+        torch.from_numpy(ids),
+        torch.from_numpy(lengths),
+        torch.from_numpy(labels),
+        torch.from_numpy(prob.astype(np.float32)),
+    )
+    tr, va, te = time_split(cfg.n_rows)
+    ds = Dataset(_schema(cfg), full.take(tr), full.take(va), full.take(te), name="synthetic_ecommerce")
+    ds.compute_fingerprint()
+    return Simulation(ds, terms, offset, users, items)
 
-    # Items: category, brand, price, popularity, latent factors.
+
+def _items(cfg: SyntheticConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
+    """Items: category, brand, price, popularity, latent factors ([n_items] arrays; cat_vec [n_cat, k])."""
+    k, n_i, n_c = cfg.latent_dim, cfg.n_items, cfg.n_categories
     cat_w = _zipf_weights(n_c, 0.8, rng)
-    item_cat = rng.choice(n_c, size=n_i, p=cat_w)
-    item_brand = (item_cat * 7 + rng.integers(0, 40, size=n_i)) % cfg.n_brands
+    cat = rng.choice(n_c, size=n_i, p=cat_w)
+    brand = (cat * 7 + rng.integers(0, 40, size=n_i)) % cfg.n_brands
     cat_price = rng.normal(3.0, 0.8, size=n_c)
-    log_price = cat_price[item_cat] + rng.normal(0, 0.4, size=n_i)
-    item_pop = _zipf_weights(n_i, cfg.item_zipf, rng)
+    log_price = cat_price[cat] + rng.normal(0, 0.4, size=n_i)
+    pop = _zipf_weights(n_i, cfg.item_zipf, rng)
     cat_vec = rng.normal(0, 1 / np.sqrt(k), size=(n_c, k))
-    item_vec = 0.6 * cat_vec[item_cat] + rng.normal(0, 0.8 / np.sqrt(k), size=(n_i, k))
-    item_bias = rng.normal(0, 0.4, size=n_i) + 0.15 * np.log(item_pop * n_i)
+    vec = 0.6 * cat_vec[cat] + rng.normal(0, 0.8 / np.sqrt(k), size=(n_i, k))
+    bias = rng.normal(0, 0.4, size=n_i) + 0.15 * np.log(pop * n_i)
+    return {"cat": cat, "brand": brand, "log_price": log_price, "pop": pop, "cat_vec": cat_vec, "vec": vec,
+            "bias": bias}  # fmt: skip
 
-    # Users: latent taste, segment, price sensitivity, recent categories (their favourite ones).
-    user_vec = rng.normal(0, 1 / np.sqrt(k), size=(n_u, k))
-    user_pop = _zipf_weights(n_u, cfg.user_zipf, rng)
+
+def _users(cfg: SyntheticConfig, rng: np.random.Generator, it: dict) -> dict[str, np.ndarray]:
+    """Users: latent taste, segment, price sensitivity, recent categories (their favourite ones); plus the
+    context (hour x device) and segment x category effects."""
+    k, n_u, n_c = cfg.latent_dim, cfg.n_users, cfg.n_categories
+    vec = rng.normal(0, 1 / np.sqrt(k), size=(n_u, k))
+    pop = _zipf_weights(n_u, cfg.user_zipf, rng)
     segment = rng.integers(0, 10, size=n_u)
     price_sens = rng.normal(0.3, 0.3, size=n_u) + 0.05 * segment
     n_recent = rng.integers(1, cfg.max_recent + 1, size=n_u)
     top_cats = np.empty((n_u, cfg.max_recent), dtype=np.int64)
     for lo in range(0, n_u, 20_000):  # chunked: [chunk, n_c] affinity matrix
-        aff = user_vec[lo : lo + 20_000] @ cat_vec.T + rng.gumbel(0, 0.3, size=(min(20_000, n_u - lo), n_c))
+        aff = vec[lo : lo + 20_000] @ it["cat_vec"].T + rng.gumbel(0, 0.3, size=(min(20_000, n_u - lo), n_c))
         top_cats[lo : lo + 20_000] = np.argsort(-aff, axis=1)[:, : cfg.max_recent]
     hour_device = rng.normal(0, 0.3, size=(24, 4))
     seg_cat = rng.normal(0, 0.3, size=(10, n_c))
+    return {"vec": vec, "pop": pop, "segment": segment, "price_sens": price_sens, "n_recent": n_recent,
+            "top_cats": top_cats, "hour_device": hour_device, "seg_cat": seg_cat}  # fmt: skip
 
-    # Impressions, in time order.
+
+def _impressions(
+    cfg: SyntheticConfig, rng: np.random.Generator, it: dict, us: dict
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """[n_rows] users, items, hours and devices of the impressions, in time order; half the items come
+    from one of the user's recent categories."""
     n = cfg.n_rows
-    users = rng.choice(n_u, size=n, p=user_pop)
-    items = rng.choice(n_i, size=n, p=item_pop)
+    users = rng.choice(cfg.n_users, size=n, p=us["pop"])
+    items = rng.choice(cfg.n_items, size=n, p=it["pop"])
     from_recent = rng.random(n) < 0.5
-    pick = rng.integers(0, 1 << 30, size=n) % n_recent[users]
-    want_cat = top_cats[users, pick]
+    pick = rng.integers(0, 1 << 30, size=n) % us["n_recent"][users]
+    want_cat = us["top_cats"][users, pick]
     items[from_recent] = _sample_in_category(
-        item_cat, item_pop, want_cat[from_recent], items[from_recent], rng
+        it["cat"], it["pop"], want_cat[from_recent], items[from_recent], rng
     )
     seconds = np.sort(rng.integers(0, 30 * 86400, size=n))
     hour = (seconds // 3600) % 24
     device = rng.choice(4, size=n, p=[0.55, 0.3, 0.1, 0.05])
+    return users, items, hour, device
 
-    c = item_cat[items]
-    in_recent = (top_cats[users] == c[:, None]) & (
-        np.arange(cfg.max_recent)[None, :] < n_recent[users][:, None]
+
+def _click_terms(
+    cfg: SyntheticConfig, it: dict, us: dict, users: np.ndarray, items: np.ndarray, hour, device
+) -> dict[str, np.ndarray]:
+    """The planted click model's additive logit terms, [n_rows] each (summed in this order)."""
+    c = it["cat"][items]
+    in_recent = (us["top_cats"][users] == c[:, None]) & (
+        np.arange(cfg.max_recent)[None, :] < us["n_recent"][users][:, None]
     )
-    terms = {
-        "user_x_item": 2.0 * np.einsum("nk,nk->n", user_vec[users], item_vec[items]),
-        "user_x_category": 1.0 * np.einsum("nk,nk->n", user_vec[users], cat_vec[c]),
+    return {
+        "user_x_item": 2.0 * np.einsum("nk,nk->n", us["vec"][users], it["vec"][items]),
+        "user_x_category": 1.0 * np.einsum("nk,nk->n", us["vec"][users], it["cat_vec"][c]),
         "in_recent": 0.7 * in_recent.any(axis=1),
-        "item_bias": item_bias[items],
-        "price": -price_sens[users] * (log_price[items] - 3.0),
-        "hour_device": hour_device[hour, device],
-        "segment_x_category": seg_cat[segment[users], c],
+        "item_bias": it["bias"][items],
+        "price": -us["price_sens"][users] * (it["log_price"][items] - 3.0),
+        "hour_device": us["hour_device"][hour, device],
+        "segment_x_category": us["seg_cat"][us["segment"][users], c],
     }
-    logit = sum(terms.values())  # left to right, in the order above
-    offset = _offset_for_ctr(logit, cfg.target_ctr)
-    logit += offset
-    prob = 1 / (1 + np.exp(-logit))
-    labels = (rng.random(n) < prob).astype(np.float32)
 
-    # Features. Ids are shifted by one: 0 is the shared "unknown" row of every table.
-    L = cfg.max_recent
-    recent = np.where(np.arange(L)[None, :] < n_recent[users][:, None], top_cats[users] + 1, 0)
+
+def _features(
+    cfg: SyntheticConfig, it: dict, us: dict, users: np.ndarray, items: np.ndarray, hour, device
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """dense [n, 3] float32, ids [n, 8, L] int64, lengths [n, 8] int64 in _schema's feature order. Ids are
+    shifted by one: 0 is the shared "unknown" row of every table."""
+    n, L = cfg.n_rows, cfg.max_recent
+    c = it["cat"][items]
+    n_recent = us["n_recent"]
+    recent = np.where(np.arange(L)[None, :] < n_recent[users][:, None], us["top_cats"][users] + 1, 0)
     single = np.stack(
-        [users + 1, segment[users] + 1, items + 1, c + 1, item_brand[items] + 1, hour + 1, device + 1]
+        [users + 1, us["segment"][users] + 1, items + 1, c + 1, it["brand"][items] + 1, hour + 1, device + 1]
     )
     ids = np.zeros((n, 8, L), dtype=np.int64)
     ids[:, [0, 1, 3, 4, 5, 6, 7], 0] = single.T
@@ -129,24 +177,28 @@ def simulate(cfg: SyntheticConfig) -> Simulation:
     lengths[:, 2] = n_recent[users]
     dense = np.stack(
         [
-            (log_price[items] - 3.0) / 1.0,
-            np.log(item_pop[items] * n_i) / 3.0,
-            np.log(user_pop[users] * n_u) / 3.0,
+            (it["log_price"][items] - 3.0) / 1.0,
+            np.log(it["pop"][items] * cfg.n_items) / 3.0,
+            np.log(us["pop"][users] * cfg.n_users) / 3.0,
         ],
         axis=1,
     ).astype(np.float32)
+    return dense, ids, lengths
 
-    schema = Schema(
+
+def _schema(cfg: SyntheticConfig) -> Schema:
+    n_c, L = cfg.n_categories, cfg.max_recent
+    return Schema(
         dense=(
             DenseFeature("log_price", "item"),
             DenseFeature("item_pop", "item"),
             DenseFeature("user_activity", "user"),
         ),
         sparse=(
-            SparseFeature("user_id", n_u + 1, 1, "user"),
+            SparseFeature("user_id", cfg.n_users + 1, 1, "user"),
             SparseFeature("segment", 11, 1, "user"),
             SparseFeature("recent_categories", n_c + 1, L, "user"),
-            SparseFeature("item_id", n_i + 1, 1, "item"),
+            SparseFeature("item_id", cfg.n_items + 1, 1, "item"),
             SparseFeature("category", n_c + 1, 1, "item"),
             SparseFeature("brand", cfg.n_brands + 1, 1, "item"),
             SparseFeature("hour", 25, 1, "context"),
@@ -155,17 +207,6 @@ def simulate(cfg: SyntheticConfig) -> Simulation:
         user_key="user_id",
         item_key="item_id",
     )
-    full = Split(
-        torch.from_numpy(dense),
-        torch.from_numpy(ids),
-        torch.from_numpy(lengths),
-        torch.from_numpy(labels),
-        torch.from_numpy(prob.astype(np.float32)),
-    )
-    tr, va, te = time_split(n)
-    ds = Dataset(schema, full.take(tr), full.take(va), full.take(te), name="synthetic_ecommerce")
-    ds.compute_fingerprint()
-    return Simulation(ds, terms, offset, users, items)
 
 
 def _sample_in_category(
