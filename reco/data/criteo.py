@@ -78,22 +78,7 @@ def load_criteo(
         A fingerprinted `Dataset`: dense [N, 13], ids [N, 26, 1], no user/item key.
     """
     file = Path(path)
-    if not file.is_file():
-        raise FileNotFoundError(
-            f"data.params.path: Criteo file {file} not found (cwd {Path.cwd()}). Download Criteo's "
-            "display-advertising challenge data by hand (its terms must be accepted), extract train.txt "
-            "(40 tab-separated fields per line) and point data.params.path at it; .gz files are read as is."
-        )
-    if categorical not in ("hash", "vocab"):
-        raise ValueError(f"data.params.categorical: expected 'hash' or 'vocab', got {categorical!r}")
-    if categorical == "hash" and hash_buckets < 2:
-        raise ValueError(f"data.params.hash_buckets: expected >= 2 (id 0 is reserved), got {hash_buckets}")
-    if max_buckets_per_value is not None and not max_buckets_per_value > 0:
-        raise ValueError(
-            f"data.params.max_buckets_per_value: expected > 0 or null, got {max_buckets_per_value}"
-        )
-    if short_rows not in SHORT_ROWS:
-        raise ValueError(f"data.params.short_rows: expected one of {SHORT_ROWS}, got {short_rows!r}")
+    _check_settings(file, categorical, hash_buckets, max_buckets_per_value, short_rows)
     fmt = TextFormat("\t", tuple(COLUMNS), short_rows=short_rows, short_rows_key="data.params.short_rows")  # type: ignore[arg-type]
 
     # skip: the kept rows (and so the train split) are known only after counting the short lines
@@ -117,29 +102,9 @@ def load_criteo(
     n_train = time_split(n)[0].stop
     vocabs = _vocabs(file, fmt, n_lines, n_train, min_count, chunk_rows) if categorical == "vocab" else None
 
-    dense = np.zeros((n, len(INT_COLS)), dtype=np.float32)
-    ids = np.zeros((n, len(CAT_COLS), 1), dtype=np.int64)
-    labels = np.zeros(n, dtype=np.float32)
-    padded = skipped_short = 0
-    lo = 0
-    for chunk in read_chunks(file, fmt, chunk_rows, limit=n_lines):
-        table = chunk.table
-        hi = lo + table.num_rows
-        labels[lo:hi] = _labels(table["label"], chunk.lines, file)
-        for j, col in enumerate(INT_COLS):
-            x = arrow_numeric(table[col], chunk.lines, f"{file} column {col}", integer=True)
-            dense[lo:hi, j] = np.nan_to_num(np.log1p(np.maximum(x, 0.0)), nan=0.0)
-        for j, col in enumerate(CAT_COLS):
-            values = table[col].combine_chunks()
-            if vocabs is None:
-                code = (hash_strings(values) % np.uint64(hash_buckets - 1)).astype(np.int64) + 1
-                ids[lo:hi, j, 0] = np.where(values.is_null().to_numpy(zero_copy_only=False), 0, code)
-            else:  # position in the vocabulary + 1; null (empty) and out-of-vocabulary -> 0
-                pos = pc.index_in(values, value_set=vocabs[j]).fill_null(-1)
-                ids[lo:hi, j, 0] = pos.to_numpy(zero_copy_only=False).astype(np.int64) + 1
-        padded += chunk.padded
-        skipped_short += chunk.skipped
-        lo = hi
+    dense, ids, labels, padded, skipped_short, lo = _read_rows(
+        file, fmt, n, n_lines, chunk_rows, vocabs, hash_buckets
+    )
     assert lo == n and skipped_short == short, (lo, n, skipped_short, short)
     skipped = {
         "short_rows": skipped_short,
@@ -171,6 +136,60 @@ def load_criteo(
     )
     ds.compute_fingerprint()
     return ds
+
+
+def _check_settings(
+    file: Path, categorical: str, hash_buckets: int, max_buckets_per_value: float | None, short_rows: str
+) -> None:
+    """Every setting checked before the file is read; the errors name data.params.<key>."""
+    if not file.is_file():
+        raise FileNotFoundError(
+            f"data.params.path: Criteo file {file} not found (cwd {Path.cwd()}). Download Criteo's "
+            "display-advertising challenge data by hand (its terms must be accepted), extract train.txt "
+            "(40 tab-separated fields per line) and point data.params.path at it; .gz files are read as is."
+        )
+    if categorical not in ("hash", "vocab"):
+        raise ValueError(f"data.params.categorical: expected 'hash' or 'vocab', got {categorical!r}")
+    if categorical == "hash" and hash_buckets < 2:
+        raise ValueError(f"data.params.hash_buckets: expected >= 2 (id 0 is reserved), got {hash_buckets}")
+    if max_buckets_per_value is not None and not max_buckets_per_value > 0:
+        raise ValueError(
+            f"data.params.max_buckets_per_value: expected > 0 or null, got {max_buckets_per_value}"
+        )
+    if short_rows not in SHORT_ROWS:
+        raise ValueError(f"data.params.short_rows: expected one of {SHORT_ROWS}, got {short_rows!r}")
+
+
+def _read_rows(
+    file: Path, fmt: TextFormat, n: int, n_lines: int, chunk_rows: int, vocabs, hash_buckets: int
+) -> tuple[np.ndarray, np.ndarray, np.ndarray, int, int, int]:
+    """The file's first n_lines lines, chunk by chunk: dense [n, 13] (log1p of the counts), ids [n, 26, 1]
+    (hashed, or vocabulary positions + 1; 0 = empty or unknown), labels [n]; and the padded and skipped
+    short lines and the rows read."""
+    dense = np.zeros((n, len(INT_COLS)), dtype=np.float32)
+    ids = np.zeros((n, len(CAT_COLS), 1), dtype=np.int64)
+    labels = np.zeros(n, dtype=np.float32)
+    padded = skipped_short = 0
+    lo = 0
+    for chunk in read_chunks(file, fmt, chunk_rows, limit=n_lines):
+        table = chunk.table
+        hi = lo + table.num_rows
+        labels[lo:hi] = _labels(table["label"], chunk.lines, file)
+        for j, col in enumerate(INT_COLS):
+            x = arrow_numeric(table[col], chunk.lines, f"{file} column {col}", integer=True)
+            dense[lo:hi, j] = np.nan_to_num(np.log1p(np.maximum(x, 0.0)), nan=0.0)
+        for j, col in enumerate(CAT_COLS):
+            values = table[col].combine_chunks()
+            if vocabs is None:
+                code = (hash_strings(values) % np.uint64(hash_buckets - 1)).astype(np.int64) + 1
+                ids[lo:hi, j, 0] = np.where(values.is_null().to_numpy(zero_copy_only=False), 0, code)
+            else:  # position in the vocabulary + 1; null (empty) and out-of-vocabulary -> 0
+                pos = pc.index_in(values, value_set=vocabs[j]).fill_null(-1)
+                ids[lo:hi, j, 0] = pos.to_numpy(zero_copy_only=False).astype(np.int64) + 1
+        padded += chunk.padded
+        skipped_short += chunk.skipped
+        lo = hi
+    return dense, ids, labels, padded, skipped_short, lo
 
 
 def _labels(label: pa.ChunkedArray, lines: np.ndarray, file: Path) -> np.ndarray:
