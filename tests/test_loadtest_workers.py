@@ -80,20 +80,37 @@ def _worker_pids(root: int) -> list[int]:
     return [p.pid for p in psutil.Process(root).children(recursive=True) if "--worker" in p.cmdline()]
 
 
+def _window_ran_its_course(out: Path, i: int, length_s: float) -> bool:
+    """Whether worker i closed its window on schedule: its record of the window's end (written when the
+    window closes, on time or when the test is stopped) lies `length_s` or more after its start."""
+    rec = worker_file(out / "latencies.csv", i)
+    end = Path(f"{rec}.window_end")
+    text = end.read_text().strip() if end.exists() else ""  # empty: killed as it wrote, mid-window
+    return bool(text) and float(text) - float(Path(f"{rec}.started").read_text()) >= length_s
+
+
 @pytest.mark.parametrize("how", ["killed", "hung"])
 def test_a_lost_worker_fails_the_run_and_leaves_nothing_running(stub, lt, tmp_path, how):  # noqa: F811
     """SIGKILL: the runner sees the worker exit. SIGSTOP (a hung or unreachable worker, as on another
-    machine): the master misses its heartbeats and ends the test itself, naming it."""
-    s = with_settings(lt, workers=2, mode=LoadMode.closed, users=2, window_requests=None, duration_s=60.0)
+    machine): the master misses its heartbeats and ends the test itself, naming it. Either way the run
+    stops then, mid-window, not when the 60 s window would have ended."""
+    s = with_settings(
+        lt, workers=2, mode=LoadMode.closed, users=2, window_requests=None, duration_s=60.0, warmup_s=0.0
+    )
     victim: list[int] = []
 
     def strike() -> None:
-        deadline = time.time() + 120
-        while not all(Path(f"{worker_file(tmp_path / 'latencies.csv', i)}.started").exists() for i in (0, 1)):
-            if time.time() > deadline:
+        deadline = time.monotonic() + 120  # bounds the polls below; an unmet one leaves no victim
+        records = [worker_file(tmp_path / "latencies.csv", i) for i in (0, 1)]
+        while not all(Path(f"{r}.started").exists() for r in records):  # no warm-up: the window is open
+            if time.monotonic() > deadline:
                 return
             time.sleep(0.05)
-        time.sleep(1.0)  # into the window
+        answered = stub.count
+        while stub.count < answered + 20:  # ... and load is flowing in it
+            if time.monotonic() > deadline:
+                return
+            time.sleep(0.01)
         pid = _worker_pids(os.getpid())[0]
         victim.append(pid)
         os.kill(pid, signal.SIGKILL if how == "killed" else signal.SIGSTOP)
@@ -101,11 +118,12 @@ def test_a_lost_worker_fails_the_run_and_leaves_nothing_running(stub, lt, tmp_pa
     before = _descendants()
     t = threading.Thread(target=strike, daemon=True)
     t.start()
-    t0 = time.time()
     with pytest.raises(LoadTestError) as e:
         run_load(stub.url, s, tmp_path, reports=False)
     t.join(5)
-    assert victim and time.time() - t0 < 50  # well before the 60 s window would have ended
+    assert victim
+    # Stopped before the window ended: no worker's record shows a window that ran its 60 s.
+    assert not [i for i in (0, 1) if _window_ran_its_course(tmp_path, i, s.duration_s)]
     msg = str(e.value)
     if how == "killed":
         assert re.search(rf"Locust worker \d of 2 \(pid {victim[0]}\) exited with code -9", msg), msg

@@ -29,7 +29,8 @@ from reco.loadtest.histogram import read_latencies
 from reco.loadtest.runner import run_load, with_settings
 from reco.serve.admission import Overdue, WorkGate, request_start_epoch
 from reco.serve.batcher import DirectRanker
-from reco.serve.process import start_server
+from reco.serve.faults import SLOW_CALL_STARTED
+from reco.serve.process import ServerHandle, start_server
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -162,20 +163,30 @@ def _concurrently(url: str, n: int) -> list[tuple[int, dict, dict, float]]:
     return out
 
 
-def _first_then_queued(url: str, n: int) -> tuple[tuple, list[tuple]]:
-    """One request (its model call is the slowed one), then, while that call runs, n more at once;
-    (status, headers, body, time answered) of each."""
+def _slow_calls_started(h: ServerHandle) -> int:
+    return h.log_path.read_text(errors="replace").count(SLOW_CALL_STARTED)
+
+
+def _first_then_queued(h: ServerHandle, n: int) -> tuple[tuple, list[tuple]]:
+    """One request (its model call is the slowed one), then, once that call has started (the server
+    logs it; its batch is closed by then), n more at once; (status, headers, body, time answered) of
+    each."""
     first: list = [None]
+    started = _slow_calls_started(h)
 
     def send_first() -> None:
-        c = Client(url)
+        c = Client(h.url)
         first[0] = (*_post(c, None), time.perf_counter())
         c.close()
 
     t = threading.Thread(target=send_first)
     t.start()
-    time.sleep(DELAY_S / 4)  # its call has started (and its batch closed) long before
-    rest = _concurrently(url, n)
+    deadline = time.monotonic() + 60
+    while _slow_calls_started(h) == started:  # a poll for the server's line, bounded, not an ordering
+        assert first[0] is None, f"answered {first[0][:3]} without a slowed model call"
+        assert time.monotonic() < deadline, f"no {SLOW_CALL_STARTED!r} in {h.log_path}"
+        time.sleep(0.01)
+    rest = _concurrently(h.url, n)
     t.join()
     return first[0], rest
 
@@ -190,7 +201,7 @@ def test_requests_stuck_behind_a_slow_model_call_are_shed_not_queued(servers, na
     all three are shed when the next batch is formed."""
     c = Client(servers[name].url)
     shed0, calls0 = _counts(c)
-    first, rest = _first_then_queued(servers[name].url, 3)
+    first, rest = _first_then_queued(servers[name], 3)
     assert first[0] == 200, first
     shed = [r for r in rest if r[0] == 503]
     for _, headers, resp, _ in shed:
@@ -234,7 +245,7 @@ def test_direct_ranker_does_not_score_a_block_past_its_deadline():
 
 def test_without_max_wait_the_same_requests_queue_and_are_served_late(servers):
     """The control: max_wait_ms null (the default) -- the same requests all wait and get 200."""
-    first, rest = _first_then_queued(servers["off"].url, 3)
+    first, rest = _first_then_queued(servers["off"], 3)
     assert first[0] == 200 and [r[0] for r in rest] == [200, 200, 200]
     assert _counts(Client(servers["off"].url))[0] == {
         "queue_limit": 0,
@@ -257,11 +268,15 @@ def test_work_gate_is_fifo_expires_waiters_and_never_leaks_a_slot():
             log.append(f"{name} in")
             gate.leave()
 
+        # The first in line has a deadline that passes while it waits; the others' never comes.
         now = time.perf_counter()
         expired = asyncio.create_task(waiter("expired", now + 0.05))
-        patient = [asyncio.create_task(waiter(f"w{i}", now + 60)) for i in range(3)]
-        cancelled = asyncio.create_task(waiter("cancelled", now + 60))
-        await asyncio.sleep(0.5)  # 10x the short deadline
+        patient = [asyncio.create_task(waiter(f"w{i}", now + 3600)) for i in range(3)]
+        cancelled = asyncio.create_task(waiter("cancelled", now + 3600))
+        # Its deadline passed while the slot was held (bounded: a gate that never expires it fails here).
+        assert (await asyncio.wait({expired}, timeout=60))[0], "a waiter past its deadline was kept waiting"
+        # ...and every later waiter had queued by then (all started before the expiry's timer fired).
+        assert len(gate.waiters) == 5 and gate.free == 0
         cancelled.cancel()
         gate.leave()
         await asyncio.gather(expired, *patient, return_exceptions=True)

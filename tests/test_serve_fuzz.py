@@ -14,7 +14,6 @@ import dataclasses
 import json
 import math
 import socket
-import time
 from urllib.parse import urlparse
 
 import pytest
@@ -229,13 +228,12 @@ def test_broken_framing_and_slow_bodies(fuzzed):
         status = _raw(url, raw)
         stats[status] += 1
         assert status in ok, (what, status)
-    # A body shorter than its Content-Length, and one trickled in chunks: 408 after body_timeout_s.
-    t0 = time.monotonic()
+    # A body shorter than its Content-Length, and one trickled in chunks: 408 after body_timeout_s (a
+    # server that never answers fails the read on the client socket's own timeout, not on a clock here).
     for sock in (_trickle(url, 200, b'{"user_id": 1, "k": 5}'), _trickle(url, 0, b'{"user', chunked=True)):
         status, err = _read_response(sock)
         sock.close()
         stats[status] += 1
-        assert status == 408 and err["field"] == "body"
-    assert time.monotonic() - t0 < 60  # bounded by the socket timeout, not a performance threshold
+        assert status == 408 and err["field"] == "body" and "body_timeout_s" in err["error"], err
     _still_correct(fuzzed)
     assert h.proc.poll() is None and "Traceback" not in h.log_path.read_text()

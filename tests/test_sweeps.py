@@ -12,6 +12,7 @@ import os
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -67,6 +68,7 @@ def test_jobs_opening_a_new_sqlite_store_at_once_share_it(tmp_path):
 HOLDER = """
 import sys
 import threading
+import time
 from pathlib import Path
 from reco.claim import claim
 with claim(Path(sys.argv[1]), "entry"):
@@ -92,7 +94,13 @@ def test_a_claim_held_by_a_killed_job_is_released(tmp_path, capsys):
 
         waiter = threading.Thread(target=wait_for_it, daemon=True)
         waiter.start()
-        assert not acquired.wait(1.0)  # the holder is alive: no claim for the waiter
+        out, deadline = "", time.monotonic() + 30
+        while "waiting for variant 'baseline'" not in out:  # found the claim held: it blocks from here on
+            assert not acquired.is_set(), f"claimed while pid {holder.pid} held it: {out}"
+            assert time.monotonic() < deadline, f"the waiter never said it was waiting: {out}"
+            time.sleep(0.02)
+            out += capsys.readouterr().out
+        assert not acquired.is_set()  # the holder is alive: no claim for the waiter
         holder.kill()
         holder.wait(10)
         assert acquired.wait(30)
@@ -100,7 +108,7 @@ def test_a_claim_held_by_a_killed_job_is_released(tmp_path, capsys):
     finally:
         if holder.poll() is None:
             holder.kill()
-    out = capsys.readouterr().out
+    out += capsys.readouterr().out
     assert f"waiting for variant 'baseline', held by pid {holder.pid} on " in out, out
     assert lock_path(entry).exists()  # left in place (see reco/claim.py)
 

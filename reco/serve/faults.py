@@ -7,6 +7,7 @@ the scorer untouched.
 
 from __future__ import annotations
 
+import logging
 import threading
 import time
 
@@ -15,9 +16,15 @@ import numpy as np
 from reco.runtime import Scorer
 from reco.serve.config import FaultsConfig
 
+log = logging.getLogger("reco.serve.faults")
+# Logged (WARNING, the servers' default level) as a slowed call begins: a test orders its next requests
+# on this line in the server log (the call holds the model from here on), not on a guess of a sleep.
+SLOW_CALL_STARTED = "serve.faults: slowed model call started"
+
 
 def slowed(scorer: Scorer, faults: FaultsConfig) -> Scorer:
-    """`scorer`, sleeping faults.model_delay_s inside each of its first faults.slow_calls calls.
+    """`scorer`, sleeping faults.model_delay_s inside each of its first faults.slow_calls calls (each
+    logs SLOW_CALL_STARTED as it begins).
 
     Args:
         scorer: the model call, (dense [N, D], ids [N, F, L], mask [N, F, L]) -> probs [N].
@@ -35,6 +42,7 @@ def slowed(scorer: Scorer, faults: FaultsConfig) -> Scorer:
             slow = left[0] > 0
             left[0] -= slow
         if slow:
+            log.warning("%s (sleeping %g s)", SLOW_CALL_STARTED, faults.model_delay_s)
             time.sleep(faults.model_delay_s)
         return scorer(dense, ids, mask)
 
