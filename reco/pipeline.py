@@ -71,7 +71,10 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
     if ctx.multirun:
         tags["multirun.sweep_dir"] = str(Path(ctx.sweep_dir).resolve())  # as a user can find it from anywhere
     parent_run = tracker.start_run(run_name, tags=tags)
-    print(f"MLflow: experiment {exp.experiment_name!r}, parent run {parent_run} ({exp.tracking.uri})", flush=True)
+    print(
+        f"MLflow: experiment {exp.experiment_name!r}, parent run {parent_run} ({exp.tracking.uri})",
+        flush=True,
+    )
     status = "FAILED"
     built: list[Built] = []
     try:
@@ -138,7 +141,9 @@ def _load_data(exp: ExperimentConfig, tracker: Tracker, parent_run: str) -> tupl
     return data, data_path
 
 
-def build_all(exp: ExperimentConfig, data: Dataset, tracker: Tracker, parent_run: str, built: list[Built]) -> None:
+def build_all(
+    exp: ExperimentConfig, data: Dataset, tracker: Tracker, parent_run: str, built: list[Built]
+) -> None:
     """Build (or reuse) and measure every node, parents first, appending to `built` as it goes (so an
     interruption still ends every run started); a failure skips only its subtree."""
     nodes, trainer = exp.variants, exp.trainer
@@ -222,7 +227,12 @@ def add_serving_rows(
         run_id = tracker.start_run(
             p.label,
             parent_id=parent_run,
-            tags={"variant": p.label, "parent_variant": p.variant.name, "step": "serving", "serving": p.serving_name},
+            tags={
+                "variant": p.label,
+                "parent_variant": p.variant.name,
+                "step": "serving",
+                "serving": p.serving_name,
+            },
         )
         row = Built(src.node, p.as_variant(), "", run_id, src.cached, label=p.label)
         _log_variant(tracker, run_id, row.variant, log_models=False)  # its model's figures, as its own run's
@@ -230,7 +240,9 @@ def add_serving_rows(
         built.insert(built.index(src) + 1 + sum(1 for b in built if b.label and b.node is src.node), row)
 
 
-def profile_all(exp: ExperimentConfig, built: list[Built], data: Dataset, out_dir: Path, tracker: Tracker) -> None:
+def profile_all(
+    exp: ExperimentConfig, built: list[Built], data: Dataset, out_dir: Path, tracker: Tracker
+) -> None:
     """One request's ranking call of every built variant profiled (reco.profile): stage split metrics
     (`profile_<stage>_ms`, also in the report) and the runtime's trace as the MLflow artifact `profile/`."""
     c, n = exp.profile, exp.serve.n_candidates

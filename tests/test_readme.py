@@ -75,7 +75,11 @@ def _help(argv: list[str]) -> str:
 
 @pytest.mark.parametrize(
     "cmd",
-    [c for c in COMMANDS if re.match(r"^(\.venv/bin/)?python3? -m (reco|bench)\.|^\.venv/bin/(locust|mlflow) ", c)],
+    [
+        c
+        for c in COMMANDS
+        if re.match(r"^(\.venv/bin/)?python3? -m (reco|bench)\.|^\.venv/bin/(locust|mlflow) ", c)
+    ],
 )
 def test_program_accepts_every_flag_shown(cmd):
     args = shlex.split(cmd)

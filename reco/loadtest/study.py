@@ -295,7 +295,11 @@ def run_study(
     s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}
     t_start = time.time()
     pool = LocustPool(out, lt.loadgen.startup_timeout_s, say=_say)  # its logs: out/locust-<port>.log
-    with stop_on_signals(), _servers(s, variant_of, settings_of, order, data_path, server_cpus), pool as s.pool:
+    with (
+        stop_on_signals(),
+        _servers(s, variant_of, settings_of, order, data_path, server_cpus),
+        pool as s.pool,
+    ):
         s.seconds["servers' start"] = {"all": time.time() - t_start}
         _measure_all(s, result, ref, order)
     result.seconds = s.seconds

@@ -93,7 +93,9 @@ def load_test_front(config: DictConfig, trials: list[Trial], out_dir: Path) -> F
         OmegaConf.to_container(config.data, resolve=True), Path(config.cache_dir) / "data"
     )
     lt = typed(config.loadtest, LoadtestConfig, "loadtest")
-    lt = dataclasses.replace(lt, study=dataclasses.replace(lt.study, variants=None))  # every variant handed over
+    lt = dataclasses.replace(
+        lt, study=dataclasses.replace(lt.study, variants=None)
+    )  # every variant handed over
     ref = lt.study.reference
     variants = [(ref, Variant.load(base))]
     # the models; their copies served otherwise (batched_from) are the study's serving rows

@@ -235,7 +235,9 @@ def served_otherwise(cfg: DictConfig, variant: str) -> list[str]:
     """The servings other than reco's plain server that the front's load test gives `variant`."""
     lt = typed(cfg.loadtest, LoadtestConfig, "loadtest")
     return [
-        n for n, s in lt.study.servings.items() if n != DEFAULT and (s.variants is None or variant in s.variants)
+        n
+        for n, s in lt.study.servings.items()
+        if n != DEFAULT and (s.variants is None or variant in s.variants)
     ]
 
 
