@@ -1,14 +1,7 @@
-"""How much of the synthetic data's planted click model a model can learn, and where a model falls short.
+"""python -m reco.cli.learnability [--scores VARIANT_DIR/test_scores.npy] [data overrides ...]
 
-    python -m reco.cli.learnability [--scores VARIANT_DIR/test_scores.npy] [data overrides ...]
-
-The oracle AUC (true click probabilities) is the ceiling no model reaches, because part of the planted
-logit is a per-user latent vector dotted with the item's, learnable only from that user's own rows.
-This prints, on the test split: the AUC of the true logit with the per-user terms left out (what a
-model that learned everything else would reach), and, bucketed by how many training impressions the
-row's user has, the oracle, that ceiling and (with --scores) the model's AUC. Dropping a term from the
-logit is not the Bayes-optimal score without it, but the terms are independent of the rest and centred,
-so it is close; the figures are point estimates on ~100k rows (an AUC's sampling error there is ~2e-3).
+How much of the synthetic data's planted click model a model can learn, and where a model falls short
+(what it prints and why: reco.learnability).
 """
 
 from __future__ import annotations

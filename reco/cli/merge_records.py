@@ -1,22 +1,6 @@
-"""Distributed load generation (loadtest.workers = N > 1): each Locust worker's share and record, and
-their merge into the one record a single Locust process would have written.
-
-    worker_file("out/latencies.csv", 1)          -> out/latencies.w1.csv (+ .started, .summary.json, ...)
-    window_share(301, 0, 2), window_share(301, 1, 2)   -> 151, 150
-    summary = merge_records(Path("out/latencies.csv"), 2)   # writes latencies.csv + .summary.json + ...
-
-    python -m reco.cli.merge_records DIR/latencies.csv N   # merge records collected from N workers'
-                                                              # machines; print quantiles, every worker's
-                                                              # CPU and lag against loadtest.loadgen
-
-Locust's master only dispatches users and collects its rounded statistics; the figures reco reports come
-from the workers' own exact records. Every worker (loadtest/locustfile.py) writes its per-request file,
-schedule lag and CPU over its window beside the master's --latency-file, named by the index the master
-gave it. The merge concatenates the requests (so quantiles over the merged file are exact), rebases
-their times on the earliest worker's start and keeps each worker's summary, so the saturation check can
-judge every worker on its own (one saturated worker voids the window).
-
-This module is imported by the locustfile in every worker: standard library and numpy only.
+"""python -m reco.cli.merge_records DIR/latencies.csv N: merge the records collected from N Locust workers'
+machines into the one a single process would have written (reco.loadtest.distributed.merge_records), and
+print the quantiles and every worker's CPU and send lag against loadtest.loadgen.
 """
 
 from __future__ import annotations
