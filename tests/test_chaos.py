@@ -32,12 +32,12 @@ SMALLER = [
     "loadtest.study.variants=[baseline,distilled_onnx_int8_batched]",
     "loadtest.study.common_rate=150",
 ]
-VARIANTS = 5  # the smoke preset's chain
+VARIANTS = 4  # the smoke preset's chain (its batched row is a serving, not a variant)
 # (line that starts a phase, longest random wait after it): one SIGKILL trial each, then the SIGTERM one.
 KILLS = [
-    ("[variant 1/5]", 3.0),  # training the baseline
-    ("[variant 3/5]", 2.0),  # a step in process: distilling (or the steps after it)
-    ("[variant 5/5]", 5.0),  # the last step, or the load study starting its servers
+    ("[variant 1/4]", 3.0),  # training the baseline
+    ("[variant 3/4]", 2.0),  # a step in process: distilling (or the steps after it)
+    ("[variant 4/4]", 5.0),  # the last step, or the load study starting its servers
     ("[load] unloaded", 3.0),  # Locust running against a server
 ]
 TERM = ("[load] capacity", 2.0)  # Locust stepping through a capacity search

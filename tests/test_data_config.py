@@ -12,7 +12,8 @@ import pytest
 from omegaconf import OmegaConf
 from test_data_loaders import check_invariants, write_example_table
 
-from reco.config import ConfigError, compose
+from reco.cli.compose import compose
+from reco.config import ConfigError
 from reco.data import build_dataset, load_dataset
 
 ROOT = Path(__file__).resolve().parents[1]

