@@ -20,7 +20,7 @@ import copy
 import logging
 import math
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
@@ -28,7 +28,16 @@ from reco.data.schema import Dataset
 
 if TYPE_CHECKING:
     from reco.serve.config import RetrievalConfig
-    from reco.serve.request import Request
+
+
+class RequestContext(Protocol):
+    """What assemble reads of a parsed request (reco.serve.request.Request has it); a protocol, so this
+    module does not depend on the request parser, which depends on it."""
+
+    context_ids: np.ndarray  # [Fc, L] int64
+    context_mask: np.ndarray  # [Fc, L] float32
+    context_dense: np.ndarray  # [Dc] float32
+
 
 log = logging.getLogger("reco.serve")
 
@@ -215,7 +224,7 @@ class FeatureStore:
         self._seen[picked] = False
         return np.concatenate([picked, fill])
 
-    def assemble(self, user_row: int, req: Request, items: np.ndarray) -> tuple[np.ndarray, ...]:
+    def assemble(self, user_row: int, req: RequestContext, items: np.ndarray) -> tuple[np.ndarray, ...]:
         """Model input for one user and N candidate items.
 
         Returns dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32.
