@@ -94,8 +94,12 @@ def _data_config(cfg: DataConfig | dict[str, Any] | DictConfig) -> DataConfig:
 
     if isinstance(cfg, DictConfig):  # resolve ${seed} etc. against the whole config first
         cfg = OmegaConf.to_container(cfg, resolve=True)
-    if isinstance(cfg, dict) and isinstance(cfg.get("params"), dict):  # typed() names only the first
-        check_set(str(cfg.get("loader")), cfg["params"])
+    # Every `???` named at once, whatever form came in (typed() would name only the first).
+    loader, params = (
+        (cfg.get("loader"), cfg.get("params")) if isinstance(cfg, dict) else (cfg.loader, cfg.params)
+    )
+    if isinstance(params, dict):
+        check_set(str(loader), params)
     cfg = typed(cfg, DataConfig, "data")
     if isinstance(cfg.params, DictConfig):
         cfg = DataConfig(cfg.loader, OmegaConf.to_container(cfg.params, resolve=True))

@@ -24,7 +24,6 @@ import pandas as pd
 import pyarrow as pa
 
 from reco.config import ConfigError, typed
-from reco.data.config import check_set
 from reco.data.encode import DenseColumn, SparseColumn, frame_to_dataset
 from reco.data.schema import MIN_ROWS, Dataset, Side
 from reco.data.text import ARROW_NULLS, SHORT_ROWS, TextFormat, read_chunks, read_header
@@ -78,7 +77,6 @@ def table_config(params: Mapping[str, Any]) -> TableConfig:
     absent = [k for k in names if k not in params]
     if absent:
         raise ConfigError(_absent_message(absent))
-    check_set("table", params)
     _column_specs(DenseColumn, params["dense"], "data.params.dense")  # before typed(): its shape errors
     _column_specs(SparseColumn, params["sparse"], "data.params.sparse")  # name no key
     return typed(dict(params), TableConfig, "data.params")
