@@ -220,6 +220,7 @@ def add_serving_rows(
     """A row (and an MLflow child run) per variant served another way than `reco` (loadtest.study.servings),
     inserted after its variant's row; its model, metrics and files are the variant's own."""
     by_name = {b.name: b for b in built}
+    rows: dict[str, list[Built]] = {}
     for p in cross(ready, servings):
         if p.serving_name == DEFAULT:
             continue
@@ -235,9 +236,11 @@ def add_serving_rows(
             },
         )
         row = Built(src.node, p.as_variant(), "", run_id, src.cached, label=p.label)
+        built.append(row)  # at once, so run() ends its MLflow run whatever happens next
         _log_variant(tracker, run_id, row.variant, log_models=False)  # its model's figures, as its own run's
         tracker.log(run_id, params=flatten({"serving": {"name": p.serving_name, **asdict(p.serving)}}))
-        built.insert(built.index(src) + 1 + sum(1 for b in built if b.label and b.node is src.node), row)
+        rows.setdefault(src.name, []).append(row)
+    built[:] = [r for b in built if not b.label for r in (b, *rows.get(b.name, ()))]  # each after its variant
 
 
 def profile_all(
