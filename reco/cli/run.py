@@ -4,7 +4,6 @@ A user's mistake (a bad override, bad data, a variant graph that cannot run) pri
 message reco builds and exits 2; RECO_TRACEBACK=1 shows the traceback too.
 """
 
-import os
 import signal
 import sys
 from pathlib import Path
@@ -15,7 +14,7 @@ from omegaconf import DictConfig
 
 from reco.cli.compose import register
 from reco.cli.errors import report, user_errors
-from reco.config import CONF_DIR
+from reco.config import CONF_DIR, typed
 from reco.experiment import RunContext
 
 register()  # typed schemas into Hydra's ConfigStore before @hydra.main composes
@@ -46,13 +45,12 @@ def main(cfg: DictConfig) -> float | None:
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
-        built = run(experiment_config(cfg), run_context())
+        exp = experiment_config(cfg)
+        built = run(exp, run_context())
         if "search" in cfg:
-            from reco.search import finish_trial
+            from reco.search import SearchConfig, finish_trial
 
-            return finish_trial(cfg, built)
+            return finish_trial(exp, typed(cfg.search, SearchConfig, "search"), built)
     except user_errors() as e:
-        if os.environ.get("RECO_TRACEBACK"):
-            raise
         sys.exit(report("reco", e))
     return None

@@ -11,11 +11,10 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
-from reco.config import typed
-from reco.loadtest.config import LoadtestConfig
-from reco.loadtest.servings import DEFAULT, label
+from reco.experiment import ExperimentConfig
+from reco.loadtest.servings import DEFAULT, cross
 from reco.search.config import OBJECTIVES, SearchConfig
 
 TRIAL_FILE = "search_trial.json"  # one per trial, in the trial's Hydra output directory
@@ -146,12 +145,13 @@ def objective(
     return TrialScore(-(nearest.charged_drop_pct(test) - max_auc_drop_pct), False, nearest.name)
 
 
-def finish_trial(cfg: DictConfig, built: list) -> float:
+def finish_trial(exp: ExperimentConfig, sc: SearchConfig, built: list) -> float:
     """Score a finished pipeline execution as a search trial: validation ΔAUC of every built variant,
     the objective, MLflow metrics/tags on the trial's runs and `search_trial.json` in its output dir.
 
     Args:
-        cfg: the trial's composed config (with a `search` block).
+        exp: the trial's typed experiment (reco.experiment).
+        sc: its `search` section.
         built: reco.pipeline.run's result, parents first.
     Returns:
         The objective (float), what run.py's main hands to the sweeper.
@@ -160,11 +160,10 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
 
     from reco.tracking import Tracker
 
-    sc = typed(cfg.search, SearchConfig, "search")
-    tracker = Tracker(cfg.tracking.uri, cfg.experiment_name, cfg.tracking.artifact_root)
+    tracker = Tracker(exp.tracking.uri, exp.experiment_name, exp.tracking.artifact_root)
     base = next(b for b in built if b.node.spec.root)
     parent_run = tracker.client.get_run(base.run_id).data.tags.get("mlflow.parentRunId", "")
-    cands = _candidates(cfg, built, base, sc, tracker) if base.variant is not None else []
+    cands = _candidates(exp, built, base, sc, tracker) if base.variant is not None else []
     base_mb = base.variant.size_mb if base.variant is not None else 0.0
     score = objective(cands, sc.max_auc_drop_pct, sc.objective, base_mb, sc.budget_test)
     hc = HydraConfig.get()
@@ -200,29 +199,35 @@ def finish_trial(cfg: DictConfig, built: list) -> float:
     return float(score.objective)
 
 
-def _candidates(cfg: DictConfig, built: list, base: Any, sc: SearchConfig, tracker: Any) -> list[Candidate]:
+def _candidates(
+    exp: ExperimentConfig, built: list, base: Any, sc: SearchConfig, tracker: Any
+) -> list[Candidate]:
     """Every built non-baseline variant with its paired val ΔAUC against the baseline; each variant's
     MLflow run gets the ΔAUC, its in-process throughput and whether it is within the budget."""
     from reco.data import load_dataset
     from reco.stats import auc_delta
 
-    data, _ = load_dataset(OmegaConf.to_container(cfg.data, resolve=True), Path(cfg.cache_dir) / "data")
+    data, _ = load_dataset(exp.data, exp.cache_dir / "data")
     labels = data.val.labels.numpy()
-    base_scores = _val_scores(base.variant, data, cfg)
+    base_scores = _val_scores(base.variant, data, exp)
+    # the same model served another way (loadtest.study.servings, e.g. the batcher): the screen cannot
+    # tell it apart, the front's load test can; its row there is named like this copy
+    served = [(b.name, b.variant) for b in built if b.variant is not None]
+    otherwise: dict[str, list[str]] = {}
+    for p in cross(served, exp.loadtest.study.servings):
+        if p.serving_name != DEFAULT:
+            otherwise.setdefault(p.variant.name, []).append(p.label)
     cands = []
     for b in built:
         if b is base or b.variant is None:
             continue
-        _, rel = auc_delta(labels, base_scores, _val_scores(b.variant, data, cfg))
+        _, rel = auc_delta(labels, base_scores, _val_scores(b.variant, data, exp))
         m, path = b.variant.metrics, str(b.variant.path)
         c = Candidate(
             b.name, m["rank_p50_ms"], rel.value, rel.lo, rel.hi, b.variant.params, b.variant.size_mb, path
         )  # fmt: skip
         cands.append(c)
-        # the same model served another way (loadtest.study.servings, e.g. the batcher): the screen cannot
-        # tell it apart, the front's load test can; its row in that test is named like this copy
-        for s_name in served_otherwise(cfg, b.name):
-            cands.append(dataclasses.replace(c, name=label(b.name, s_name), batched_from=b.name))
+        cands += [dataclasses.replace(c, name=lab, batched_from=b.name) for lab in otherwise.get(b.name, [])]
         tracker.log(
             b.run_id,
             metrics={"val_auc_delta_rel": c.val_delta_rel, "rank_calls_per_s": c.throughput},
@@ -231,25 +236,15 @@ def _candidates(cfg: DictConfig, built: list, base: Any, sc: SearchConfig, track
     return cands
 
 
-def served_otherwise(cfg: DictConfig, variant: str) -> list[str]:
-    """The servings other than reco's plain server that the front's load test gives `variant`."""
-    lt = typed(cfg.loadtest, LoadtestConfig, "loadtest")
-    return [
-        n
-        for n, s in lt.study.servings.items()
-        if n != DEFAULT and (s.variants is None or variant in s.variants)
-    ]
-
-
-def _val_scores(v: Any, data: Any, cfg: DictConfig) -> np.ndarray:
+def _val_scores(v: Any, data: Any, exp: ExperimentConfig) -> np.ndarray:
     """[N val rows] float32 scores of a finished variant, cached beside the variant cache by the variant's
     directory name (name + content hash), so the shared baseline is scored once per sweep."""
     from reco.measure import load_scores, predict, save_scores
     from reco.runtime import load_scorer
 
-    path = Path(cfg.cache_dir) / "val_scores" / f"{v.path.name}.npy"
+    path = exp.cache_dir / "val_scores" / f"{v.path.name}.npy"
     if path.exists():
         return load_scores(path)
-    scores = predict(load_scorer(v, threads=cfg.trainer.threads), data.val).astype(np.float32)
+    scores = predict(load_scorer(v, threads=exp.trainer.threads), data.val).astype(np.float32)
     save_scores(path, scores)
     return scores
