@@ -48,7 +48,10 @@ def study_cfg(**over) -> dict:
         **over.pop("study", {}),
     )
     lt = r(lt, capacity=r(lt.capacity, **cap), study=r(lt.study, **st), **over)
-    return {"loadtest": lt, "serve": compose(["serve.n_candidates=50", "serve.keep_warm=false"]).serve}
+    return {
+        "loadtest": lt,
+        "serve": serve_config(compose(["serve.n_candidates=50", "serve.keep_warm=false"]).serve),
+    }
 
 
 @pytest.fixture(scope="module")

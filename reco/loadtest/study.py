@@ -47,7 +47,7 @@ from typing import Any
 
 from reco.data.schema import Dataset
 from reco.loadtest.capacity import find_capacity, open_loop_measure, resolve_slo, write_capacity
-from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
+from reco.loadtest.config import LoadMode, LoadtestConfig
 from reco.loadtest.correctness import check_scores
 from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome, time_spent
@@ -55,7 +55,7 @@ from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
 from reco.loadtest.runs import run_metrics
 from reco.loadtest.servings import cross
-from reco.serve.config import ServeConfig, serve_config
+from reco.serve.config import ServeConfig
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.variant import Variant
@@ -261,7 +261,6 @@ def run_study(
     Returns:
         The StudyOutcome; a variant whose load test failed has LoadOutcome.error set.
     """
-    lt, serve = loadtest_config(lt), serve_config(serve)
     st = lt.study
     out = Path(out_dir)
     keep_warm = bool(lt.loadgen.keep_warm and serve.keep_warm)
