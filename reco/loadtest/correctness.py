@@ -70,7 +70,7 @@ def check_scores(
 
 
 def _max_diff(sample: dict, bodies: list[str], store, scorer, serve: ServeConfig) -> float:
-    from reco.serve.app import parse_request
+    from reco.serve.request import parse_request
 
     if sample["items"] is None:
         return math.inf

@@ -50,7 +50,7 @@ from reco.serve.faults import slowed
 from reco.serve.metrics import STAGES, ServeMetrics
 from reco.serve.openapi import openapi_schema
 from reco.serve.recommend import candidate_items, load_variant, response_body, top_k
-from reco.serve.request import Request, RequestError, check_content_type, parse_request, read_body
+from reco.serve.request import Request, RequestError, check_content_type, read_body, request_schema
 
 log = logging.getLogger("reco.serve")
 
@@ -87,6 +87,9 @@ class RecoService:
         loaded = load_variant(variant_dir, dataset_path, cfg)  # warmed up
         self.store, self.scorer, self.batching = loaded.store, loaded.scorer, loaded.batching
         self.name, self.backend = loaded.name, loaded.backend
+        self.request_schema = request_schema(
+            self.store, cfg.max_k, cfg.max_candidates
+        )  # once, not per request
         self.retry_after = str(cfg.retry_after_s)
         self.max_wait_s = math.inf if cfg.max_wait_ms is None else cfg.max_wait_ms / 1000.0
         # With max_wait_ms and no batcher, requests wait for their turn at the gate, before retrieval and
@@ -173,8 +176,7 @@ class RecoService:
         return _error(503, "", message, {"Retry-After": self.retry_after})
 
     async def _recommend(self, body: bytes, t0: float, deadline: float) -> Response:
-        cfg = self.cfg
-        req = parse_request(body, self.store, cfg.max_k, cfg.max_candidates)
+        req = self.request_schema.parse(body)
         t1 = time.perf_counter()
         if self.gate is None:
             return await self._rank(req, t0, t1, t1, deadline)

@@ -41,7 +41,7 @@ import orjson
 
 from reco.serve.config import ServeConfig
 from reco.serve.recommend import Loaded, candidate_items, load_variant, response_body, top_k
-from reco.serve.request import Request, RequestError, parse_request
+from reco.serve.request import Request, RequestError, request_schema
 
 log = logging.getLogger("reco.serve")
 
@@ -79,6 +79,7 @@ class RecoModel:
         """
         self.name, self.scorer, self.cfg = loaded.name, loaded.scorer, cfg
         self.store = loaded.store.for_thread()
+        self.request_schema = request_schema(self.store, cfg.max_k, cfg.max_candidates)
 
     def __call__(self, requests: list) -> list[dict[str, np.ndarray]]:
         """Answer a batch: PyTriton's requests (each {"request": [b, 1] bytes}) -> one {"response": [b, 1]}
@@ -108,7 +109,7 @@ class RecoModel:
                 body = body if isinstance(body, bytes) else str(body).encode()
                 if len(body) > cfg.max_body_bytes:
                     raise RequestError(413, "body", f"body: {len(body)} bytes, at most {cfg.max_body_bytes}")
-                req = parse_request(body, store, cfg.max_k, cfg.max_candidates)
+                req = self.request_schema.parse(body)
             except RequestError as e:
                 answers[slot] = error_body(e)
                 continue
