@@ -42,7 +42,7 @@ from reco.loadtest.locust_proc import (
     spawn_locust,
 )
 from reco.loadtest.outcome import LoadRun
-from reco.loadtest.window import Window, finish_run, single_process
+from reco.loadtest.window import Window, finish_single_process
 from reco.serve.process import free_port, log_tail
 
 Key = tuple[str, str, tuple[int, ...], int]  # request file, Triton model, cores, seed
@@ -198,8 +198,7 @@ class PooledLocust:
                 if not finished:  # mid-test, or gone: a fresh process for the next window
                     self.pool.discard(kept.key)
         check_record(w, gens)
-        summary = json.loads(w.files(".summary.json")[0].read_text())
-        return finish_run(w, summary, samples, *single_process(summary, samples))
+        return finish_single_process(w, samples)
 
 
 def _copy_tail(src: Path, offset: int, dst: Path) -> None:

@@ -45,7 +45,6 @@ the process exits (and both die with the caller even on SIGKILL: PR_SET_PDEATHSI
 from __future__ import annotations
 
 import dataclasses
-import json
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -66,7 +65,7 @@ from reco.loadtest.locust_proc import (
 )
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.scrape import scrape
-from reco.loadtest.window import LoadGenerator, LoadTestError, Window, finish_run, plan_window, single_process
+from reco.loadtest.window import LoadGenerator, LoadTestError, Window, finish_single_process, plan_window
 from reco.serve.process import free_port
 
 __all__ = [  # what callers import from here (study, capacity, bench/, tests, reco.cli.errors)
@@ -111,8 +110,7 @@ class HeadlessLocust:
             finally:
                 kill(gens)
         check_record(w, gens)
-        summary = json.loads(w.files(".summary.json")[0].read_text())
-        return finish_run(w, summary, samples, *single_process(summary, samples))
+        return finish_single_process(w, samples)
 
 
 def generator(c: LoadtestConfig, pool: LocustPool | None = None) -> LoadGenerator:

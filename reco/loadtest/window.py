@@ -17,6 +17,7 @@ requests count as failed (+inf); make_run adds "no request succeeded".
 
 from __future__ import annotations
 
+import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -111,7 +112,7 @@ def plan_window(
         Path(stale).unlink(missing_ok=True)
     (out / "latency_cdf.png").unlink(missing_ok=True)
     if requests_path is not None and not Path(requests_path).exists():
-        raise FileNotFoundError(f"{requests_path}: request file not found (see reco.loadtest.requests)")
+        raise FileNotFoundError(f"{requests_path}: request file not found (write one with python -m reco.cli.requests)")
     req = Path(requests_path).resolve() if requests_path else None
     users, run_time, opts = window_options(c, lat)
     return Window(url, c, out, req, requests_path, cpus, kind, reports, triton_model, users, run_time, opts)
@@ -234,9 +235,12 @@ def judge_window(
     )
 
 
-def single_process(summary: Mapping[str, Any], s: Samples) -> tuple[dict[str, float], dict[str, float]]:
-    """judge_window's cpu_by and lag_by of a one-process generator (its CPU sampled by the runner)."""
-    return {"": s.cpu_pct()}, {"": float((summary.get("open") or {}).get("lag_p99_ms", 0.0))}
+def finish_single_process(w: Window, s: Samples) -> LoadRun:
+    """finish_run of a one-process generator's window: its own record's summary, judged on the CPU the
+    runner sampled and the send lag it recorded."""
+    summary = json.loads(w.files(".summary.json")[0].read_text())
+    lag = float((summary.get("open") or {}).get("lag_p99_ms", 0.0))
+    return finish_run(w, summary, s, {"": s.cpu_pct()}, {"": lag})
 
 
 def finish_run(
