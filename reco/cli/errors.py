@@ -37,7 +37,10 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 
 def report(prog: str, e: BaseException) -> int:
-    """Print `prog: cannot continue: <Type>: <message>` (and its cause's first line) to stderr; return 2."""
+    """Print `prog: <Type>: <message>` (and its cause's first line) to stderr and return 2; with
+    RECO_TRACEBACK=1 re-raise `e` instead. Call it from the `except` clause that caught `e`."""
+    if os.environ.get("RECO_TRACEBACK"):
+        raise e
     cause = f" ({str(e.__cause__).splitlines()[0]})" if e.__cause__ else ""
     print(f"{prog}: {type(e).__name__}: {e}{cause}", file=sys.stderr)
     return 2
@@ -52,8 +55,6 @@ def exits_cleanly(prog: str) -> Callable[[F], F]:
             try:
                 return fn(*args, **kwargs)
             except user_errors() as e:
-                if os.environ.get("RECO_TRACEBACK"):
-                    raise
                 return report(prog, e)
 
         return main  # type: ignore[return-value]
