@@ -8,48 +8,15 @@ from __future__ import annotations
 import argparse
 
 import grimp
+import networkx as nx
 
 
 def strongly_connected(graph: grimp.ImportGraph) -> list[set[str]]:
-    """The import cycles: strongly connected components of more than one module (Tarjan, iterative)."""
-    index: dict[str, int] = {}
-    low: dict[str, int] = {}
-    stack: list[str] = []
-    on_stack: set[str] = set()
-    out: list[set[str]] = []
-    for root in sorted(graph.modules):
-        if root in index:
-            continue
-        work = [(root, iter(sorted(graph.find_modules_directly_imported_by(root))))]
-        index[root] = low[root] = len(index)
-        stack.append(root)
-        on_stack.add(root)
-        while work:
-            v, children = work[-1]
-            w = next(children, None)
-            if w is not None:
-                if w not in index:
-                    index[w] = low[w] = len(index)
-                    stack.append(w)
-                    on_stack.add(w)
-                    work.append((w, iter(sorted(graph.find_modules_directly_imported_by(w)))))
-                elif w in on_stack:
-                    low[v] = min(low[v], index[w])
-                continue
-            work.pop()
-            if work:
-                low[work[-1][0]] = min(low[work[-1][0]], low[v])
-            if low[v] == index[v]:
-                comp = set()
-                while True:
-                    x = stack.pop()
-                    on_stack.discard(x)
-                    comp.add(x)
-                    if x == v:
-                        break
-                if len(comp) > 1:
-                    out.append(comp)
-    return out
+    """The import cycles: strongly connected components of more than one module."""
+    g = nx.DiGraph()
+    g.add_nodes_from(graph.modules)
+    g.add_edges_from((m, d) for m in graph.modules for d in graph.find_modules_directly_imported_by(m))
+    return [c for c in nx.strongly_connected_components(g) if len(c) > 1]
 
 
 def main() -> None:
