@@ -65,23 +65,24 @@ class ExperimentConfig:
 
 
 def experiment_config(cfg: DictConfig) -> ExperimentConfig:
-    """Type every section of the composed config and plan the variant graph (ConfigError names the key)."""
+    """Type every section of the composed config and plan the variant graph (ConfigError names the key).
+    The config is resolved once; every section is typed from that one resolution."""
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     resolved.pop("hydra", None)
     return ExperimentConfig(
-        experiment_name=str(cfg.experiment_name),
-        seed=int(cfg.seed),
-        cache_dir=Path(cfg.cache_dir),
-        report_dir=Path(cfg.report_dir),
-        data=typed(cfg.data, DataConfig, "data"),
-        trainer=typed(cfg.trainer, TrainConfig, "trainer"),
-        serve=typed(cfg.serve, ServeConfig, "serve"),
-        loadtest=typed(cfg.loadtest, LoadtestConfig, "loadtest"),
-        tracking=typed(cfg.tracking, TrackingConfig, "tracking"),
-        rank_latency=typed(cfg.rank_latency, RankLatencyConfig, "rank_latency"),
-        profile=typed(cfg.profile, ProfileConfig, "profile"),
-        gate=typed(cfg.gate, GateConfig, "gate"),
+        experiment_name=str(resolved["experiment_name"]),
+        seed=int(resolved["seed"]),
+        cache_dir=Path(resolved["cache_dir"]),
+        report_dir=Path(resolved["report_dir"]),
+        data=typed(resolved["data"], DataConfig, "data"),
+        trainer=typed(resolved["trainer"], TrainConfig, "trainer"),
+        serve=typed(resolved["serve"], ServeConfig, "serve"),
+        loadtest=typed(resolved["loadtest"], LoadtestConfig, "loadtest"),
+        tracking=typed(resolved["tracking"], TrackingConfig, "tracking"),
+        rank_latency=typed(resolved["rank_latency"], RankLatencyConfig, "rank_latency"),
+        profile=typed(resolved["profile"], ProfileConfig, "profile"),
+        gate=typed(resolved["gate"], GateConfig, "gate"),
         targets=dict(resolved.get("targets") or {}),
         variants=plan(cfg),
         resolved=resolved,

@@ -14,7 +14,7 @@ from dataclasses import dataclass
 
 from reco.config import ConfigError
 from reco.loadtest.config import ServingConfig
-from reco.serve.config import ServeBackend, ServeConfig
+from reco.serve.config import ServeConfig
 from reco.variant import Variant
 
 DEFAULT = "reco"  # the serving whose rows carry the bare variant name
@@ -36,7 +36,7 @@ class Served:
         if s.instances is not None:
             triton = dataclasses.replace(triton, instances=s.instances)
         batching = dataclasses.replace(serve.batching, enabled=s.batching)
-        return dataclasses.replace(serve, backend=ServeBackend(s.backend), batching=batching, triton=triton)
+        return dataclasses.replace(serve, backend=s.backend, batching=batching, triton=triton)
 
     def as_variant(self) -> Variant:
         """The row's record for the report: the variant itself, or for another serving a copy named
