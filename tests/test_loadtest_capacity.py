@@ -26,7 +26,8 @@ from reco.loadtest.capacity import (
 )
 from reco.loadtest.config import CapacityConfig, loadtest_config
 from reco.loadtest.runs import make_run, pool_runs, run_metrics
-from reco.stats import Verdict, bootstrap_ci, nearest_rank, quantile_ci, quantile_lower_bound
+from reco.stats import Verdict, quantile_ci
+from reco.stats.dependent import dependent_bounds, dependent_quantile_ci
 
 
 @pytest.fixture(scope="module")
@@ -50,33 +51,6 @@ def test_quantile_ci_covers_the_true_quantile(q, n):
         assert e.value is not None and e.lo <= e.value <= e.hi
         covered += e.lo <= true_q <= e.hi
     assert covered >= 180
-
-
-def test_ratio_ci_carries_drift_between_repeats():
-    """Three repeats of a baseline whose speed drifts (scale 1.0, 1.15, 1.3, as the eager baseline's p50 did
-    over one study) against a steady variant 5x faster. The next study's ratio can be anywhere in that
-    drift: a CI over requests alone is too narrow to cover the per-repeat ratios; resampling the repeats
-    first covers them, and with one repeat per side it is the plain bootstrap over requests."""
-    rng = np.random.default_rng(3)
-    base = [s * rng.lognormal(np.log(30.0), 0.2, 400) for s in (1.0, 1.15, 1.3)]
-    fast = [rng.lognormal(np.log(6.0), 0.2, 400) for _ in range(3)]
-
-    def p99_ratio(a, b):
-        return nearest_rank(a, 0.99) / nearest_rank(b, 0.99)
-
-    per_repeat = [p99_ratio(b, f) for b, f in zip(base, fast, strict=True)]
-    requests_only = bootstrap_ci(p99_ratio, [[np.concatenate(base)], [np.concatenate(fast)]])
-    two_level = bootstrap_ci(p99_ratio, [base, fast])
-    assert requests_only.value == two_level.value and two_level.n == 1200
-    assert not requests_only.lo <= min(per_repeat) or not max(per_repeat) <= requests_only.hi
-    assert two_level.lo <= min(per_repeat) and max(per_repeat) <= two_level.hi
-    # No drift: the two-level interval is not much wider than the requests-only one (it errs wide, a bit).
-    steady = [rng.lognormal(np.log(30.0), 0.2, 400) for _ in range(3)]
-    a, b = (
-        bootstrap_ci(p99_ratio, [steady, fast]),
-        bootstrap_ci(p99_ratio, [[np.concatenate(steady)], [np.concatenate(fast)]]),
-    )
-    assert (a.hi - a.lo) < 2.0 * (b.hi - b.lo)
 
 
 def test_quantile_not_supported_is_none_never_the_max():
@@ -116,7 +90,8 @@ def test_pooled_windows_are_one_run():
 
 class FakeServer:
     """Latency distribution per rate: lognormal whose true p99 = slo * rate / capacity (so the true
-    capacity at the SLO is `capacity`), sampled deterministically at quantile midpoints."""
+    capacity at the SLO is `capacity`), sampled deterministically at quantile midpoints and sent in a
+    seeded random order (independent requests: sorted, they would read as one long slow-down)."""
 
     def __init__(
         self, slo: float, capacity: float, fail_above: float = math.inf, invalid_above: float = math.inf
@@ -134,6 +109,7 @@ class FakeServer:
         u = (np.arange(n) + 0.5) / n
         z99 = sps.norm.ppf(0.99)
         lat = self.slo * rate / self.capacity * np.exp(0.5 * (sps.norm.ppf(u) - z99))
+        lat = np.random.default_rng(n).permutation(lat)
         if rate > self.fail_above:
             lat[::50] = np.inf  # 2 % errors
         reasons = (
@@ -158,13 +134,10 @@ def test_find_capacity_brackets_then_bisects_to_the_resolution(lt, tmp_path):
         else:
             assert s.verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE) and p99.hi > 100.0
         assert s.run.n >= P99_MIN_N
-    # Far from the SLO a step is decided by its first window; only close calls are extended.
-    assert dict(fake.calls[:4]) == {
-        50.0: c.step_requests,
-        100.0: c.step_requests,
-        200.0: c.step_requests,
-        400.0: c.step_requests,
-    }
+    # Far from the SLO a step is decided by its first window or one extension (400 requests hold ~4 past
+    # the p99: too few to rule out dependence, so the interval may open once); only close calls go on.
+    far = [s for s in cap.steps if s.rate <= 100.0]
+    assert far and all(s.verdict == Verdict.PASS and s.run.n <= 2 * c.step_requests for s in far)
 
 
 def test_find_capacity_spends_at_most_steps(lt, tmp_path):
@@ -257,18 +230,14 @@ def test_config_typos_fail_naming_the_key(lt):
 
 
 # -- shortcuts that must not change the answer: screening windows and a prior bracket ----------------
-def test_lower_bound_is_the_two_sided_cis_and_exists_for_small_n():
-    x = np.random.default_rng(3).lognormal(size=1000)
-    assert quantile_lower_bound(x, 0.99) == quantile_ci(x, 0.99).lo
-    assert quantile_ci(x[:100], 0.99).value is None and quantile_lower_bound(x[:100], 0.99) is not None
-    assert quantile_lower_bound(np.array([]), 0.99) is None
-
-
-def test_lower_bound_coverage_at_a_screening_size():
-    """P(lower bound > true p99) <= 2.5 %: a screening FAIL is wrong at most that often."""
+def test_screening_lower_bound_exists_for_small_n_and_is_rarely_above_the_truth():
+    """The screening window's p99 lower bound (reco.stats.dependent) exists at n = 80 though the p99 is not
+    supported there, and lies above the true p99 at most ~2.5 % of the time: a screening FAIL is wrong at
+    most that often."""
     rng = np.random.default_rng(11)
+    assert dependent_quantile_ci([rng.lognormal(size=100)], 0.99).value is None
     true_p99 = float(np.exp(2.3263478740408408))  # lognormal(0, 1)
-    wrong = sum(quantile_lower_bound(rng.lognormal(size=80), 0.99) > true_p99 for _ in range(2000))
+    wrong = sum(dependent_bounds([rng.lognormal(size=80)], 0.99)[1] > true_p99 for _ in range(2000))
     assert wrong <= 0.035 * 2000
 
 
@@ -283,9 +252,10 @@ def test_screening_ends_a_step_far_past_capacity_early(lt, tmp_path):
     passes = [s for s in res.steps if s.verdict == Verdict.PASS]
     assert passes and all(s.run.n >= P99_MIN_N for s in passes)  # a PASS always rests on a full window
     assert 0 < res.highest_pass <= 5.0
-    # Screening off: the same bracket, more requests.
+    # Screening off: the same bracket up to the search's resolution (other windows, other samples), more
+    # requests.
     full = find_capacity(FakeServer(100.0, 5.0), 100.0, dataclasses.replace(c, screen_s=0), tmp_path / "b")
-    assert (full.highest_pass, full.lowest_fail) == (res.highest_pass, res.lowest_fail)
+    assert 0 < full.highest_pass <= 5.0 and abs(full.highest_pass - res.highest_pass) <= c.tolerance * 5.0
     assert sum(s.run.n for s in full.steps) > sum(s.run.n for s in res.steps)
 
 

@@ -46,7 +46,8 @@ from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.outcome import Capacity, CapacityStep, LoadRun
 from reco.loadtest.runner import run_load, with_settings
 from reco.loadtest.runs import pool_runs
-from reco.stats import Verdict, min_n_for_quantile, quantile_lower_bound, verdict_at_most
+from reco.stats import Verdict, min_n_for_quantile, verdict_at_most
+from reco.stats.dependent import dependent_bounds
 
 P99_MIN_N = min_n_for_quantile(0.99)  # 368
 SCREEN_MIN_N = 50  # a screening window never shorter: a handful of requests is all warm-up transient
@@ -113,8 +114,8 @@ def run_step(
     screen = screen_requests(rate, c)
     if screen:
         runs.append(measure(rate, screen, out_dir / "w00"))
-        lo = quantile_lower_bound(runs[0].latencies_ms, 0.99)
-        if runs[0].valid and lo is not None and lo > slo_p99_ms:
+        lo = dependent_bounds([runs[0].latencies_ms], 0.99)[1]
+        if runs[0].valid and lo > slo_p99_ms:
             reason = f"screening window: p99 >= {lo:.2f} ms (95% CI lower bound, n={runs[0].n}) > SLO"
             say(f"{rate:.1f} req/s: FAIL ({reason} {slo_p99_ms:.2f} ms)")
             return CapacityStep(rate, runs[0], Verdict.FAIL, f"{reason} {slo_p99_ms:.2f} ms")

@@ -1,8 +1,9 @@
 """Exact latency quantiles from the load generator's per-request file, and the latency CDF plot.
 
-Quantiles are nearest-rank over EVERY request of the measured window, each with its order-statistic
-95 % CI (reco.stats.quantile_ci): always a latency some request really had, no interpolation, no
-histogram buckets. A request that failed, was shed (503), timed out, was never sent (generator over
+Quantiles are nearest-rank over EVERY request of the measured window, each with a 95 % CI between two
+order statistics, widened for requests that are not independent (reco.stats.dependent reads the
+requests in send order): always a latency some request really had, no interpolation, no histogram
+buckets. A request that failed, was shed (503), timed out, was never sent (generator over
 max_inflight) or was still unanswered when the window drained counts as +inf, so dropping slow
 requests can never improve a figure. A quantile n cannot support is None ("n/a (n=...)"), never the max.
 """
@@ -15,7 +16,8 @@ from pathlib import Path
 import numpy as np
 
 from reco.loadtest.outcome import QUANTILES
-from reco.stats import Estimate, quantile_ci, with_failures
+from reco.stats import Estimate
+from reco.stats.dependent import dependent_quantile_ci
 
 
 @dataclass
@@ -41,12 +43,15 @@ class Latencies:
         return self.latency_ms[self.ok]
 
     def window_ms(self, unanswered: int = 0) -> np.ndarray:
-        """[N + unanswered] every request of the window: successes' latency, +inf for the rest.
+        """[N + unanswered] every request of the window in send order: successes' latency, +inf for the
+        rest (the unanswered last: they were sent last).
 
         unanswered: requests sent in the window that had no answer when the generator stopped (they are
         in no row of the file).
         """
-        return with_failures(self.ok_ms, int((~self.ok).sum()) + int(unanswered))
+        order = np.argsort(self.start_s, kind="stable")  # time order: the interval reads the dependence
+        lat = np.where(self.ok, self.latency_ms, np.inf)[order]
+        return np.concatenate([lat, np.full(int(unanswered), np.inf)])
 
 
 def read_latencies(path: str | Path) -> Latencies:
@@ -65,8 +70,9 @@ def read_latencies(path: str | Path) -> Latencies:
 
 
 def quantiles(latency_ms: np.ndarray) -> dict[str, Estimate]:
-    """{'p50': Estimate, ..., 'p999': Estimate} over `latency_ms` ([n], +inf = failed)."""
-    return {name: quantile_ci(latency_ms, q) for name, q in QUANTILES.items()}
+    """{'p50': Estimate, ..., 'p999': Estimate} over `latency_ms` ([n] in send order, +inf = failed),
+    each interval one that holds for dependent requests (reco.stats.dependent)."""
+    return {name: dependent_quantile_ci([latency_ms], q) for name, q in QUANTILES.items()}
 
 
 def plot_cdf(curves: dict[str, np.ndarray], out: str | Path, title: str = "Latency CDF") -> Path:

@@ -4,11 +4,15 @@
   pooled over its *valid* repeats; a run whose generator could not vouch for it (`valid=False`) is shown
   but never feeds a figure a verdict reads. When no repeat is valid the figures come from the invalid
   ones, marked, and every verdict on them is INVALID.
-- **Latency ratios** (baseline / variant, > 1: the variant is faster) get a two-level percentile-bootstrap
-  CI (repeats, then requests within them: reco.stats.bootstrap_ci), so drift between repeats widens it,
-  plus the median and range of the per-repeat ratios.
+- **Pooled quantiles** carry an interval that holds for dependent requests and drift between repeats
+  (reco.stats.dependent: the repeats are the windows, each read in send order).
+- **Latency ratios** (baseline / variant, > 1: the variant is faster) combine the two pooled intervals
+  (MOVER on the log scale, reco.stats.dependent.ratio_ci); beside them the median and RANGE of the
+  per-repeat ratios (a range, not a confidence interval).
 - **Capacity** is the median of the repeats' highest passing rate with their range; the QPS gain's
-  interval spans the capacity brackets and the repeats (_bracket_gain).
+  interval spans every repeat's capacity bracket (_bracket_gain): an open bracket (no failing rate) makes
+  it open, [x, +inf). The SLO-sensitivity gains re-judge the recorded steps at each SLO and are bracketed
+  the same way.
 """
 
 from __future__ import annotations
@@ -21,15 +25,8 @@ import numpy as np
 
 from reco.loadtest.outcome import QUANTILES, Capacity, LoadRun
 from reco.report.context import StudyContext, VariantResult
-from reco.stats import (
-    Estimate,
-    Verdict,
-    bootstrap_ci,
-    median_ratio_ci,
-    nearest_rank,
-    quantile_ci,
-    verdict_at_most,
-)
+from reco.stats import Estimate, Verdict, ratio_range, verdict_at_most
+from reco.stats.dependent import dependent_quantile_ci, ratio_ci
 
 KINDS = ("unloaded", "common", "equal_util")  # LoadOutcome fields holding repeats of LoadRun
 RATIO_QUANTILES = ("p50", "p99")
@@ -119,15 +116,17 @@ def pool(kind: str, runs: list[LoadRun]) -> Latency | None:
         return None
     used = [r for r in runs if r.valid] or list(runs)
     lat = np.concatenate([np.asarray(r.latencies_ms, np.float64).ravel() for r in used])
-    return Latency(kind, list(runs), used, {k: quantile_ci(lat, q) for k, q in QUANTILES.items()}, lat)
+    windows = [np.asarray(r.latencies_ms, np.float64).ravel() for r in used]
+    quantiles = {k: dependent_quantile_ci(windows, q) for k, q in QUANTILES.items()}
+    return Latency(kind, list(runs), used, quantiles, lat)
 
 
 @dataclass(frozen=True)
 class Ratio:
     """A ratio of two variants' figures: bootstrap CI over repeats and requests, and the range over repeats."""
 
-    pooled: Estimate  # point from the pooled samples, 95 % two-level (repeats, requests) bootstrap CI
-    repeats: Estimate | None  # median ratio of the repeats with [min, max] pairwise ratio; None: no repeats
+    pooled: Estimate  # point from the pooled samples, 95 % CI from the two pooled intervals (MOVER)
+    repeats: Estimate | None  # median ratio of the repeats with lo/hi the RANGE of pairwise ratios
 
 
 def latency_ratio(num: Latency, den: Latency, key: str) -> Ratio:
@@ -139,37 +138,32 @@ def latency_ratio(num: Latency, den: Latency, key: str) -> Ratio:
     Returns:
         Ratio; pooled.value None when either quantile is not supported by its n.
     """
-    a, b = num.quantiles[key], den.quantiles[key]
-    n = min(a.n, b.n)
-    reps = median_ratio_ci(num.repeats(key), den.repeats(key))
-    reps = reps if reps.supported else None
-    if not (a.supported and b.supported):
-        return Ratio(Estimate(None, None, None, n), reps)
-    point = a.value / b.value if b.value > 0 else math.inf
-    if not math.isfinite(a.value) or not math.isfinite(b.value):  # a failure quantile: no resampling helps
-        return Ratio(Estimate(point, point, point, n), reps)
-    q = QUANTILES[key]
-    boot = bootstrap_ci(
-        lambda x, y: nearest_rank(x, q) / nearest_rank(y, q),
-        [[r.latencies_ms for r in num.used], [r.latencies_ms for r in den.used]],
-    )
-    return Ratio(boot, reps)
+    reps = ratio_range(num.repeats(key), den.repeats(key))
+    return Ratio(ratio_ci(num.quantiles[key], den.quantiles[key]), reps if reps.supported else None)
+
+
+Span = tuple[float, float | None]  # one search's (highest pass, lowest non-pass; None: no rate failed)
+
+
+def bracket_at(cap: Capacity, slo_ms: float, max_error_rate: float) -> Span:
+    """One capacity search's bracket re-judged against another SLO: (highest measured rate whose p99 CI is
+    within `slo_ms` and errors within the limit, 0.0 when none; lowest valid rate that is not, None when
+    none). Limited to the rates the search happened to measure: None means open, not unbounded."""
+    passed, failed = [], []
+    for s in cap.steps:
+        if not s.run.valid:
+            continue
+        ok = (
+            s.run.error_rate <= max_error_rate
+            and verdict_at_most(s.run.quantiles["p99"], slo_ms) == Verdict.PASS
+        )
+        (passed if ok else failed).append(s.rate)
+    return max(passed, default=0.0), min(failed, default=None)
 
 
 def highest_pass_at(cap: Capacity, slo_ms: float, max_error_rate: float) -> float:
-    """Highest measured rate of one capacity search whose p99 CI is within `slo_ms` (0.0 when none).
-
-    Re-judges the recorded steps against another SLO: a lower bound on the capacity at that SLO,
-    limited to the rates the search happened to measure.
-    """
-    ok = [
-        s.rate
-        for s in cap.steps
-        if s.run.valid
-        and s.run.error_rate <= max_error_rate
-        and verdict_at_most(s.run.quantiles["p99"], slo_ms) == Verdict.PASS
-    ]
-    return max(ok, default=0.0)
+    """Highest measured rate of one capacity search whose p99 CI is within `slo_ms` (0.0 when none)."""
+    return bracket_at(cap, slo_ms, max_error_rate)[0]
 
 
 @dataclass(frozen=True)
@@ -250,27 +244,29 @@ def _latencies(r: VariantResult) -> dict[str, Latency]:
     return {k: v for k, v in pooled.items() if v is not None}
 
 
-def _capacity_at(caps: list[Capacity], factor: float, max_error_rate: float) -> list[float]:
-    return [highest_pass_at(c, factor * c.slo_p99_ms, max_error_rate) for c in caps]
+def _spans(caps: list[Capacity]) -> list[Span]:
+    return [(c.highest_pass, c.lowest_fail) for c in caps]
 
 
-def _gain(num: list[float], den: list[float]) -> Estimate | None:
-    est = median_ratio_ci(num, den)
-    return est if est.supported else None
+def _spans_at(caps: list[Capacity], factor: float, max_error_rate: float) -> list[Span]:
+    return [bracket_at(c, factor * c.slo_p99_ms, max_error_rate) for c in caps]
 
 
-def _bracket_gain(caps: list[Capacity], base_caps: list[Capacity]) -> Estimate | None:
-    """QPS gain = median highest pass / the baseline's, with an interval that covers both the spread
-    across repeats and each search's resolution: from (highest pass / the baseline's lowest fail) to
-    (lowest fail / the baseline's highest pass) over every pair of repeats. With one repeat the range of
-    ratios alone would be a single number and claim a certainty the search never had."""
-    point = _gain([c.highest_pass for c in caps], [c.highest_pass for c in base_caps])
-    pairs = [(c, b) for c in caps for b in base_caps if b.highest_pass > 0]
-    if point is None or not pairs:
-        return point
-    lo = min(c.highest_pass / (b.lowest_fail or b.highest_pass) for c, b in pairs)
-    hi = max((c.lowest_fail or c.highest_pass) / b.highest_pass for c, b in pairs)
-    return Estimate(point.value, min(lo, point.lo), max(hi, point.hi), point.n)
+def _bracket_gain(spans: list[Span], base_spans: list[Span]) -> Estimate | None:
+    """QPS gain = median highest pass / the baseline's, with an interval that spans every pair of repeats'
+    brackets: from (highest pass / the baseline's lowest non-pass) to (lowest non-pass / the baseline's
+    highest pass). An open bracket opens that side: a variant whose top rate passed has a gain [x, +inf),
+    a baseline that never failed one of [0, x]. A range over the repeats' brackets, not a confidence
+    interval (3 repeats cannot give a 95 % one); n = the variant's repeats. None when the baseline passed
+    no rate (no finite gain to state)."""
+    base = median(b[0] for b in base_spans) if base_spans else 0.0
+    if not spans or base <= 0:
+        return None
+    point = median(c[0] for c in spans) / base
+    pairs = [(c, b) for c in spans for b in base_spans if b[0] > 0]
+    lo = min(0.0 if b[1] is None else c[0] / b[1] for c, b in pairs)
+    hi = max(math.inf if c[1] is None else c[1] / b[0] for c, b in pairs)
+    return Estimate(point, min(lo, point), max(hi, point), len(spans))
 
 
 def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[VariantFigures]:
@@ -285,13 +281,13 @@ def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[Varia
     base_res = find_baseline(results, ctx)
     base_lat = _latencies(base_res)
     base_caps = base_res.load.capacity if base_res.status == "ok" and base_res.load else []
-    base_at = {f: _capacity_at(base_caps, f, ctx.max_error_rate) for f in SLO_FACTORS}
+    base_at = {f: _spans_at(base_caps, f, ctx.max_error_rate) for f in SLO_FACTORS}
     out = []
     for r in results:
         is_base = r is base_res  # the reference: no ratios to itself
         lat = base_lat if is_base else _latencies(r)
         caps = r.load.capacity if r.status == "ok" and r.load else []
-        at = {f: _capacity_at(caps, f, ctx.max_error_rate) for f in SLO_FACTORS}
+        at = {f: _spans_at(caps, f, ctx.max_error_rate) for f in SLO_FACTORS}
         speedup = {
             (kind, key): latency_ratio(base_lat[kind], lat[kind], key)
             for kind in KINDS
@@ -307,11 +303,9 @@ def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[Varia
                 capacity=caps,
                 max_qps=range_estimate(highest),
                 speedup=speedup,
-                qps_gain=_bracket_gain(caps, base_caps) if caps and not is_base else None,
-                max_qps_at={f: range_estimate(at[f]) for f in SLO_FACTORS},
-                qps_gain_at={
-                    f: _gain(at[f], base_at[f]) if at[f] and not is_base else None for f in SLO_FACTORS
-                },
+                qps_gain=None if is_base else _bracket_gain(_spans(caps), _spans(base_caps)),
+                max_qps_at={f: range_estimate([hp for hp, _ in at[f]]) for f in SLO_FACTORS},
+                qps_gain_at={f: None if is_base else _bracket_gain(at[f], base_at[f]) for f in SLO_FACTORS},
             )
         )
     return out

@@ -11,6 +11,8 @@ same thing everywhere:
   as "n/a (n=...)", never as the maximum.
 - **Failures count as +inf**: a request that failed, was shed or timed out is slower than any SLO, so
   dropping it can never improve a verdict.
+- **Under load** requests are not independent: reco.stats.dependent widens these intervals for the
+  dependence between requests and the drift between repeated windows; the load test uses it.
 - **Verdicts** against a limit are PASS only when the whole CI is within it, FAIL when the whole CI is
   beyond it, INCONCLUSIVE otherwise.
 - **ΔAUC** between two models scored on the same rows uses DeLong's paired variance (fast, exact
@@ -20,7 +22,7 @@ same thing everywhere:
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from enum import StrEnum
 
@@ -95,17 +97,9 @@ def quantile_ci(x: np.ndarray, q: float, conf: float = CONF) -> Estimate:
     return Estimate(nearest_rank(s, q), float(s[lo_k - 1]), float(s[hi_k - 1]), n)
 
 
-def quantile_lower_bound(x: np.ndarray, q: float, conf: float = CONF) -> float | None:
-    """The lower bound of quantile_ci's CI. It exists for any n >= 1 (the upper one needs 368 for a p99),
-    so a short window can show that a quantile is ABOVE a limit. None for an empty sample."""
-    x = np.asarray(x, dtype=np.float64)
-    lo_k = _order_bounds(len(x), q, conf)[0] if len(x) else 0
-    return float(np.partition(x, lo_k - 1)[lo_k - 1]) if lo_k >= 1 else None
-
-
 def _order_bounds(n: int, q: float, conf: float) -> tuple[int, int]:
     """1-based order-statistic indices (lo, hi) of the two-sided `conf` CI of the q-quantile of n samples."""
-    from scipy import stats as sps  # not at the top: see reco.config._schemas
+    from scipy import stats as sps  # not at the top: scipy takes ~0.3 s to import, most callers never need it
 
     a = (1 - conf) / 2
     # B = #samples below the true quantile ~ Binomial(n, q); x_(l) <= Q <= x_(u) when l <= B < u.
@@ -139,59 +133,19 @@ def with_failures(ok_latency_ms: np.ndarray, n_failed: int) -> np.ndarray:
     return np.concatenate([np.asarray(ok_latency_ms, np.float64), np.full(int(n_failed), np.inf)])
 
 
-def bootstrap_ci(
-    stat: Callable[..., float],
-    samples: Sequence[Sequence[np.ndarray]],
-    n_boot: int = 1000,
-    seed: int = 0,
-    conf: float = CONF,
-) -> Estimate:
-    """Percentile-bootstrap CI of `stat(*pooled samples)`, two-level: each sample is a list of repeats
-    (clusters); a replicate draws that many repeats with replacement, then each drawn repeat's requests
-    with replacement, and pools them.
-
-    Used for ratios of two variants' figures (p99 of A / p99 of B). Resampling requests alone assumes every
-    request came from one distribution; the eager baseline's speed drifts within minutes
-    (experiments/ecommerce_case_study/README.md, runs 4-5), so its repeats differ by more than their
-    requests' noise, and a requests-only interval from one run can exclude the next run's ratio. Drawing the repeats first makes the interval as wide as the
-    repeats disagree (with one repeat it is the plain bootstrap over requests). Two-level resampling is
-    known to be conservative (within-repeat noise counts twice): it errs wide, not narrow.
-    n is the smallest pooled sample's size.
-    """
-    rng = np.random.default_rng(seed)
-    groups = [[np.asarray(r, np.float64).ravel() for r in s if len(r)] for s in samples]
-    pooled = [np.concatenate(g) for g in groups]
-    point = float(stat(*pooled))
-    reps = np.empty(n_boot)
-    for b in range(n_boot):
-        draw = []
-        for g in groups:
-            picked = [g[i] for i in rng.integers(0, len(g), len(g))]
-            draw.append(np.concatenate([r[rng.integers(0, len(r), len(r))] for r in picked]))
-        reps[b] = stat(*draw)
-    n = min(len(p) for p in pooled)
-    reps = reps[np.isfinite(reps)] if np.isfinite(point) else reps
-    if len(reps) == 0:
-        return Estimate(point, point, point, n)
-    a = (1 - conf) / 2
-    lo, hi = np.quantile(reps, [a, 1 - a])
-    return Estimate(point, float(lo), float(hi), n)
-
-
-def median_ratio_ci(num: Sequence[float], den: Sequence[float], conf: float = CONF) -> Estimate:
-    """Ratio of medians of repeated measurements (e.g. 3 capacity runs each), with a CI from
-    all pairwise ratios' spread: the interval [min ratio, max ratio] over repeats is reported as the
-    range when too few repeats exist for a bootstrap to mean anything (n < 5)."""
+def ratio_range(num: Sequence[float], den: Sequence[float]) -> Estimate:
+    """Ratio of the medians of repeated measurements (e.g. per-repeat p99s) with lo/hi the RANGE of the
+    pairwise ratios: a description of how far repeats disagree, not a confidence interval (with 3 repeats
+    none can be stated without a model); n = the fewer repeats. Unsupported (value None) when either side
+    has no finite value."""
     a, b = np.asarray(num, float), np.asarray(den, float)
     a, b = a[np.isfinite(a)], b[np.isfinite(b) & (b > 0)]
     if len(a) == 0 or len(b) == 0:
         return Estimate(None, None, None, min(len(a), len(b)))
-    point = float(np.median(a) / np.median(b))
     ratios = (a[:, None] / b[None, :]).ravel()
-    if min(len(a), len(b)) < 5:
-        return Estimate(point, float(ratios.min()), float(ratios.max()), min(len(a), len(b)))
-    lo, hi = np.quantile(ratios, [(1 - conf) / 2, 1 - (1 - conf) / 2])
-    return Estimate(point, float(lo), float(hi), min(len(a), len(b)))
+    return Estimate(
+        float(np.median(a) / np.median(b)), float(ratios.min()), float(ratios.max()), min(len(a), len(b))
+    )
 
 
 def _midrank(x: np.ndarray) -> np.ndarray:
