@@ -33,7 +33,7 @@ def study_cfg(**over) -> dict:
         loadgen=r(lt.loadgen, keep_warm=False, max_cpu_pct=1000, max_lag_ms=1000),
     )
     cap = {"slo_p99_ms": 5000.0, "start_rate": 150, "min_rate": 150, "max_rate": 150, "steps": 1}
-    cap.update(step_requests=368, max_step_requests=400, step_warmup_s=0.2, **over.pop("capacity", {}))
+    cap.update(step_requests=368, max_step_requests=368, step_warmup_s=0.2, **over.pop("capacity", {}))
     st = {
         "repeats": 2,
         "common_rate": 150.0,

@@ -11,7 +11,13 @@ the least n whose p99 CI upper bound is an observed latency). Failed requests co
                   with the first (the server keeps running; each window has its own short warm-up) --
                   until a verdict or `max_step_requests`, then INCONCLUSIVE
 
-(the spirit of MLPerf LoadGen's early stopping: more samples only where the answer is close).
+(the spirit of MLPerf LoadGen's early stopping: more samples only where the answer is close). The p99
+interval is reco.stats.dependent's (requests under load are not independent). A step looks at its
+pooled requests up to `looks` times (the first window, then each doubling up to max_step_requests) and
+stops at the first look with a verdict, so each look's interval is at confidence 1 - 5 % / looks
+(Bonferroni): a step at exactly the true capacity PASSes at most ~2.5 % of the time however many looks
+it took (bench/coverage.py measures it). That is why step_requests must be >= the n whose p99 upper
+bound exists at that confidence (477 for 3 looks, 436 for 2, 368 for 1).
 
 **Screening.** Where step_requests would take long at the step's rate (a slow variant at a low rate:
 400 requests at 8 req/s are 50 s), the step first runs a short window of rate x `screen_s` requests. The
@@ -46,10 +52,10 @@ from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.outcome import Capacity, CapacityStep, LoadRun
 from reco.loadtest.runner import run_load, with_settings
 from reco.loadtest.runs import pool_runs
-from reco.stats import Verdict, min_n_for_quantile, verdict_at_most
-from reco.stats.dependent import dependent_bounds
+from reco.stats import CONF, Verdict, min_n_for_quantile, verdict_at_most
+from reco.stats.dependent import dependent_bounds, dependent_quantile_ci
 
-P99_MIN_N = min_n_for_quantile(0.99)  # 368
+P99_MIN_N = min_n_for_quantile(0.99)  # 368 (one look at 95 %)
 SCREEN_MIN_N = 50  # a screening window never shorter: a handful of requests is all warm-up transient
 Measure = Callable[[float, int, Path], LoadRun]  # (rate req/s, requests in the window, out dir) -> run
 Say = Callable[[str], None]  # progress: one line per window (a slow variant's step takes minutes)
@@ -83,21 +89,36 @@ def resolve_slo(capacity: CapacityConfig, reference_p99s_ms: Sequence[float | No
     )
 
 
-def step_verdict(run: LoadRun, slo_p99_ms: float, max_error_rate: float) -> tuple[Verdict, str]:
-    """(verdict, reason) of one step's (pooled) run against the SLO; reason is '' for PASS."""
+def looks(c: CapacityConfig) -> int:
+    """How many times a step may judge its pooled requests: the first window, then each doubling up to
+    max_step_requests."""
+    return 1 + max(0, math.ceil(math.log2(c.max_step_requests / c.step_requests)))
+
+
+def step_conf(c: CapacityConfig) -> float:
+    """Confidence of each look's p99 interval (Bonferroni over the looks, module docstring)."""
+    return 1 - (1 - CONF) / looks(c)
+
+
+def step_verdict(
+    run: LoadRun, slo_p99_ms: float, max_error_rate: float, conf: float = CONF
+) -> tuple[Verdict, str]:
+    """(verdict, reason) of one step's (pooled) run against the SLO, its p99 interval at `conf`; reason is
+    '' for PASS."""
     if not run.valid:
         return Verdict.INVALID, f"invalid: {run.invalid_reason}"
     if run.error_rate > max_error_rate:
         return Verdict.FAIL, f"error rate {run.error_rate:.4f} > max_error_rate {max_error_rate:g}"
-    p99 = run.quantiles["p99"]
+    p99 = dependent_quantile_ci([run.latencies_ms], 0.99, conf)
     v = verdict_at_most(p99, slo_p99_ms)
+    ci = f"p99 {p99.fmt('.2f')} ({conf:.1%} CI)"
     if v == Verdict.PASS:
         return v, ""
     if v == Verdict.FAIL:
-        return v, f"p99 {p99.fmt('.2f')} > SLO {slo_p99_ms:.2f} ms"
+        return v, f"{ci} > SLO {slo_p99_ms:.2f} ms"
     if p99.value is None:
-        return v, f"p99 not supported by n={p99.n}"
-    return v, f"p99 {p99.fmt('.2f')} straddles SLO {slo_p99_ms:.2f} ms"
+        return v, f"p99 not supported by n={p99.n} at {conf:.1%}"
+    return v, f"{ci} straddles SLO {slo_p99_ms:.2f} ms"
 
 
 def run_step(
@@ -123,7 +144,7 @@ def run_step(
     runs.append(measure(rate, int(c.step_requests) - screen, out_dir / f"w{len(runs):02d}"))
     while True:
         pooled = pool_runs(runs)
-        verdict, reason = step_verdict(pooled, slo_p99_ms, c.max_error_rate)
+        verdict, reason = step_verdict(pooled, slo_p99_ms, c.max_error_rate, step_conf(c))
         done = verdict != Verdict.INCONCLUSIVE or pooled.n >= c.max_step_requests
         p99 = pooled.quantiles["p99"].fmt(".2f")
         say(f"{rate:.1f} req/s: p99 {p99} ms -> {verdict.value}{'' if done else ', extending'}")
@@ -169,11 +190,12 @@ def find_capacity(
             f"loadtest.capacity: expected 0 < min_rate <= max_rate and growth > 1, "
             f"got min_rate={lo}, max_rate={hi}, growth={growth}"
         )
-    if not (P99_MIN_N <= c.step_requests <= c.max_step_requests) or c.screen_s < 0:
+    need = min_n_for_quantile(0.99, step_conf(c)) if c.max_step_requests >= c.step_requests > 0 else P99_MIN_N
+    if not (need <= c.step_requests <= c.max_step_requests) or c.screen_s < 0:
         raise ValueError(
-            f"loadtest.capacity: expected {P99_MIN_N} <= step_requests <= max_step_requests (a p99 CI needs "
-            f"n >= {P99_MIN_N}) and screen_s >= 0, got step_requests={c.step_requests}, "
-            f"max_step_requests={c.max_step_requests}, screen_s={c.screen_s}"
+            f"loadtest.capacity: expected {need} <= step_requests <= max_step_requests (a p99 upper bound at "
+            f"each look's confidence needs n >= {need}: loadtest/capacity.py) and screen_s >= 0, got "
+            f"step_requests={c.step_requests}, max_step_requests={c.max_step_requests}, screen_s={c.screen_s}"
         )
     rate = min(max(float(c.start_rate if c.start_rate is not None else lo), lo), hi)
     best, fail, invalid = 0.0, math.inf, math.inf

@@ -99,19 +99,26 @@ def _cluster_var(windows: Sequence[np.ndarray], centre: float) -> float:
 
 
 def half_width(indicators: Sequence[np.ndarray], q: float, conf: float = CONF) -> float:
-    """Half-width, in probability, of the interval on the fraction of requests at or below the quantile:
-    the larger of the within-window (flat-top long-run variance, normal) and between-window (clusters,
-    Student t with W - 1 df) estimates, never below the independent-sample q (1 - q) / n."""
+    """Half-width, in probability, of the interval on the fraction of requests at or below the quantile.
+
+    The indicators' dependence is measured as inflation factors over their own Bernoulli variance
+    p (1 - p) (p: their mean) and applied to q (1 - q), the variance at the quantile itself: within
+    windows (flat-top long-run variance, normal quantile) and between windows (clusters, Student t with
+    W - 1 df), the larger wins; never below the independent-sample half-width."""
     from scipy import stats as sps  # not at the top: scipy is slow to import (see reco.stats)
 
     n = sum(len(w) for w in indicators)
-    centre = float(sum(np.sum(w) for w in indicators) / n)
+    p = float(sum(np.sum(w) for w in indicators) / n)
+    if not 0 < p < 1:
+        return _iid_half_width(n, q, conf)
     a = 1 - (1 - conf) / 2
-    lrv, _ = flat_top_lrv(indicators, centre)
-    within = float(sps.norm.ppf(a)) * math.sqrt(max(lrv, q * (1 - q)) / n)
+    bern = p * (1 - p)
+    lrv, _ = flat_top_lrv(indicators, p)
+    within = float(sps.norm.ppf(a)) * math.sqrt(q * (1 - q) * max(lrv / bern, 1.0) / n)
     if len(indicators) < 2:
         return within
-    between = float(sps.t.ppf(a, len(indicators) - 1)) * math.sqrt(_cluster_var(indicators, centre))
+    tau_between = _cluster_var(indicators, p) * n / bern
+    between = float(sps.t.ppf(a, len(indicators) - 1)) * math.sqrt(q * (1 - q) * tau_between / n)
     return max(within, between)
 
 
@@ -138,7 +145,10 @@ def dependent_bounds(
     k = max(math.ceil(q * n), 1) - 1
     point = float(s[k])
     lo_iid, hi_iid = _order_bounds(n, q, conf)
-    extra = round(n * half_width([w <= point for w in parts], q, conf) - n * _iid_half_width(n, q, conf))
+    # The empirical CDF's spread on both sides of the point: where many requests tie at it (a service time
+    # that hardly varies), the fractions just below and at it differ, and so may their spread.
+    h = max(half_width([w <= point for w in parts], q, conf), half_width([w < point for w in parts], q, conf))
+    extra = round(n * h - n * _iid_half_width(n, q, conf))
     r_lo, r_hi = lo_iid - max(extra, 0), hi_iid + max(extra, 0)
     lo = float(s[r_lo - 1]) if r_lo >= 1 else floor
     hi = float(s[r_hi - 1]) if r_hi <= n else math.inf
