@@ -1,12 +1,12 @@
 """Do two runs of one study agree? Issue 9's reproducibility check, from two comparison.csv files.
 
-For every variant in both files and every ratio the report gives a CI for (speed-ups and QPS gains),
-the two runs agree on that figure when their 95 % CIs overlap. A figure missing from either run (an
-empty cell: not measured, or n too small) is listed as such, never counted as agreeing.
+For every variant in both files and every ratio the report gives an interval for (speed-ups and QPS
+gains), the runs DIFFER on a figure when the 95 % interval of run A / run B excludes 1 (reco.report.agree
+says how it is formed); a figure missing from either run is listed as such, never counted as consistent.
 
     python -m reco.cli.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run A" "run B"
 
-Prints a Markdown table and a one-line summary; exits 1 when some pair of CIs does not overlap.
+Prints a Markdown table and a one-line summary; exits 1 when the runs differ on some figure.
 """
 
 from __future__ import annotations
@@ -27,7 +27,7 @@ def main(argv: list[str] | None = None) -> int:
     ps = pairs(args.a, args.b)
     print(markdown(ps, tuple(args.names)))
     print("\n" + summary(ps))
-    return 0 if all(p.overlap is not False for p in ps) else 1
+    return 0 if all(p.consistent is not False for p in ps) else 1
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ verdict on a confidence interval (reco.stats).
     sections  the comparison sections of report.md
     markdown  report.md
     plots     the PNGs
-    agree     do two runs' CIs overlap? (python -m reco.cli.agree, from two comparison.csv)
+    agree     do two runs differ? an interval on each figure's ratio between them (python -m reco.cli.agree)
 """
 
 from __future__ import annotations

@@ -1,12 +1,18 @@
 """Do two runs of one study agree? Issue 9's reproducibility check, from two comparison.csv files.
 
-For every variant in both files and every ratio the report gives a CI for (speed-ups and QPS gains),
-the two runs agree on that figure when their 95 % CIs overlap. A figure missing from either run (an
-empty cell: not measured, or n too small) is listed as such, never counted as agreeing.
+For every variant in both files and every ratio the report gives an interval for (speed-ups and QPS
+gains), the two runs' figures are compared by an interval on their ratio, run A / run B (MOVER on the log
+scale from the two intervals, reco.stats.dependent.ratio_ci): the runs DIFFER on the figure when that
+interval excludes 1, and are CONSISTENT when it holds 1 -- which is only as strong as the interval is
+narrow, so its width is printed beside the verdict. (Overlapping 95 % intervals, the old test, are a weak
+test: two intervals can overlap while the difference is significant.) The QPS gain's interval is a range
+over the capacity brackets, not a confidence interval; it is compared the same way and labelled so. A
+figure missing from either run (an empty cell: not measured, or n too small) is listed as such, never
+counted as consistent.
 
     python -m reco.cli.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run 7" "run 8"
 
-Prints a Markdown table and a one-line summary; exits 1 when some pair of CIs does not overlap.
+Prints a Markdown table and a one-line summary; exits 1 when the runs differ on some figure.
 """
 
 from __future__ import annotations
@@ -17,13 +23,14 @@ from pathlib import Path
 
 from reco.report.fmt import DASH, short, table
 from reco.stats import Estimate
+from reco.stats.dependent import ratio_ci
 
 FIGURES: dict[str, str] = {
     "speedup_p99_unloaded": "p99 speed-up unloaded",
     "speedup_p50_unloaded": "p50 speed-up unloaded",
     "speedup_p99_equal_util": "p99 speed-up at equal utilisation",
     "speedup_p99_common": "p99 speed-up at the common load",
-    "qps_gain": "max-QPS gain",
+    "qps_gain": "max-QPS gain (bracket range)",
 }
 
 
@@ -35,11 +42,19 @@ class Pair:
     b: Estimate | None
 
     @property
-    def overlap(self) -> bool | None:
-        """True/False when both runs have the figure, None when either lacks it."""
+    def ratio(self) -> Estimate | None:
+        """Run A's figure / run B's with its interval; None when either run lacks the figure."""
         if self.a is None or self.b is None:
             return None
-        return self.a.lo <= self.b.hi and self.b.lo <= self.a.hi
+        r = ratio_ci(self.a, self.b)
+        return r if r.supported else None
+
+    @property
+    def consistent(self) -> bool | None:
+        """True when the ratio's interval holds 1, False when it excludes it, None when it cannot be
+        formed (a figure missing in a run)."""
+        r = self.ratio
+        return None if r is None else r.lo <= 1.0 <= r.hi
 
 
 def read_rows(path: Path) -> dict[str, dict[str, str]]:
@@ -82,15 +97,26 @@ def pairs(a: Path, b: Path) -> list[Pair]:
 
 
 def markdown(ps: list[Pair], names: tuple[str, str]) -> str:
-    word = {True: "yes", False: "**no**", None: f"{DASH} (missing in a run)"}
+    word = {True: "consistent", False: "**differ**", None: f"{DASH} (missing in a run)"}
     rows = [
-        [f"`{p.variant}`", FIGURES[p.figure], short(p.a, ".2f", "×"), short(p.b, ".2f", "×"), word[p.overlap]]
+        [
+            f"`{p.variant}`",
+            FIGURES[p.figure],
+            short(p.a, ".2f", "×"),
+            short(p.b, ".2f", "×"),
+            short(p.ratio, ".2f", "×"),
+            word[p.consistent],
+        ]
         for p in ps
     ]
-    return "\n".join(table(["variant", "figure", *names, "CIs overlap"], rows))
+    head = ["variant", "figure", *names, f"{names[0]} / {names[1]} [95 % CI]", "verdict"]
+    return "\n".join(table(head, rows))
 
 
 def summary(ps: list[Pair]) -> str:
-    judged = [p for p in ps if p.overlap is not None]
-    agree = sum(p.overlap for p in judged)
-    return f"{agree} of {len(judged)} figures' CIs overlap; {len(ps) - len(judged)} missing in a run"
+    judged = [p for p in ps if p.consistent is not None]
+    ok = sum(p.consistent for p in judged)
+    return (
+        f"{ok} of {len(judged)} figures consistent (their ratio's 95 % interval holds 1), "
+        f"{len(judged) - ok} differ; {len(ps) - len(judged)} missing in a run"
+    )

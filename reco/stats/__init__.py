@@ -55,10 +55,11 @@ class Estimate:
         return self.value is not None
 
     def fmt(self, spec: str = ".1f", unit: str = "") -> str:
-        """'12.3 [11.9, 13.0] (n=4,000)' or 'n/a (n=120)'."""
+        """'12.3 [11.9, 13.0] (n=4,000)', '12.3 [11.9, inf) (n=400)' or 'n/a (n=120)'."""
         if self.value is None:
             return f"n/a (n={self.n:,})"
-        return f"{_num(self.value, spec)}{unit} [{_num(self.lo, spec)}, {_num(self.hi, spec)}] (n={self.n:,})"
+        close = "inf)" if math.isinf(self.hi) else f"{_num(self.hi, spec)}]"  # open above: one-sided
+        return f"{_num(self.value, spec)}{unit} [{_num(self.lo, spec)}, {close} (n={self.n:,})"
 
     def to_dict(self) -> dict:
         return {"value": self.value, "lo": self.lo, "hi": self.hi, "n": self.n}
