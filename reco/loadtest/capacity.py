@@ -44,6 +44,7 @@ from __future__ import annotations
 import csv
 import math
 import statistics
+import time
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
@@ -168,6 +169,7 @@ def find_capacity(
     out_dir: str | Path,
     expect_fail: float | None = None,
     say: Say = _quiet,
+    deadline: float = math.inf,
 ) -> Capacity:
     """Search the highest rate meeting the SLO (see the module docstring).
 
@@ -180,6 +182,8 @@ def find_capacity(
             passing first step instead of start_rate x growth, so a repeat whose bracket has not moved
             is confirmed in two steps. Each step is still measured and judged on its own.
         say: progress, one line per window.
+        deadline: epoch seconds (the study's time budget): no step starts after it; the bracket stays
+            open on the side the search did not reach.
     Returns:
         Capacity with every step in run order.
     """
@@ -201,6 +205,9 @@ def find_capacity(
     best, fail, invalid = 0.0, math.inf, math.inf
     steps: list[CapacityStep] = []
     for i in range(int(c.steps)):
+        if time.time() > deadline:
+            say(f"stopped before step {i}: the time budget is spent (loadtest.study.budget_min)")
+            break
         step = run_step(measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", say)
         steps.append(step)
         if step.verdict == Verdict.PASS:

@@ -114,6 +114,9 @@ class StudyConfig:
     unloaded_requests: int = MISSING  # requests of an unloaded run (one closed-loop user)
     load_requests: int = MISSING  # requests of a common-load window
     equal_util_requests: int = MISSING  # requests of an equal-utilisation window
+    # wall-time limit of the load test in minutes (null: none); windows past it are skipped and listed,
+    # never guessed (reco.loadtest.budget)
+    budget_min: float | None = MISSING
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
     # name -> how to serve; each variant x serving pair is one row of the report: `<variant>` for the
     # serving named `reco`, `<variant>_<name>` for the others (reco.loadtest.servings)

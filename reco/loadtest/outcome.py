@@ -102,6 +102,7 @@ class StudyOutcome:
     settle_s: float = 0.0  # unrecorded traffic per variant before the first measured window
     # Where the study's time went: kind of run -> variant -> wall seconds (time_spent formats it).
     seconds: dict[str, dict[str, float]] = field(default_factory=dict)
+    budget: str = ""  # the time budget, what it ran and skipped (reco.loadtest.budget.summary)
 
 
 def time_spent(seconds: dict[str, dict[str, float]]) -> str:

@@ -1,7 +1,7 @@
 """A LoadRun from a window's latencies, several windows pooled into one, and a run's MLflow metrics.
 
 Every figure is over ALL requests of the window, failures as +inf (reco.stats.with_failures), each
-quantile with its order-statistic CI; a quantile n cannot support is None (reco.loadtest.histogram).
+quantile with its CI for dependent requests (reco.stats.dependent); a quantile n cannot support is None (reco.loadtest.histogram).
 """
 
 from __future__ import annotations

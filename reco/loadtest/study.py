@@ -27,6 +27,11 @@ so drift of the machine hits all variants alike):
 7. **Correctness** (servers stopped, so nothing competes): the recorded scores against the variant's
    offline scores of the same requests (reco.loadtest.correctness).
 
+With `study.budget_min` the whole of 2-6 fits a wall-time budget (reco.loadtest.budget): a window that
+would start past it is skipped and listed, a capacity search stops between steps early enough to leave
+the later phases their time (_reserve), and a budget too small for the reference's first windows stops
+the study before it starts.
+
 Nothing here touches MLflow or the caller's objects: raw files go under out_dir/<variant>/, and
 `log(variant_name, metrics, artifact_paths, artifact_subdir)` (optional) is called as results arrive, so
 the pipeline can forward them to the variant's MLflow run (metric names: `study_metrics`).
@@ -46,6 +51,7 @@ from pathlib import Path
 from typing import Any
 
 from reco.data.schema import Dataset
+from reco.loadtest.budget import Budget, Skipped, check_budget, summary
 from reco.loadtest.capacity import find_capacity, open_loop_measure, resolve_slo, write_capacity
 from reco.loadtest.config import LoadMode, LoadtestConfig
 from reco.loadtest.correctness import check_scores
@@ -79,6 +85,8 @@ class _Study:
         self.rank_p50_ms: dict[str, float] = {}  # in-process ranking latency: a capacity estimate
         self.pool: LocustPool | None = None  # Locust processes kept across the study's windows
         self.seconds: dict[str, dict[str, float]] = {}  # kind of run -> variant -> wall seconds spent
+        self.budget = Budget(lt.study.budget_min)  # restarted when the servers start
+        self.reserve_s = 0.0  # seconds the phases after the capacity searches need (_reserve)
 
     def fail(self, name: str, msg: str) -> None:
         o = self.outcomes[name]
@@ -91,7 +99,12 @@ class _Study:
 
     def measure(self, name: str, kind: str, what: str, fn: Callable[[ServerHandle], Any]) -> Any:
         """fn(server) for one variant, its wall time added to seconds[kind][name]; an exception drops the
-        variant from the rest of the study."""
+        variant from the rest of the study. Past the budget's deadline (a capacity search: less the later
+        phases' reserve) the run is skipped and listed instead (None)."""
+        if kind != "settle" and self.budget.over(self.reserve_s if kind == "capacity" else 0.0):
+            self.budget.skipped.append(Skipped(name, kind, what, self.per_window_s(name, kind)))
+            _say(f"  {name}: {what} skipped (loadtest.study.budget_min={self.budget.minutes:g} spent)")
+            return None
         h = self.servers[name]
         t0 = time.time()
         try:
@@ -107,6 +120,13 @@ class _Study:
         finally:
             by = self.seconds.setdefault(kind, {})
             by[name] = by.get(name, 0.0) + time.time() - t0
+
+    def per_window_s(self, name: str, kind: str) -> float | None:
+        """Mean wall seconds of this variant's runs of this kind so far (None before the first)."""
+        o = self.outcomes[name]
+        done = len(o.capacity) if kind == "capacity" else len(getattr(o, kind, []))
+        spent = self.seconds.get(kind, {}).get(name)
+        return spent / done if done and spent is not None else None
 
     def emit(self, name: str, metrics: dict[str, float], paths: list[Path], subdir: str) -> None:
         if self.log is not None:
@@ -193,7 +213,8 @@ class _Study:
             def say(msg: str) -> None:
                 _say(f"    {name} capacity r{r}: {msg}")
 
-            return find_capacity(measure, slo, cfg, d, expect_fail=hint, say=say)
+            deadline = self.budget.deadline - self.reserve_s
+            return find_capacity(measure, slo, cfg, d, expect_fail=hint, say=say, deadline=deadline)
 
         cap = self.measure(name, "capacity", f"capacity search {r}", go)
         if cap is not None:
@@ -292,7 +313,9 @@ def run_study(
     variant_of = dict(chosen)
     settings_of = {p.label: p.settings(serve) for p in pairs}
     s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}
+    check_budget(st.budget_min, *_minimum(s, ref, len(order)))
     t_start = time.time()
+    s.budget = Budget(st.budget_min, start=t_start)
     pool = LocustPool(out, lt.loadgen.startup_timeout_s, say=_say)  # its logs: out/locust-<port>.log
     with (
         stop_on_signals(),
@@ -302,7 +325,9 @@ def run_study(
         s.seconds["servers' start"] = {"all": time.time() - t_start}
         _measure_all(s, result, ref, order)
     result.seconds = s.seconds
+    result.budget = summary(s.budget)
     _say(f"[load] measured in {time.time() - t_start:.0f} s; " + time_spent(s.seconds))
+    _say(f"[load] time budget: {result.budget}")
     (out / "time_spent.json").write_text(json.dumps(s.seconds, indent=1))
     if st.correctness.enabled:
         for n in order:
@@ -398,6 +423,7 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
         for r in range(st.repeats):
             for n in s.alive():
                 s.capacity(n, r, result.slo_p99_ms)
+                s.reserve_s = _reserve(s, ref, slots)
     _unloaded_rounds(s, slots, 1)
 
     result.common_rate_qps = _common_rate(s, ref)
@@ -457,6 +483,43 @@ def _common_rate(s: _Study, ref: str) -> float | None:
     for n in s.alive():
         s.fail(n, msg)
     return None
+
+
+def _minimum(s: _Study, ref: str, n_variants: int) -> tuple[float, str]:
+    """(seconds, what) the study needs before its first verdict: starting and settling every server, then
+    the reference's unloaded windows the SLO rests on (at its in-process rank p50 plus a millisecond of
+    HTTP per request; 20 ms when unknown)."""
+    lt, st = s.lt, s.lt.study
+    windows = max(lt.capacity.reference_repeats, 1) if lt.capacity.slo_p99_ms is None else 1
+    per_request_s = (s.rank_p50_ms.get(ref, 20.0) + 1.0) / 1000.0
+    unloaded = windows * (st.unloaded_requests * per_request_s + lt.warmup_s)
+    need = 30.0 + n_variants * st.settle_s + unloaded
+    return need, (
+        f"~30 s to start the servers, {n_variants} x {st.settle_s:g} s settling, {windows} unloaded windows of "
+        f"{st.unloaded_requests} requests of the reference {ref!r}"
+    )
+
+
+def _reserve(s: _Study, ref: str, slots: list[int]) -> float:
+    """Seconds the phases after the capacity searches will need (the unloaded rounds left, the common-load
+    and equal-utilisation windows at the rates the capacities so far imply), so a later capacity search
+    stops early enough to leave them their time."""
+    st = s.lt.study
+    alive = s.alive()
+    rounds_left = sum(at > 0 for at in slots)
+    need = rounds_left * sum(s.per_window_s(n, "unloaded") or 0.0 for n in alive)
+    common = st.common_rate or (st.common_load_fraction * (median_capacity(s.outcomes[ref]) or 0.0))
+    for n in alive:
+        own = median_capacity(s.outcomes[n]) or 0.0
+        rates = [(common, st.load_requests)]
+        if st.equal_util_fraction > 0:
+            rates.append((st.equal_util_fraction * own, st.equal_util_requests))
+        for rate, requests in rates:
+            if rate > 0:
+                need += st.repeats * (
+                    requests / rate + s.lt.warmup_s + 2.0
+                )  # ~2 s: the window's start and end
+    return need
 
 
 def median_capacity(o: LoadOutcome) -> float | None:

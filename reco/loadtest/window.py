@@ -112,7 +112,9 @@ def plan_window(
         Path(stale).unlink(missing_ok=True)
     (out / "latency_cdf.png").unlink(missing_ok=True)
     if requests_path is not None and not Path(requests_path).exists():
-        raise FileNotFoundError(f"{requests_path}: request file not found (write one with python -m reco.cli.requests)")
+        raise FileNotFoundError(
+            f"{requests_path}: request file not found (write one with python -m reco.cli.requests)"
+        )
     req = Path(requests_path).resolve() if requests_path else None
     users, run_time, opts = window_options(c, lat)
     return Window(url, c, out, req, requests_path, cpus, kind, reports, triton_model, users, run_time, opts)

@@ -123,7 +123,7 @@ def pool(kind: str, runs: list[LoadRun]) -> Latency | None:
 
 @dataclass(frozen=True)
 class Ratio:
-    """A ratio of two variants' figures: bootstrap CI over repeats and requests, and the range over repeats."""
+    """A ratio of two variants' figures: a CI from their pooled intervals, and the range over repeats."""
 
     pooled: Estimate  # point from the pooled samples, 95 % CI from the two pooled intervals (MOVER)
     repeats: Estimate | None  # median ratio of the repeats with lo/hi the RANGE of pairwise ratios

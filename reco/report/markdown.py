@@ -51,15 +51,20 @@ def setup(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
             f"server got {study.settle_s:g} s of unrecorded traffic (`loadtest.study.settle_s`)",
             f"- Repeats per variant: {_repeat_counts(figs)}",
             f"- Time spent load-testing, largest first: {time_spent(study.seconds) or 'not recorded'}",
+            f"- Time budget (`loadtest.study.budget_min`): {study.budget or 'not recorded'}",
         ]
     oracle = metric(base, "oracle_auc")
     if oracle is not None:
         lines.append(f"- Oracle AUC (true click probabilities, the ceiling): {oracle:.4f}")
     lines += [
-        "- Statistics: every latency is a nearest-rank quantile with a distribution-free 95 % CI (order "
-        "statistics), `value [lo, hi] (n=…)`; a quantile n cannot support (p99 needs n ≥ 368, p999 "
-        "n ≥ 3,688) reads `n/a (n=…)`; failed, shed or timed-out requests count as +inf. Runs whose load "
-        "generator could not vouch for them (`valid=False`) are marked and excluded from figures and verdicts.",
+        "- Statistics: every latency is a nearest-rank quantile with a 95 % CI between two order statistics, "
+        "widened for requests that are not independent (their dependence in send order, and drift between "
+        "repeats: reco.stats.dependent), `value [lo, hi] (n=…)`, or `[lo, inf)` when the interval reaches past "
+        "every measured request; a quantile n cannot support (p99 needs n ≥ 368, p999 n ≥ 3,688) reads "
+        "`n/a (n=…)`; failed, shed or timed-out requests count as +inf. Coverage checked by simulation "
+        "(queues at 30–85 % utilisation, drift between repeats): experiments/interval_coverage/README.md in "
+        "the reco repository. Runs whose load generator could not vouch for them (`valid=False`) are marked "
+        "and excluded from figures and verdicts.",
         f"- Machine: {one_line(ctx.machine.line()) if ctx.machine else 'not recorded'}",
         f"- Commit: {ctx.commit or 'not recorded'}",
         f"- Report written: {dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}",
@@ -97,7 +102,7 @@ def summary_note(figs: list[VariantFigures], ctx: StudyContext) -> str:
     """What the summary's columns hold (the speed-up's kind of run is in its header)."""
     kind = like_for_like_kind(figs)
     speedup = (
-        "baseline p99 / variant p99 in the same kind of run (bootstrap 95 % CI); the common-load ratio, "
+        "baseline p99 / variant p99 in the same kind of run (95 % CI from the two pooled intervals); the common-load ratio, "
         "not like for like, is in the table below"
         if kind
         else "not measured (no unloaded or equal-utilisation runs)"

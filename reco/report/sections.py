@@ -69,9 +69,9 @@ def like_for_like(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         "speed-up p99 common load",
     ]
     return [
-        "Speed-up = baseline latency / variant latency (> 1: faster), with a 95 % bootstrap CI that "
-        "resamples the repeats and then their requests (so drift between repeats widens it) and, in "
-        "parentheses, the range of the per-repeat ratios. Utilisation = offered rate / the variant's own "
+        "Speed-up = baseline latency / variant latency (> 1: faster), with a 95 % CI combined from the two "
+        "pooled intervals (MOVER; each allows for dependent requests and drift between repeats) and, in "
+        "parentheses, the RANGE of the per-repeat ratios (not a CI). Utilisation = offered rate / the variant's own "
         "median capacity at the SLO. Unloaded repeats are spread over the study (start, middle, end), so "
         "minute-scale drift of the machine shows up in that interval instead of between runs.",
         "",

@@ -214,7 +214,7 @@ def auc_delta(
 
 
 def nearest_rank(x: np.ndarray, q: float) -> float:
-    """Nearest-rank q-quantile of `x` (the point quantile_ci reports), by partial sort; for bootstrap stats.
+    """Nearest-rank q-quantile of `x` (the point quantile_ci reports), by partial sort.
 
     Args:
         x: [n] samples, n >= 1; +inf allowed.
