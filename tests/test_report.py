@@ -25,12 +25,14 @@ from reco.loadtest.outcome import (
     LoadRun,
     StudyOutcome,
 )
+from reco.pipeline import _log_variant, log_report_metrics
 from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
 from reco.report.figures import bracket, highest_pass_at, study_figures
 from reco.report.gate import gate, worst
 from reco.report.plots import _colors, capacity_curve, draw_qps_vs_p99, pareto_front
 from reco.report.targets import Outcome, evaluate
 from reco.stats import Estimate, Verdict, quantile_ci, verdict_at_most, with_failures
+from reco.tracking import Tracker
 from reco.variant import Variant
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -464,9 +466,11 @@ def test_variant_metrics(study, figs):
     assert (pruned["auc_delta_rel"], pruned["auc_delta_rel_lo"], pruned["auc_delta_rel_hi"]) == pytest.approx(
         (-0.001, -0.002, 0.0)
     )
-    assert (base["max_qps_at_slo"], base["max_qps_at_slo_lo"], base["max_qps_at_slo_hi"]) == pytest.approx(
+    # capacity: the median of 3 repeats with their range, named a range (_min/_max), never as CI bounds
+    assert (base["max_qps_at_slo"], base["max_qps_at_slo_min"], base["max_qps_at_slo_max"]) == pytest.approx(
         (18, 15, 22)
     )
+    assert not {k for k in base if k.startswith("max_qps_at_slo") and k.endswith(("_lo", "_hi"))}
     un = figs["base"].latency["unloaded"].quantiles["p99"]
     assert (base["unloaded_e2e_p99_ms"], base["unloaded_e2e_p99_ms_lo"]) == (un.value, un.lo)
     assert pruned["n_requests"] == 3600 and pruned["n_invalid_runs"] == 1 and pruned["valid"] == 1.0
@@ -477,7 +481,30 @@ def test_variant_metrics(study, figs):
         common.mean_ms - common.stages()["server_total_mean_ms"]
     )
     assert base["outside_handler_mean_ms"] > 0 and pruned["correctness_passed"] == 1.0
+    assert (pruned["correctness_n"], pruned["offered_qps"], pruned["n_unsent"]) == (200, 10.0, 0)
     assert base["slo_p99_ms"] == SLO and all(isinstance(v, float | int) for v in base.values())
+
+
+def test_each_metric_is_logged_once_to_a_variant_run(study, tmp_path):
+    """A variant's MLflow run as the pipeline fills it (its own metrics, then the report's figures): every
+    name holds one value, so no figure is overwritten by another of the same name and another meaning."""
+    results, ctx = study
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "once", str(tmp_path / "artifacts"))
+    parent = tracker.start_run("study")
+    run_ids = {r.variant.name: tracker.start_run(r.variant.name, parent_id=parent) for r in results}
+    for r in results:
+        _log_variant(tracker, run_ids[r.variant.name], r.variant, log_models=False)
+    per_variant = study_metrics(results, ctx)
+    log_report_metrics(tracker, run_ids, per_variant)
+    # MLflow keeps a re-logged equal value once: names must not be shared at all, not only differ in value
+    assert not [(r.variant.name, set(r.variant.metrics) & set(per_variant.get(r.variant.name, {}))) for r in results
+                if set(r.variant.metrics) & set(per_variant.get(r.variant.name, {}))]  # fmt: skip
+    for name, run_id in run_ids.items():
+        logged = tracker.client.get_run(run_id).data.metrics
+        history = {k: len(tracker.client.get_metric_history(run_id, k)) for k in logged}
+        assert history == dict.fromkeys(logged, 1), name
+    pruned = tracker.client.get_run(run_ids["pruned"]).data.metrics
+    assert pruned["e2e_p99_ms"] == pytest.approx(per_variant["pruned"]["e2e_p99_ms"])
 
 
 # The written report -----------------------------------------------------------------------------------
