@@ -377,6 +377,7 @@ def write_study_report(
         machine=Machine.from_tags(tags),
         commit=tags["git.commit"],
         targets=exp.targets,
+        headline=exp.headline,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = write_report(results, ctx, out_dir)
