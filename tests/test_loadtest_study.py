@@ -106,23 +106,11 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
         # Every 10th request of both common-load windows, rescored offline: the same scores.
         c = o.correctness
         assert c is not None and c.n_requests == 2 * 100 // 10 and c.passed and c.max_abs_diff <= 1e-5
-    # The variants' MLflow runs as the pipeline fills them: raw files from the study as they arrive, the
-    # figures once from the report. Every metric has one value: one name, one meaning.
-    results = [VariantResult(dataclasses.replace(variant, name=n), out.outcomes[n]) for n, _ in variants]
-    ctx = StudyContext("unit", "baseline", 0.005, 0.01, out)
-    for n, v in variants:
-        _log_variant(tracker, run_ids[n], v, log_models=False)
-    log_report_metrics(tracker, run_ids, report_metrics(results, ctx))
-    client = tracker.client
-    for name, run_id in run_ids.items():
-        final = client.get_run(run_id).data.metrics
-        assert {k: len(client.get_metric_history(run_id, k)) for k in final} == dict.fromkeys(final, 1), name
+    for name, final in pipeline_metrics(out, variants, tracker, run_ids).items():
         assert final["max_qps_at_slo"] == 150.0 and final["slo_p99_ms"] == 5000.0
         assert final["correctness_passed"] == 1.0 and final["n_repeats"] == 2.0
         assert final["e2e_p50_ms_lo"] <= final["e2e_p50_ms"] <= final["e2e_p50_ms_hi"]
         assert "unloaded_e2e_p50_ms" in final and "unloaded_e2e_p99_ms" not in final  # n/a: not logged
-        arts = {a.path for a in client.list_artifacts(run_id, "loadtest/common")}
-        assert arts == {"loadtest/common/r0", "loadtest/common/r1"}
     # The servers were stopped, and so was the one Locust process that ran every window.
     left = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
     assert not [c for c in left if "reco.serve" in c or "locust" in c], left
@@ -164,7 +152,9 @@ def test_relative_slo_takes_the_median_of_reference_repeats_run_first(tiny_data,
         study={"repeats": 2, "unloaded_requests": 368, "equal_util_fraction": 0},
     )
     calls: list = []
-    out = run_study_logged([("baseline", variant)], tiny_data, dpath, cfg, tmp_path, calls)
+    tracker, run_ids = mlflow_runs(tmp_path, ["baseline"])
+    forward = study_log(tracker, run_ids)
+    out = run_study_logged([("baseline", variant)], tiny_data, dpath, cfg, tmp_path, calls, forward)
     o = out.outcomes["baseline"]
     assert o.error == "" and len(o.unloaded) == 4
     at = [d for *_, d in calls if d.startswith("loadtest/")]
@@ -175,6 +165,8 @@ def test_relative_slo_takes_the_median_of_reference_repeats_run_first(tiny_data,
     ]
     p99s = sorted(o.unloaded[i].quantiles["p99"].value for i in (0, 1, 2))  # the runs before the SLO
     assert out.slo_p99_ms == pytest.approx(3.0 * p99s[1]) and "over 3 runs" in out.slo_source
+    final = pipeline_metrics(out, [("baseline", variant)], tracker, run_ids)["baseline"]
+    assert final["slo_p99_ms"] == pytest.approx(out.slo_p99_ms) and final["n_repeats"] == 2.0
 
 
 def test_failed_reference_without_a_slo_is_a_clear_error(tiny_data, built, tmp_path):
@@ -193,6 +185,24 @@ def test_failed_reference_without_a_slo_is_a_clear_error(tiny_data, built, tmp_p
     assert "no common load" in err and "loadtest.study.common_rate" in err
     s = out.outcomes["student"]
     assert len(s.unloaded) == 1 and not s.capacity and not s.common  # measured what it could, nothing more
+
+
+def pipeline_metrics(out, variants, tracker, run_ids) -> dict[str, dict[str, float]]:
+    """Fill the variants' MLflow runs as the pipeline does after the study (their own metrics, then the
+    report's figures, on top of the raw files the study forwarded) and check that every metric holds one
+    value (one name, one meaning) and every kind of run's files arrived; returns each run's metrics."""
+    results = [VariantResult(dataclasses.replace(v, name=n), out.outcomes[n]) for n, v in variants]
+    ctx = StudyContext("unit", variants[0][0], 0.005, 0.01, out)
+    for n, v in variants:
+        _log_variant(tracker, run_ids[n], v, log_models=False)
+    log_report_metrics(tracker, run_ids, report_metrics(results, ctx))
+    client, logged = tracker.client, {}
+    for name, run_id in run_ids.items():
+        m = logged[name] = client.get_run(run_id).data.metrics
+        assert {k: len(client.get_metric_history(run_id, k)) for k in m} == dict.fromkeys(m, 1), name
+        kinds = {a.path for a in client.list_artifacts(run_id, "loadtest")}
+        assert {"loadtest/unloaded", "loadtest/common"} <= kinds, kinds
+    return logged
 
 
 def mlflow_runs(tmp_path: Path, names: list[str]) -> tuple[Tracker, dict[str, str]]:

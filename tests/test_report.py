@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import math
 import random
 import re
@@ -16,6 +17,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from reco.cli.compose import compose
+from reco.config import ConfigError
+from reco.experiment import experiment_config
 from reco.loadtest.outcome import (
     QUANTILES,
     Capacity,
@@ -30,8 +34,8 @@ from reco.report import Machine, StudyContext, VariantResult, sections, study_me
 from reco.report.figures import bracket, highest_pass_at, study_figures
 from reco.report.gate import gate, worst
 from reco.report.plots import _colors, capacity_curve, draw_qps_vs_p99, pareto_front
-from reco.report.targets import Outcome, evaluate
-from reco.stats import Estimate, Verdict, quantile_ci, verdict_at_most, with_failures
+from reco.report.targets import Basis, Outcome, evaluate, target_line
+from reco.stats import Estimate, Verdict, quantile_ci, verdict_at_least, verdict_at_most, with_failures
 from reco.tracking import Tracker
 from reco.variant import Variant
 
@@ -560,13 +564,17 @@ def test_targets_decided_on_the_ci(study, figs, written):
     got = {t.key: t for t in evaluate(fl, {f.name: gate(f, ctx) for f in fl}, ctx)}
     assert {k: t.outcome for k, t in got.items()} == {
         "e2e_speedup": Outcome.INCONCLUSIVE,  # pruned is 3.4x faster by construction: its CI straddles 3.4x
-        "qps_gain": Outcome.MET,  # the gain interval spans brackets and repeats: [1.12, 4.50] lies above 1.1
+        # the gain's range over brackets and repeats, [1.12, 4.50], lies above 1.1, but no headline is
+        # declared: pruned was selected as the best of the passing variants, so not confirmed
+        "qps_gain": Outcome.INCONCLUSIVE,
         "prune_params_pct": Outcome.MET,  # exactly 30 %
         "distill_size_ratio": Outcome.MISSED,  # 4x, goal 6x
         "max_auc_drop_pct": Outcome.MET,  # drop CI [0, 0.2] %
         "bogus": Outcome.NOT_EVALUATED,
     }
-    assert got["e2e_speedup"].measured.figure == figs["pruned"].speedup[("common", "p99")].pooled
+    assert (
+        got["e2e_speedup"].measured.figure == figs["pruned"].speedup[("unloaded", "p99")].pooled
+    )  # like for like
     assert got["distill_size_ratio"].measured.figure.value == pytest.approx(4.0)
     assert got["bogus"].measured is None and "e2e_speedup" in got["bogus"].reason  # lists the known ones
     assert target_words((written[0] / "report.md").read_text()) == {k: str(t.outcome) for k, t in got.items()}
@@ -803,6 +811,83 @@ def test_targets_not_measured_without_the_load_test(tmp_path):
         ("1", "MET"),
         ("3", "NOT MEASURED"),
     ]
+
+
+def headline_targets(headline: str | None, goals: dict[str, float], drop_unloaded: bool = False):
+    """evaluate() on the unit study with `headline` declared (None: selected) -> {key: TargetResult}, figs."""
+    results, ctx = make_study()
+    if drop_unloaded:
+        for r in results:
+            if r.load:
+                r.load.unloaded = []
+    ctx = dataclasses.replace(ctx, headline=headline, targets=goals)
+    fl = study_figures(results, ctx)
+    return {t.key: t for t in evaluate(fl, {f.name: gate(f, ctx) for f in fl}, ctx)}, {f.name: f for f in fl}
+
+
+def test_e2e_target_is_judged_like_for_like():
+    """The e2e speed-up target reads the unloaded p99 ratio, else the equal-utilisation one; never the
+    common-load ratio (each variant at another utilisation), which is only reported beside it."""
+    got, figs = headline_targets("pruned", {"e2e_speedup": 3.4})
+    t = got["e2e_speedup"]
+    assert t.measured.figure == figs["pruned"].speedup[("unloaded", "p99")].pooled
+    assert t.measured.figure != figs["pruned"].speedup[("common", "p99")].pooled
+    assert t.measured.basis == Basis.INTERVAL and t.measured.confirmatory
+    expected = {
+        Verdict.PASS: Outcome.MET,
+        Verdict.FAIL: Outcome.MISSED,
+        Verdict.INCONCLUSIVE: Outcome.INCONCLUSIVE,
+    }
+    assert t.outcome == expected[verdict_at_least(t.measured.figure, 3.4)]
+    low, _ = headline_targets("pruned", {"e2e_speedup": 0.5 * t.measured.figure.lo})
+    assert low["e2e_speedup"].outcome == Outcome.MET  # the whole interval above the goal: decided
+    got, figs = headline_targets("pruned", {"e2e_speedup": 3.4}, drop_unloaded=True)
+    assert got["e2e_speedup"].measured.figure == figs["pruned"].speedup[("equal_util", "p99")].pooled
+
+
+def test_headline_is_declared_or_the_selected_one_is_never_confirmed():
+    goals = {"qps_gain": 1.1, "e2e_speedup": 0.5, "max_auc_drop_pct": 0.5}
+    declared, figs = headline_targets("pruned", goals)
+    selected, _ = headline_targets(None, goals)
+    # the same variant and figures: declared, the goal is confirmed; selected among the passing, it is not
+    for key in ("qps_gain", "e2e_speedup"):
+        assert declared[key].measured.figure == selected[key].measured.figure
+        assert (declared[key].measured.confirmatory, selected[key].measured.confirmatory) == (True, False)
+        assert (declared[key].outcome, selected[key].outcome) == (Outcome.MET, Outcome.INCONCLUSIVE)
+    assert declared["qps_gain"].measured.figure == figs["pruned"].qps_gain
+    # a selected figure can still miss: its upper bound below the goal
+    high, _ = headline_targets(None, {"e2e_speedup": 1e6})
+    assert high["e2e_speedup"].outcome == Outcome.MISSED
+    # a declared headline is judged even when it is not the fastest, and one failing the gate misses
+    ort, _ = headline_targets("ort", goals)
+    assert {k: t.outcome for k, t in ort.items()} == {
+        "qps_gain": Outcome.MISSED, "e2e_speedup": Outcome.MISSED, "max_auc_drop_pct": Outcome.INCONCLUSIVE}  # fmt: skip
+    assert ort["max_auc_drop_pct"].measured.figure.hi == pytest.approx(0.8)  # ort's ΔAUC, not pruned's
+    with pytest.raises(ValueError, match=r"headline='nope'.*'base', 'pruned', 'student', 'ort'"):
+        headline_targets("nope", goals)
+
+
+def test_a_range_over_repeats_decides_only_when_every_repeat_agrees():
+    """The QPS gain's bounds span the repeats' capacity brackets: a range, MET / MISSED only when it lies
+    wholly on one side of the goal (the line says 'all repeats'), else INCONCLUSIVE."""
+    _, figs = headline_targets("pruned", {})
+    g = figs["pruned"].qps_gain
+    for goal, outcome in (
+        (0.9 * g.lo, Outcome.MET),
+        (g.value, Outcome.INCONCLUSIVE),
+        (1.1 * g.hi, Outcome.MISSED),
+    ):
+        got, _ = headline_targets("pruned", {"qps_gain": goal})
+        t = got["qps_gain"]
+        assert (t.measured.basis, t.outcome) == (Basis.RANGE, outcome), goal
+        assert target_line(t).endswith("all repeats.") == (outcome != Outcome.INCONCLUSIVE)
+
+
+def test_unknown_headline_in_the_preset_names_the_key_and_the_rows():
+    cfg = compose(["experiment=smoke", "headline=nope"])
+    with pytest.raises(ConfigError, match=r"headline='nope'.*'distilled_onnx_int8_batched'"):
+        experiment_config(cfg)
+    assert experiment_config(compose(["experiment=ecommerce_case_study"])).headline == "distilled_onnx_int8"
 
 
 def test_target_without_its_figure_is_not_measured_and_without_a_passing_variant_is_missed():

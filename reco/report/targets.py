@@ -161,7 +161,7 @@ def like_for_like(f: VariantFigures) -> tuple[str, Estimate] | None:
 
 def _speedup(figs, gates, ctx) -> Measured | Unmeasured:
     """The like-for-like p99 speed-up of the headline variant, the common-load ratio beside it."""
-    p = pick(figs, gates, ctx, lambda f: f.is_baseline or like_for_like(f) is not None, _lfl_value)
+    p = pick(figs, gates, ctx, _has_lfl, _lfl_value)
     what = "a like-for-like (unloaded or equal-utilisation) e2e p99 speed-up"
     if p is None:
         return _no_passing(figs, lambda f: like_for_like(f) is not None, what)
@@ -179,6 +179,11 @@ def _speedup(figs, gates, ctx) -> Measured | Unmeasured:
     beside = f"; at the common load {short(common.pooled, '.2f', '×')}, not like for like" if common else ""
     text = f"{short(r, '.2f', '×')} {label} (`{p.figs.name}`, {p.note()}{beside})"
     return Measured(r, text, Basis.INTERVAL, p.declared)
+
+
+def _has_lfl(f: VariantFigures) -> bool:
+    """A like-for-like speed-up, or the baseline load-tested (its speed-up over itself is 1)."""
+    return like_for_like(f) is not None or (f.is_baseline and bool(f.latency))
 
 
 def _lfl_value(f: VariantFigures) -> float:
