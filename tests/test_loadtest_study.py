@@ -106,7 +106,7 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
         # Every 10th request of both common-load windows, rescored offline: the same scores.
         c = o.correctness
         assert c is not None and c.n_requests == 2 * 100 // 10 and c.passed and c.max_abs_diff <= 1e-5
-    for name, final in pipeline_metrics(out, variants, tracker, run_ids).items():
+    for final in pipeline_metrics(out, variants, tracker, run_ids).values():
         assert final["max_qps_at_slo"] == 150.0 and final["slo_p99_ms"] == 5000.0
         assert final["correctness_passed"] == 1.0 and final["n_repeats"] == 2.0
         assert final["e2e_p50_ms_lo"] <= final["e2e_p50_ms"] <= final["e2e_p50_ms_hi"]
