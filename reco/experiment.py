@@ -17,10 +17,11 @@ from typing import Any
 
 from omegaconf import MISSING, DictConfig, OmegaConf
 
-from reco.config import typed
+from reco.config import ConfigError, typed
 from reco.data.config import DataConfig
 from reco.graph import Node, plan
 from reco.loadtest.config import LoadtestConfig
+from reco.loadtest.servings import DEFAULT, label
 from reco.measure import RankLatencyConfig
 from reco.profile import ProfileConfig
 from reco.serve.config import ServeConfig
@@ -60,6 +61,7 @@ class ExperimentConfig:
     profile: ProfileConfig
     gate: GateConfig
     targets: dict[str, Any]  # the preset's goals, checked in the report (reco.report.targets)
+    headline: str | None  # the row the headline targets are judged on; None: the best is selected
     variants: list[Node]  # the variant graph, parents first, each node with its typed step config
     resolved: dict[str, Any]  # every key as composed and resolved, `hydra` excluded (for the record)
 
@@ -70,7 +72,7 @@ def experiment_config(cfg: DictConfig) -> ExperimentConfig:
     resolved = OmegaConf.to_container(cfg, resolve=True)
     assert isinstance(resolved, dict)
     resolved.pop("hydra", None)
-    return ExperimentConfig(
+    exp = ExperimentConfig(
         experiment_name=str(resolved["experiment_name"]),
         seed=int(resolved["seed"]),
         cache_dir=Path(resolved["cache_dir"]),
@@ -84,6 +86,31 @@ def experiment_config(cfg: DictConfig) -> ExperimentConfig:
         profile=typed(resolved["profile"], ProfileConfig, "profile"),
         gate=typed(resolved["gate"], GateConfig, "gate"),
         targets=dict(resolved.get("targets") or {}),
+        headline=None,
         variants=plan(cfg),
         resolved=resolved,
     )
+    exp.headline = check_headline(resolved.get("headline"), exp.variants, exp.loadtest)
+    return exp
+
+
+def study_rows(nodes: list[Node], lt: LoadtestConfig) -> list[str]:
+    """The report's rows: every variant of the graph, and each serving row the study adds (reco.loadtest.servings)."""
+    servings = lt.study.servings or {DEFAULT: None}
+    return [
+        label(n.name, s)
+        for n in nodes
+        for s, cfg in servings.items()
+        if cfg is None or cfg.variants is None or n.name in cfg.variants
+    ]
+
+
+def check_headline(headline: object, nodes: list[Node], lt: LoadtestConfig) -> str | None:
+    """`headline` (conf/config.yaml) as a row name, checked before anything slow runs: ConfigError naming
+    the key and the rows available when it is not one of them."""
+    if headline is None:
+        return None
+    rows = study_rows(nodes, lt)
+    if not isinstance(headline, str) or headline not in rows:
+        raise ConfigError(f"headline={headline!r}: expected null or one of the study's variants {rows}")
+    return headline

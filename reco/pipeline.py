@@ -14,6 +14,7 @@ import functools
 import shutil
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
@@ -88,13 +89,9 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
         if exp.loadtest.enabled:
             from reco.loadtest.study import run_study
 
-            def log(name: str, metrics: dict, artifacts: list[Path], subdir: str) -> None:
-                b = next(b for b in built if b.name == name)
-                tracker.log(b.run_id, metrics=metrics)
-                tracker.log_artifacts(b.run_id, artifacts, subdir)
-
             ready = [(b.name, b.variant) for b in built if b.variant is not None]
             add_serving_rows(built, ready, exp.loadtest.study.servings, tracker, parent_run)
+            log = study_log(tracker, {b.name: b.run_id for b in built})
             study = run_study(ready, data, data_path, exp.loadtest, exp.serve, ctx.out_dir / "load", log)
         report_dir = ctx.out_dir / "report" if ctx.multirun else exp.report_dir
         paths = write_study_report(exp, built, data, study, report_dir, tracker)
@@ -114,6 +111,25 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
             tracker.end(b.run_id, status=st)
         tracker.end(parent_run, status=status)
     return built
+
+
+def study_log(tracker: Tracker, run_ids: dict[str, str]) -> Callable[[str, list[Path], str], None]:
+    """run_study's callback: each row's raw load-test files into its MLflow run (run_ids: row name -> run
+    id) as they arrive. No metric goes this way: the report logs each row's figures once (log_report_metrics)."""
+
+    def log(name: str, artifacts: list[Path], subdir: str) -> None:
+        tracker.log_artifacts(run_ids[name], artifacts, subdir)
+
+    return log
+
+
+def log_report_metrics(
+    tracker: Tracker, run_ids: dict[str, str], per_variant: dict[str, dict[str, float]]
+) -> None:
+    """The report's figures of each row (reco.report.study_metrics) into its MLflow run, once: the only
+    load-test metrics a row's run gets, under the README's names."""
+    for name, run_id in run_ids.items():
+        tracker.log(run_id, metrics=per_variant.get(name, {}))
 
 
 def runs_table_url(uri: str, experiment_id: str) -> str:
@@ -361,12 +377,11 @@ def write_study_report(
         machine=Machine.from_tags(tags),
         commit=tags["git.commit"],
         targets=exp.targets,
+        headline=exp.headline,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = write_report(results, ctx, out_dir)
-    per_variant = study_metrics(results, ctx)
-    for b in built:
-        tracker.log(b.run_id, metrics=per_variant.get(b.name, {}))
+    log_report_metrics(tracker, {b.name: b.run_id for b in built}, study_metrics(results, ctx))
     return paths
 
 

@@ -175,7 +175,9 @@ def test_a_close_step_is_extended_to_the_cap_then_inconclusive(lt, tmp_path):
 
 
 def test_inconclusive_bounds_the_bracket_but_is_not_a_pass(lt, tmp_path):
-    c = cap_cfg(lt, start_rate=150, growth=2.0, steps=20, tolerance=0.05, step_requests=400, max_step_requests=400)
+    c = cap_cfg(
+        lt, start_rate=150, growth=2.0, steps=20, tolerance=0.05, step_requests=400, max_step_requests=400
+    )
     cap = find_capacity(FakeServer(100.0, 300.0), 100.0, c, tmp_path)
     inconclusive = [s.rate for s in cap.steps if s.verdict == Verdict.INCONCLUSIVE]
     assert inconclusive and cap.highest_pass < min(inconclusive)

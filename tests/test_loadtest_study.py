@@ -14,8 +14,12 @@ from conftest import make_variant
 from reco.cli.compose import compose
 from reco.loadtest.config import loadtest_config
 from reco.loadtest.correctness import check_scores
+from reco.pipeline import _log_variant, log_report_metrics, study_log
+from reco.report import StudyContext, VariantResult
+from reco.report import study_metrics as report_metrics
 from reco.serve.config import serve_config
 from reco.stats import Verdict
+from reco.tracking import Tracker
 from reco.variant import Variant
 
 pytestmark = pytest.mark.timeout(600)
@@ -65,9 +69,12 @@ def built(tiny_data, tmp_path_factory):
 def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, built, tmp_path):
     variant, dpath = built
     before = copy.deepcopy(variant.__dict__)
-    calls: list[tuple[str, dict, list[Path], str]] = []
+    calls: list[tuple[str, list[Path], str]] = []
     variants = [("baseline", variant), ("student", variant)]
-    out = run_study_logged(variants, tiny_data, dpath, study_cfg(), tmp_path, calls)
+    tracker, run_ids = mlflow_runs(tmp_path, [n for n, _ in variants])
+    out = run_study_logged(
+        variants, tiny_data, dpath, study_cfg(), tmp_path, calls, study_log(tracker, run_ids)
+    )
 
     assert variant.__dict__ == before  # nobody's objects are mutated: everything is in the return value
     assert out.slo_p99_ms == 5000.0 and out.slo_source.startswith("fixed") and out.reference == "baseline"
@@ -78,7 +85,7 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
     assert not [d for *_, d in calls if "settle" in d]
     # Interleaved: every kind of run goes A B A B, never A A B B.
     for sub in ("unloaded", "capacity", "common", "equal_util"):
-        order = [(name, d) for name, _, _, d in calls if d.startswith(f"loadtest/{sub}/")]
+        order = [(name, d) for name, _, d in calls if d.startswith(f"loadtest/{sub}/")]
         assert [name for name, _ in order] == ["baseline", "student", "baseline", "student"], order
         assert [d for _, d in order][::2] == [f"loadtest/{sub}/r0", f"loadtest/{sub}/r1"]
     # Unloaded rounds are spread: with 2 repeats, one before the capacity searches, one after everything.
@@ -99,9 +106,9 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
         # Every 10th request of both common-load windows, rescored offline: the same scores.
         c = o.correctness
         assert c is not None and c.n_requests == 2 * 100 // 10 and c.passed and c.max_abs_diff <= 1e-5
-        final = [m for n, m, _, d in calls if n == name and m][-1]
+    for final in pipeline_metrics(out, variants, tracker, run_ids).values():
         assert final["max_qps_at_slo"] == 150.0 and final["slo_p99_ms"] == 5000.0
-        assert final["correctness_passed"] == 1.0 and final["repeats"] == 2.0
+        assert final["correctness_passed"] == 1.0 and final["n_repeats"] == 2.0
         assert final["e2e_p50_ms_lo"] <= final["e2e_p50_ms"] <= final["e2e_p50_ms_hi"]
         assert "unloaded_e2e_p50_ms" in final and "unloaded_e2e_p99_ms" not in final  # n/a: not logged
     # The servers were stopped, and so was the one Locust process that ran every window.
@@ -145,7 +152,9 @@ def test_relative_slo_takes_the_median_of_reference_repeats_run_first(tiny_data,
         study={"repeats": 2, "unloaded_requests": 368, "equal_util_fraction": 0},
     )
     calls: list = []
-    out = run_study_logged([("baseline", variant)], tiny_data, dpath, cfg, tmp_path, calls)
+    tracker, run_ids = mlflow_runs(tmp_path, ["baseline"])
+    forward = study_log(tracker, run_ids)
+    out = run_study_logged([("baseline", variant)], tiny_data, dpath, cfg, tmp_path, calls, forward)
     o = out.outcomes["baseline"]
     assert o.error == "" and len(o.unloaded) == 4
     at = [d for *_, d in calls if d.startswith("loadtest/")]
@@ -156,6 +165,8 @@ def test_relative_slo_takes_the_median_of_reference_repeats_run_first(tiny_data,
     ]
     p99s = sorted(o.unloaded[i].quantiles["p99"].value for i in (0, 1, 2))  # the runs before the SLO
     assert out.slo_p99_ms == pytest.approx(3.0 * p99s[1]) and "over 3 runs" in out.slo_source
+    final = pipeline_metrics(out, [("baseline", variant)], tracker, run_ids)["baseline"]
+    assert final["slo_p99_ms"] == pytest.approx(out.slo_p99_ms) and final["n_repeats"] == 2.0
 
 
 def test_failed_reference_without_a_slo_is_a_clear_error(tiny_data, built, tmp_path):
@@ -176,11 +187,39 @@ def test_failed_reference_without_a_slo_is_a_clear_error(tiny_data, built, tmp_p
     assert len(s.unloaded) == 1 and not s.capacity and not s.common  # measured what it could, nothing more
 
 
-def run_study_logged(variants, data, dpath, cfg, out_dir, calls):
+def pipeline_metrics(out, variants, tracker, run_ids) -> dict[str, dict[str, float]]:
+    """Fill the variants' MLflow runs as the pipeline does after the study (their own metrics, then the
+    report's figures, on top of the raw files the study forwarded) and check that every metric holds one
+    value (one name, one meaning) and every kind of run's files arrived; returns each run's metrics."""
+    results = [VariantResult(dataclasses.replace(v, name=n), out.outcomes[n]) for n, v in variants]
+    ctx = StudyContext("unit", variants[0][0], 0.005, 0.01, out)
+    for n, v in variants:
+        _log_variant(tracker, run_ids[n], v, log_models=False)
+    log_report_metrics(tracker, run_ids, report_metrics(results, ctx))
+    client, logged = tracker.client, {}
+    for name, run_id in run_ids.items():
+        m = logged[name] = client.get_run(run_id).data.metrics
+        assert {k: len(client.get_metric_history(run_id, k)) for k in m} == dict.fromkeys(m, 1), name
+        kinds = {a.path for a in client.list_artifacts(run_id, "loadtest")}
+        assert {"loadtest/unloaded", "loadtest/common"} <= kinds, kinds
+    return logged
+
+
+def mlflow_runs(tmp_path: Path, names: list[str]) -> tuple[Tracker, dict[str, str]]:
+    """A real MLflow store (sqlite, artifacts on disk) under tmp_path with a parent run and one child run per name."""
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "study", str(tmp_path / "artifacts"))
+    parent = tracker.start_run("study")
+    return tracker, {n: tracker.start_run(n, parent_id=parent) for n in names}
+
+
+def run_study_logged(variants, data, dpath, cfg, out_dir, calls, forward=None):
+    """run_study with every log call recorded in `calls` (and handed on to `forward`, e.g. the pipeline's)."""
     from reco.loadtest.study import run_study
 
-    def log(name: str, metrics: dict, paths: list[Path], subdir: str) -> None:
+    def log(name: str, paths: list[Path], subdir: str) -> None:
         assert all(p.exists() for p in paths)
-        calls.append((name, metrics, paths, subdir))
+        calls.append((name, paths, subdir))
+        if forward is not None:
+            forward(name, paths, subdir)
 
     return run_study(variants, data, dpath, cfg["loadtest"], cfg["serve"], out_dir, log)

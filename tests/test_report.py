@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import csv
+import dataclasses
 import math
 import random
 import re
@@ -16,6 +17,9 @@ from collections import Counter
 import numpy as np
 import pytest
 
+from reco.cli.compose import compose
+from reco.config import ConfigError
+from reco.experiment import experiment_config
 from reco.loadtest.histogram import quantiles
 from reco.loadtest.outcome import (
     Capacity,
@@ -25,13 +29,15 @@ from reco.loadtest.outcome import (
     LoadRun,
     StudyOutcome,
 )
+from reco.pipeline import _log_variant, log_report_metrics
 from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
 from reco.report.figures import bracket, highest_pass_at, study_figures
 from reco.report.gate import gate, worst
 from reco.report.plots import _colors, capacity_curve, draw_qps_vs_p99, pareto_front
-from reco.report.targets import Outcome, evaluate
-from reco.stats import Estimate, Verdict, verdict_at_most
+from reco.report.targets import Basis, Outcome, evaluate, target_line
+from reco.stats import Estimate, Verdict, verdict_at_least, verdict_at_most
 from reco.stats.dependent import dependent_quantile_ci
+from reco.tracking import Tracker
 from reco.variant import Variant
 
 PNG_MAGIC = b"\x89PNG\r\n\x1a\n"
@@ -469,9 +475,11 @@ def test_variant_metrics(study, figs):
     assert (pruned["auc_delta_rel"], pruned["auc_delta_rel_lo"], pruned["auc_delta_rel_hi"]) == pytest.approx(
         (-0.001, -0.002, 0.0)
     )
-    assert (base["max_qps_at_slo"], base["max_qps_at_slo_lo"], base["max_qps_at_slo_hi"]) == pytest.approx(
+    # capacity: the median of 3 repeats with their range, named a range (_min/_max), never as CI bounds
+    assert (base["max_qps_at_slo"], base["max_qps_at_slo_min"], base["max_qps_at_slo_max"]) == pytest.approx(
         (18, 15, 22)
     )
+    assert not {k for k in base if k.startswith("max_qps_at_slo") and k.endswith(("_lo", "_hi"))}
     un = figs["base"].latency["unloaded"].quantiles["p99"]
     assert (base["unloaded_e2e_p99_ms"], base["unloaded_e2e_p99_ms_lo"]) == (un.value, un.lo)
     assert pruned["n_requests"] == 3600 and pruned["n_invalid_runs"] == 1 and pruned["valid"] == 1.0
@@ -482,7 +490,30 @@ def test_variant_metrics(study, figs):
         common.mean_ms - common.stages()["server_total_mean_ms"]
     )
     assert base["outside_handler_mean_ms"] > 0 and pruned["correctness_passed"] == 1.0
+    assert (pruned["correctness_n"], pruned["offered_qps"], pruned["n_unsent"]) == (200, 10.0, 0)
     assert base["slo_p99_ms"] == SLO and all(isinstance(v, float | int) for v in base.values())
+
+
+def test_each_metric_is_logged_once_to_a_variant_run(study, tmp_path):
+    """A variant's MLflow run as the pipeline fills it (its own metrics, then the report's figures): every
+    name holds one value, so no figure is overwritten by another of the same name and another meaning."""
+    results, ctx = study
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "once", str(tmp_path / "artifacts"))
+    parent = tracker.start_run("study")
+    run_ids = {r.variant.name: tracker.start_run(r.variant.name, parent_id=parent) for r in results}
+    for r in results:
+        _log_variant(tracker, run_ids[r.variant.name], r.variant, log_models=False)
+    per_variant = study_metrics(results, ctx)
+    log_report_metrics(tracker, run_ids, per_variant)
+    # MLflow keeps a re-logged equal value once: names must not be shared at all, not only differ in value
+    assert not [(r.variant.name, set(r.variant.metrics) & set(per_variant.get(r.variant.name, {}))) for r in results
+                if set(r.variant.metrics) & set(per_variant.get(r.variant.name, {}))]  # fmt: skip
+    for name, run_id in run_ids.items():
+        logged = tracker.client.get_run(run_id).data.metrics
+        history = {k: len(tracker.client.get_metric_history(run_id, k)) for k in logged}
+        assert history == dict.fromkeys(logged, 1), name
+    pruned = tracker.client.get_run(run_ids["pruned"]).data.metrics
+    assert pruned["e2e_p99_ms"] == pytest.approx(per_variant["pruned"]["e2e_p99_ms"])
 
 
 # The written report -----------------------------------------------------------------------------------
@@ -538,13 +569,17 @@ def test_targets_decided_on_the_ci(study, figs, written):
     got = {t.key: t for t in evaluate(fl, {f.name: gate(f, ctx) for f in fl}, ctx)}
     assert {k: t.outcome for k, t in got.items()} == {
         "e2e_speedup": Outcome.INCONCLUSIVE,  # pruned is 3.4x faster by construction: its CI straddles 3.4x
-        "qps_gain": Outcome.MET,  # the gain interval spans brackets and repeats: [1.12, 4.50] lies above 1.1
+        # the gain's range over brackets and repeats, [1.12, 4.50], lies above 1.1, but no headline is
+        # declared: pruned was selected as the best of the passing variants, so not confirmed
+        "qps_gain": Outcome.INCONCLUSIVE,
         "prune_params_pct": Outcome.MET,  # exactly 30 %
         "distill_size_ratio": Outcome.MISSED,  # 4x, goal 6x
         "max_auc_drop_pct": Outcome.MET,  # drop CI [0, 0.2] %
         "bogus": Outcome.NOT_EVALUATED,
     }
-    assert got["e2e_speedup"].measured.figure == figs["pruned"].speedup[("common", "p99")].pooled
+    assert (
+        got["e2e_speedup"].measured.figure == figs["pruned"].speedup[("unloaded", "p99")].pooled
+    )  # like for like
     assert got["distill_size_ratio"].measured.figure.value == pytest.approx(4.0)
     assert got["bogus"].measured is None and "e2e_speedup" in got["bogus"].reason  # lists the known ones
     assert target_words((written[0] / "report.md").read_text()) == {k: str(t.outcome) for k, t in got.items()}
@@ -781,6 +816,83 @@ def test_targets_not_measured_without_the_load_test(tmp_path):
         ("1", "MET"),
         ("3", "NOT MEASURED"),
     ]
+
+
+def headline_targets(headline: str | None, goals: dict[str, float], drop_unloaded: bool = False):
+    """evaluate() on the unit study with `headline` declared (None: selected) -> {key: TargetResult}, figs."""
+    results, ctx = make_study()
+    if drop_unloaded:
+        for r in results:
+            if r.load:
+                r.load.unloaded = []
+    ctx = dataclasses.replace(ctx, headline=headline, targets=goals)
+    fl = study_figures(results, ctx)
+    return {t.key: t for t in evaluate(fl, {f.name: gate(f, ctx) for f in fl}, ctx)}, {f.name: f for f in fl}
+
+
+def test_e2e_target_is_judged_like_for_like():
+    """The e2e speed-up target reads the unloaded p99 ratio, else the equal-utilisation one; never the
+    common-load ratio (each variant at another utilisation), which is only reported beside it."""
+    got, figs = headline_targets("pruned", {"e2e_speedup": 3.4})
+    t = got["e2e_speedup"]
+    assert t.measured.figure == figs["pruned"].speedup[("unloaded", "p99")].pooled
+    assert t.measured.figure != figs["pruned"].speedup[("common", "p99")].pooled
+    assert t.measured.basis == Basis.INTERVAL and t.measured.confirmatory
+    expected = {
+        Verdict.PASS: Outcome.MET,
+        Verdict.FAIL: Outcome.MISSED,
+        Verdict.INCONCLUSIVE: Outcome.INCONCLUSIVE,
+    }
+    assert t.outcome == expected[verdict_at_least(t.measured.figure, 3.4)]
+    low, _ = headline_targets("pruned", {"e2e_speedup": 0.5 * t.measured.figure.lo})
+    assert low["e2e_speedup"].outcome == Outcome.MET  # the whole interval above the goal: decided
+    got, figs = headline_targets("pruned", {"e2e_speedup": 3.4}, drop_unloaded=True)
+    assert got["e2e_speedup"].measured.figure == figs["pruned"].speedup[("equal_util", "p99")].pooled
+
+
+def test_headline_is_declared_or_the_selected_one_is_never_confirmed():
+    goals = {"qps_gain": 1.1, "e2e_speedup": 0.5, "max_auc_drop_pct": 0.5}
+    declared, figs = headline_targets("pruned", goals)
+    selected, _ = headline_targets(None, goals)
+    # the same variant and figures: declared, the goal is confirmed; selected among the passing, it is not
+    for key in ("qps_gain", "e2e_speedup"):
+        assert declared[key].measured.figure == selected[key].measured.figure
+        assert (declared[key].measured.confirmatory, selected[key].measured.confirmatory) == (True, False)
+        assert (declared[key].outcome, selected[key].outcome) == (Outcome.MET, Outcome.INCONCLUSIVE)
+    assert declared["qps_gain"].measured.figure == figs["pruned"].qps_gain
+    # a selected figure can still miss: its upper bound below the goal
+    high, _ = headline_targets(None, {"e2e_speedup": 1e6})
+    assert high["e2e_speedup"].outcome == Outcome.MISSED
+    # a declared headline is judged even when it is not the fastest, and one failing the gate misses
+    ort, _ = headline_targets("ort", goals)
+    assert {k: t.outcome for k, t in ort.items()} == {
+        "qps_gain": Outcome.MISSED, "e2e_speedup": Outcome.MISSED, "max_auc_drop_pct": Outcome.INCONCLUSIVE}  # fmt: skip
+    assert ort["max_auc_drop_pct"].measured.figure.hi == pytest.approx(0.8)  # ort's ΔAUC, not pruned's
+    with pytest.raises(ValueError, match=r"headline='nope'.*'base', 'pruned', 'student', 'ort'"):
+        headline_targets("nope", goals)
+
+
+def test_a_range_over_repeats_decides_only_when_every_repeat_agrees():
+    """The QPS gain's bounds span the repeats' capacity brackets: a range, MET / MISSED only when it lies
+    wholly on one side of the goal (the line says 'all repeats'), else INCONCLUSIVE."""
+    _, figs = headline_targets("pruned", {})
+    g = figs["pruned"].qps_gain
+    for goal, outcome in (
+        (0.9 * g.lo, Outcome.MET),
+        (g.value, Outcome.INCONCLUSIVE),
+        (1.1 * g.hi, Outcome.MISSED),
+    ):
+        got, _ = headline_targets("pruned", {"qps_gain": goal})
+        t = got["qps_gain"]
+        assert (t.measured.basis, t.outcome) == (Basis.RANGE, outcome), goal
+        assert target_line(t).endswith("all repeats.") == (outcome != Outcome.INCONCLUSIVE)
+
+
+def test_unknown_headline_in_the_preset_names_the_key_and_the_rows():
+    cfg = compose(["experiment=smoke", "headline=nope"])
+    with pytest.raises(ConfigError, match=r"headline='nope'.*'distilled_onnx_int8_batched'"):
+        experiment_config(cfg)
+    assert experiment_config(compose(["experiment=ecommerce_case_study"])).headline == "distilled_onnx_int8"
 
 
 def test_target_without_its_figure_is_not_measured_and_without_a_passing_variant_is_missed():

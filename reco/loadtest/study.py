@@ -33,15 +33,16 @@ the later phases their time (_reserve), and a budget too small for the reference
 the study before it starts.
 
 Nothing here touches MLflow or the caller's objects: raw files go under out_dir/<variant>/, and
-`log(variant_name, metrics, artifact_paths, artifact_subdir)` (optional) is called as results arrive, so
-the pipeline can forward them to the variant's MLflow run (metric names: `study_metrics`).
+`log(variant_name, artifact_paths, artifact_subdir)` (optional) is called as they arrive, so the pipeline
+can forward them to the variant's MLflow run. No metric goes through it: the variant's figures are logged
+once, pooled over the valid repeats, by the report (reco.report.metrics), so one MLflow name has one
+meaning (figures of the median repeat logged here under the same names used to be overwritten there).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import math
 import os
 import statistics
 import time
@@ -59,14 +60,13 @@ from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome, time_spent
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
-from reco.loadtest.runs import run_metrics
 from reco.loadtest.servings import cross
 from reco.serve.config import ServeConfig
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.variant import Variant
 
-Log = Callable[[str, dict[str, float], list[Path], str], None]
+Log = Callable[[str, list[Path], str], None]
 
 
 def _say(msg: str) -> None:
@@ -128,9 +128,9 @@ class _Study:
         spent = self.seconds.get(kind, {}).get(name)
         return spent / done if done and spent is not None else None
 
-    def emit(self, name: str, metrics: dict[str, float], paths: list[Path], subdir: str) -> None:
+    def emit(self, name: str, paths: list[Path], subdir: str) -> None:
         if self.log is not None:
-            self.log(name, metrics, paths, subdir)
+            self.log(name, paths, subdir)
 
     def window(self, **changes: Any) -> LoadtestConfig:
         return with_settings(self.lt, **changes)
@@ -157,7 +157,7 @@ class _Study:
         run = self.measure(name, "unloaded", f"unloaded run {r}", go)
         if run is not None:
             self.outcomes[name].unloaded.append(run)
-            self.emit(name, {}, run.artifacts, f"loadtest/unloaded/r{r}")
+            self.emit(name, run.artifacts, f"loadtest/unloaded/r{r}")
             _say(
                 f"  {name} unloaded r{r}: p50 {run.quantiles['p50'].fmt('.2f')}, p99 {run.quantiles['p99'].fmt('.2f')} ms"
             )
@@ -219,7 +219,7 @@ class _Study:
         cap = self.measure(name, "capacity", f"capacity search {r}", go)
         if cap is not None:
             self.outcomes[name].capacity.append(cap)
-            self.emit(name, {}, write_capacity(cap, d), f"loadtest/capacity/r{r}")
+            self.emit(name, write_capacity(cap, d), f"loadtest/capacity/r{r}")
             _say(
                 f"  {name} capacity r{r}: [{cap.highest_pass:g}, {cap.lowest_fail}] req/s, {len(cap.steps)} steps"
             )
@@ -250,7 +250,7 @@ class _Study:
         run = self.measure(name, kind, f"{kind} run {r} at {rate:.1f} req/s", go)
         if run is not None:
             getattr(self.outcomes[name], kind).append(run)
-            self.emit(name, {}, run.artifacts, f"loadtest/{kind}/r{r}")
+            self.emit(name, run.artifacts, f"loadtest/{kind}/r{r}")
             q = run.quantiles
             _say(
                 f"  {name} {kind} r{r} at {rate:.1f} req/s: p50 {q['p50'].fmt('.2f')}, p99 {q['p99'].fmt('.2f')} ms, "
@@ -277,8 +277,8 @@ def run_study(
         lt: the load-test settings (their `study` section says how; `servings` how each variant is served).
         serve: the serve settings every server starts from.
         out_dir: raw files: out_dir/requests.jsonl, out_dir/<variant>/{unloaded,capacity,common,equal_util}/r<k>/.
-        log: called as log(variant_name, metrics, artifact_paths, artifact_subdir) as results arrive;
-            the metrics (study_metrics) come once per variant at the end.
+        log: called as log(variant_name, artifact_paths, artifact_subdir) as raw files arrive (no
+            metrics: the report logs the figures, see the module docstring).
     Returns:
         The StudyOutcome; a variant whose load test failed has LoadOutcome.error set.
     """
@@ -332,8 +332,6 @@ def run_study(
     if st.correctness.enabled:
         for n in order:
             _correctness(s, n, variant_of[n], data)
-    for n in order:
-        s.emit(n, study_metrics(s.outcomes[n], result), [], "loadtest")
     return result
 
 
@@ -527,45 +525,3 @@ def median_capacity(o: LoadOutcome) -> float | None:
     caps = [c.highest_pass for c in o.capacity]
     med = statistics.median(caps) if caps else 0.0
     return med or None
-
-
-def median_run(runs: list[LoadRun]) -> LoadRun | None:
-    """The repeat with the median p99 (an unsupported p99 sorts as +inf), so its figures are one real run's."""
-    if not runs:
-        return None
-    key = [(r.quantiles["p99"].value if r.quantiles["p99"].value is not None else math.inf) for r in runs]
-    order = sorted(range(len(runs)), key=lambda i: key[i])
-    return runs[order[(len(runs) - 1) // 2]]
-
-
-def study_metrics(o: LoadOutcome, study: StudyOutcome) -> dict[str, float]:
-    """Flat MLflow metrics of one variant: the README names for the common load (its median-p99 repeat,
-    with CI bounds), `unloaded_` / `equal_util_` prefixed the same, `e2e_p99_ms_min/_max` over the
-    common-load repeats, `max_qps_at_slo` (median highest pass) with `_min/_max` over repeats,
-    `slo_p99_ms`, `common_rate_qps`, `correctness_*`. Figures that were not measured are left out."""
-    m: dict[str, float] = {}
-    for prefix, runs in (("", o.common), ("unloaded_", o.unloaded), ("equal_util_", o.equal_util)):
-        run = median_run(runs)
-        if run is not None:
-            m.update(run_metrics(run, prefix))
-            p99s = [r.quantiles["p99"].value for r in runs]
-            if all(p is not None for p in p99s):
-                m[f"{prefix}e2e_p99_ms_min"], m[f"{prefix}e2e_p99_ms_max"] = min(p99s), max(p99s)
-            m[f"{prefix}repeats"] = float(len(runs))
-    if o.capacity:
-        caps = [c.highest_pass for c in o.capacity]
-        m.update(
-            max_qps_at_slo=statistics.median(caps), max_qps_at_slo_min=min(caps), max_qps_at_slo_max=max(caps)
-        )
-    if study.slo_p99_ms is not None:
-        m["slo_p99_ms"] = study.slo_p99_ms
-    if study.common_rate_qps is not None:
-        m["common_rate_qps"] = study.common_rate_qps
-    if o.correctness is not None:
-        c = o.correctness
-        m.update(
-            correctness_n=float(c.n_requests),
-            correctness_max_abs_diff=c.max_abs_diff,
-            correctness_passed=float(c.passed),
-        )
-    return {k: float(v) for k, v in m.items()}

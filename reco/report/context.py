@@ -67,6 +67,8 @@ class StudyContext:
     machine: Machine | None = None
     commit: str = ""  # git commit the study ran from
     targets: dict[str, float] = field(default_factory=dict)  # e.g. {"e2e_speedup": 3.4, "qps_gain": 2.9}
+    # the variant the headline targets are judged on (reco.report.targets); None: the best is selected
+    headline: str | None = None
 
     @property
     def slo_p99_ms(self) -> float | None:

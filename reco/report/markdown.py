@@ -14,7 +14,14 @@ from reco.report.fmt import DASH, est, one_line, scaled, short, spread, table
 from reco.report.gate import Gate
 from reco.report.plots import lead
 from reco.report.table import like_for_like_kind, markdown_table, metric, summary_columns, variant_table
-from reco.report.targets import Outcome, TargetResult, evaluate, fastest_passing, target_lines
+from reco.report.targets import (
+    Outcome,
+    TargetResult,
+    declared_headline,
+    evaluate,
+    fastest_passing,
+    target_lines,
+)
 
 PLOTS = ("latency_cdf", "auc_vs_p99", "qps_vs_p99", "server_stages")
 
@@ -73,9 +80,10 @@ def setup(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
 
 
 def headline(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyContext) -> str:
-    best = fastest_passing(figs, gates)
-    if best is None and ctx.study is None:
+    if ctx.study is None:
         return "**No load test**: latency and throughput not measured; the gate checks accuracy only."
+    declared = declared_headline(figs, ctx)
+    best = declared or fastest_passing(figs, gates)
     if best is None:
         return (
             "**No variant passes the gate** with an e2e p99 at the common load (see the gate table for why)."
@@ -92,7 +100,7 @@ def headline(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyConte
     d = best.result.auc_delta
     auc = f"ΔAUC {short(scaled(d[1], 100), '+.2f', '%')}" if d else "ΔAUC –"
     return (
-        f"**Fastest passing variant: `{best.name}`** — e2e p99 {est(best.p99(), unit=' ms')} at the common "
+        f"**{'Headline variant (declared)' if declared else 'Fastest passing variant'}: `{best.name}`** — e2e p99 {est(best.p99(), unit=' ms')} at the common "
         f"load; p99 speed-up vs the baseline {'; '.join(ratios) or DASH}; {auc}; max QPS at the SLO "
         f"{spread(best.max_qps, '.0f')}, gain {short(best.qps_gain, '.2f', '×')}."
     )

@@ -1,8 +1,10 @@
 """Flat per-variant metrics with CI bounds: what the pipeline logs to each MLflow child run and the CSV holds.
 
-Names extend the README's metric contract (`e2e_p99_ms`, `max_qps_at_slo`, ...) with `_lo` / `_hi`
-bounds. Figures at the common load are pooled over the valid repeats. A quantile the sample cannot
-support is left out (never logged as its maximum). Verdicts are coded PASS 1, INCONCLUSIVE 0.5,
+Names extend the README's metric contract (`e2e_p99_ms`, `max_qps_at_slo`, ...) with `_lo` / `_hi` for
+the bounds of an interval and `_min` / `_max` (or `_rep_min` / `_rep_max`) for a range over repeats, which
+is not an interval. These are the only load-test figures a variant's run gets (the study logs raw files
+only), so each name has one meaning and one value. Figures at the common load are pooled over the valid
+repeats. A quantile the sample cannot support is left out (never logged as its maximum). Verdicts are coded PASS 1, INCONCLUSIVE 0.5,
 FAIL 0, INVALID -1 (VERDICT_CODE).
 """
 
@@ -27,6 +29,14 @@ def with_ci(name: str, e: Estimate | None) -> dict[str, float]:
     return {name: e.value, f"{name}_lo": e.lo, f"{name}_hi": e.hi}
 
 
+def with_range(name: str, e: Estimate | None) -> dict[str, float]:
+    """{name, name_min, name_max} for a median of repeats with their range (reco.report.figures.range_estimate),
+    else {}: named apart from with_ci's bounds because a range over 3 repeats is not a confidence interval."""
+    if e is None or not e.supported:
+        return {}
+    return {name: e.value, f"{name}_min": e.lo, f"{name}_max": e.hi}
+
+
 def outside_handler(lat: Latency) -> dict[str, float]:
     """Client e2e minus the server's handler total, for the mean and p99 (time in accept/parse/backlog)."""
     stages, out = lat.stages(), {}
@@ -46,6 +56,12 @@ def _latency(kind: str, lat: Latency) -> dict[str, float]:
     m |= {f"{pre}n_requests": lat.n, f"{pre}n_failures": lat.n_failed, f"{pre}error_rate": lat.error_rate}
     m |= {f"{pre}qps": lat.qps, f"{pre}loadgen_cpu_pct": lat.loadgen_cpu_pct, f"{pre}valid": float(lat.valid)}
     m |= {f"{pre}n_repeats": len(lat.runs), f"{pre}n_invalid_runs": lat.n_invalid}
+    m |= {f"{pre}n_unsent": sum(r.n_unsent for r in lat.used)}
+    if lat.mean_ms is not None:
+        m[f"{pre}e2e_mean_ms"] = lat.mean_ms
+    if lat.offered_qps is not None:  # open loop: the offered rate and the worst lag behind the schedule
+        m[f"{pre}offered_qps"] = lat.offered_qps
+        m[f"{pre}loadgen_lag_p99_ms"] = max(r.lag_p99_ms for r in lat.used)
     spread = lat.spread("p99")
     if spread is not None:
         m |= {f"{pre}e2e_p99_ms_rep_median": spread.value, f"{pre}e2e_p99_ms_rep_min": spread.lo}
@@ -81,17 +97,18 @@ def variant_metrics(f: VariantFigures, g: Gate, ctx: StudyContext) -> dict[str, 
             m[f"{PREFIX[kind] or 'common_'}utilisation"] = util
     for (kind, key), ratio in f.speedup.items():
         m |= with_ci(f"speedup_{key}_{kind}", ratio.pooled)
-    m |= with_ci("max_qps_at_slo", f.max_qps) | with_ci("qps_gain", f.qps_gain)
+    m |= with_range("max_qps_at_slo", f.max_qps) | with_ci("qps_gain", f.qps_gain)
     fails = [c.lowest_fail for c in f.capacity if c.lowest_fail is not None]
     if fails:
         m["lowest_fail_qps"] = median(fails)
     for factor in SLO_FACTORS:
         if factor != 1.0:
-            m |= with_ci(f"max_qps_at_slo_x{factor:g}", f.max_qps_at[factor])
+            m |= with_range(f"max_qps_at_slo_x{factor:g}", f.max_qps_at[factor])
             m |= with_ci(f"qps_gain_at_slo_x{factor:g}", f.qps_gain_at[factor])
     check = f.result.load.correctness if f.result.load else None
     if check is not None:
-        m |= {"correctness_max_abs_diff": check.max_abs_diff, "correctness_passed": float(check.passed)}
+        m |= {"correctness_n": check.n_requests, "correctness_max_abs_diff": check.max_abs_diff}
+        m["correctness_passed"] = float(check.passed)
     return m
 
 
