@@ -5,6 +5,7 @@ from __future__ import annotations
 import copy
 import dataclasses
 import json
+import math
 from pathlib import Path
 
 import psutil
@@ -14,6 +15,7 @@ from conftest import make_variant
 from reco.cli.compose import compose
 from reco.loadtest.config import loadtest_config
 from reco.loadtest.correctness import check_scores
+from reco.loadtest.study import median_capacity
 from reco.pipeline import _log_variant, log_report_metrics, study_log
 from reco.report import StudyContext, VariantResult
 from reco.report import study_metrics as report_metrics
@@ -37,7 +39,9 @@ def study_cfg(**over) -> dict:
         loadgen=r(lt.loadgen, keep_warm=False, max_cpu_pct=1000, max_lag_ms=1000),
     )
     cap = {"slo_p99_ms": 5000.0, "start_rate": 150, "min_rate": 150, "max_rate": 150, "steps": 1}
-    cap.update(step_requests=368, max_step_requests=368, step_warmup_s=0.2, **over.pop("capacity", {}))
+    # 1,000 requests a step: at the minimum (368) a p99's upper bound is the last request, and any sign of
+    # dependence between requests opens it (reco.stats.dependent)
+    cap.update(step_requests=1000, max_step_requests=1000, step_warmup_s=0.2, **over.pop("capacity", {}))
     st = {
         "repeats": 2,
         "common_rate": 150.0,
@@ -83,33 +87,46 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
     for name in ("baseline", "student"):
         assert (tmp_path / name / "settle" / "latencies.csv").stat().st_size > 0
     assert not [d for *_, d in calls if "settle" in d]
+    # A real server's p99 over 1,000 requests may stay open above (slow requests come in bursts on a busy
+    # machine: reco.stats.dependent), so a step at 150 req/s PASSes or is INCONCLUSIVE; equal utilisation
+    # runs for the variants with a capacity.
+    has_cap = [n for n in ("baseline", "student") if median_capacity(out.outcomes[n])]
     # Interleaved: every kind of run goes A B A B, never A A B B.
-    for sub in ("unloaded", "capacity", "common", "equal_util"):
+    for sub, names in (("unloaded", None), ("capacity", None), ("common", None), ("equal_util", has_cap)):
+        names = names if names is not None else ["baseline", "student"]
         order = [(name, d) for name, _, d in calls if d.startswith(f"loadtest/{sub}/")]
-        assert [name for name, _ in order] == ["baseline", "student", "baseline", "student"], order
-        assert [d for _, d in order][::2] == [f"loadtest/{sub}/r0", f"loadtest/{sub}/r1"]
+        assert [name for name, _ in order] == names * 2, order
+        assert [d for _, d in order][:: max(len(names), 1)] == (
+            [f"loadtest/{sub}/r0", f"loadtest/{sub}/r1"] if names else []
+        )
     # Unloaded rounds are spread: with 2 repeats, one before the capacity searches, one after everything.
     at = [d for *_, d in calls]
     assert at.index("loadtest/unloaded/r0") < at.index("loadtest/capacity/r0")
     assert at.index("loadtest/unloaded/r1") > max(
-        i for i, d in enumerate(at) if d.startswith("loadtest/equal_util/")
+        i for i, d in enumerate(at) if d.startswith(("loadtest/equal_util/", "loadtest/common/"))
     )
     for name in ("baseline", "student"):
         o = out.outcomes[name]
         assert o.error == ""
-        assert [len(o.unloaded), len(o.capacity), len(o.common), len(o.equal_util)] == [2, 2, 2, 2]
+        n_eq = 2 if name in has_cap else 0
+        assert [len(o.unloaded), len(o.capacity), len(o.common), len(o.equal_util)] == [2, 2, 2, n_eq]
         assert all(r.kind == "unloaded" and r.n == 100 and r.offered_qps is None for r in o.unloaded)
         assert all(r.quantiles["p99"].value is None for r in o.unloaded)  # n=100 cannot support a p99
-        assert all(c.highest_pass == 150.0 and c.steps[0].verdict == Verdict.PASS for c in o.capacity)
+        for c in o.capacity:
+            assert (c.highest_pass, c.steps[0].verdict) in (
+                (150.0, Verdict.PASS),
+                (0.0, Verdict.INCONCLUSIVE),
+            )
         assert all(r.kind == "common" and r.offered_qps == 150.0 and r.n == 100 for r in o.common)
-        assert all(r.offered_qps == 0.5 * 150.0 for r in o.equal_util)
+        assert all(r.offered_qps == 0.5 * median_capacity(o) for r in o.equal_util)
         # Every 10th request of both common-load windows, rescored offline: the same scores.
         c = o.correctness
         assert c is not None and c.n_requests == 2 * 100 // 10 and c.passed and c.max_abs_diff <= 1e-5
     for final in pipeline_metrics(out, variants, tracker, run_ids).values():
-        assert final["max_qps_at_slo"] == 150.0 and final["slo_p99_ms"] == 5000.0
+        assert final["max_qps_at_slo"] in (0.0, 75.0, 150.0) and final["slo_p99_ms"] == 5000.0
         assert final["correctness_passed"] == 1.0 and final["n_repeats"] == 2.0
-        assert final["e2e_p50_ms_lo"] <= final["e2e_p50_ms"] <= final["e2e_p50_ms_hi"]
+        # 2 repeats: Student t with 1 df may open the interval above; an open (+inf) bound is not logged
+        assert final["e2e_p50_ms_lo"] <= final["e2e_p50_ms"] <= final.get("e2e_p50_ms_hi", math.inf)
         assert "unloaded_e2e_p50_ms" in final and "unloaded_e2e_p99_ms" not in final  # n/a: not logged
     # The servers were stopped, and so was the one Locust process that ran every window.
     left = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
