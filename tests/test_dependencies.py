@@ -55,7 +55,11 @@ def imported_distributions(paths: list[Path]) -> dict[str, str]:
                     continue
                 for m in mods:
                     top = m.split(".")[0]
-                    if top in sys.stdlib_module_names or top in local or top in ("reco", "__future__"):
+                    if (
+                        top in sys.stdlib_module_names
+                        or top in local
+                        or top in ("reco", "bench", "__future__")
+                    ):
                         continue
                     names = dists.get(top) or [OTHER_VENV.get(top, top)]
                     key = "|".join(sorted({_norm(d) for d in names}))

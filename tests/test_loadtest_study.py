@@ -133,9 +133,12 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
     assert not [c for c in left if "reco.serve" in c or "locust" in c], left
     (kept_log,) = tmp_path.glob("locust-*.log")  # one kept process for the 2 x (1 + 2 + 2 + 2 + 2) windows
     # Where the time went, per kind of run and variant (the report's setup section prints it).
-    assert set(out.seconds) == {"servers' start", "settle", "unloaded", "capacity", "common", "equal_util"}
+    kinds = {"servers' start", "settle", "unloaded", "capacity", "common"} | (
+        {"equal_util"} if has_cap else set()
+    )
+    assert set(out.seconds) == kinds
     assert all(
-        set(by) == {"baseline", "student"} and min(by.values()) > 0
+        set(by) == ({"baseline", "student"} if k != "equal_util" else set(has_cap)) and min(by.values()) > 0
         for k, by in out.seconds.items()
         if k != "servers' start"
     )
