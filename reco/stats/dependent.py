@@ -91,6 +91,7 @@ def flat_top_lrv(windows: Sequence[np.ndarray], centre: float) -> tuple[float, i
 
 
 SECTIONS = 5  # per window: few enough that each section holds several correlation times at 85 % load
+SECTION_EVENTS = 10  # expected requests past the quantile per section (_sections)
 
 
 def _cluster_var(windows: Sequence[np.ndarray], centre: float) -> float:
@@ -118,18 +119,25 @@ def half_width(indicators: Sequence[np.ndarray], q: float, conf: float = CONF) -
     bern = p * (1 - p)
     lrv, _ = flat_top_lrv(indicators, p)
     widths = [float(sps.norm.ppf(a)) * math.sqrt(q * (1 - q) * max(lrv / bern, 1.0) / n)]
-    for clusters in (indicators, _sections(indicators)):
+    for clusters in (indicators, _sections(indicators, q)):
         if len(clusters) >= 2:
             tau = _cluster_var(clusters, p) * n / bern
             widths.append(float(sps.t.ppf(a, len(clusters) - 1)) * math.sqrt(q * (1 - q) * tau / n))
     return max(widths)
 
 
-def _sections(windows: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Each window cut into SECTIONS contiguous parts (batch means: Schmeiser 1982, Oper. Res. 30): a
+def _sections(windows: Sequence[np.ndarray], q: float) -> list[np.ndarray]:
+    """Each window cut into up to SECTIONS contiguous parts (batch means: Schmeiser 1982, Oper. Res. 30): a
     window as long as its correlation time makes the kernel estimate too small (it cannot see lags longer
-    than its bandwidth), and the spread of its sections shows it."""
-    return [part for w in windows for part in np.array_split(np.asarray(w), SECTIONS) if len(part)]
+    than its bandwidth), and the spread of its sections shows it. A section must expect >= SECTION_EVENTS
+    requests on the rarer side of the quantile, or its mean is a count of one or two events and the t
+    interval over them is noise: a p99 needs 1,000 requests a section, a p50 20."""
+    out = []
+    for w in windows:
+        k = min(SECTIONS, int(len(w) * min(q, 1 - q) / SECTION_EVENTS))
+        if k >= 2:
+            out += [part for part in np.array_split(np.asarray(w), k) if len(part)]
+    return out
 
 
 def _iid_half_width(n: int, q: float, conf: float) -> float:
