@@ -118,7 +118,10 @@ def test_closed_loop_exact_percentiles_land_in_mlflow(server, tmp_path):
     tracker.log_artifacts(run_id, res.artifacts, "loadtest")
     logged = client.get_run(run_id).data
     for name in (*METRICS, "e2e_p99_ms_lo", "e2e_p99_ms_hi"):
-        assert logged.metrics[name] == pytest.approx(m[name], rel=1e-12)
+        if math.isinf(m[name]):  # an interval open above: its +inf bound is not logged (absent = open)
+            assert name not in logged.metrics
+        else:
+            assert logged.metrics[name] == pytest.approx(m[name], rel=1e-12)
     assert logged.params["loadtest.mode"] == "closed"
     arts = {a.path for a in client.list_artifacts(run_id, "loadtest")}
     assert "loadtest/latency_cdf.png" in arts and "loadtest/latencies.csv" in arts
@@ -194,7 +197,10 @@ def test_capacity_search_on_a_real_server(server, tmp_path):
         growth=2.0,  # out 1-6 % of the requests (the search, not the server, is under test here)
         max_rate=80,
         steps=2,
-        step_requests=368,
+        # one look of 1,000: at 368 (the least n for a p99 bound) any sign of dependence between a real
+        # server's requests opens the bound (reco.stats.dependent)
+        step_requests=1000,
+        max_step_requests=1000,
         step_warmup_s=0.3,
         max_error_rate=0.05,
     )
@@ -207,7 +213,7 @@ def test_capacity_search_on_a_real_server(server, tmp_path):
     assert all(s.verdict == Verdict.PASS for s in cap.steps), capacity_table(cap)
     assert cap.highest_pass == 80.0 and cap.lowest_fail is None
     for i, s in enumerate(cap.steps):  # a count, whatever the rate: the same power at 40 and 80 req/s
-        assert s.run.n == 368 and s.run.offered_qps == s.rate and s.run.quantiles["p99"].hi <= 5_000.0
+        assert s.run.n == c.step_requests and s.run.offered_qps == s.rate and s.run.quantiles["p99"].hi <= 5_000.0
         assert (tmp_path / "cap" / f"step_{i:02d}_{s.rate:.0f}qps" / "w00" / "latencies.csv").exists()
 
 

@@ -127,16 +127,15 @@ def half_width(indicators: Sequence[np.ndarray], q: float, conf: float = CONF) -
 
 
 def _sections(windows: Sequence[np.ndarray], q: float) -> list[np.ndarray]:
-    """Each window cut into up to SECTIONS contiguous parts (batch means: Schmeiser 1982, Oper. Res. 30): a
+    """Each window cut into SECTIONS contiguous parts (batch means: Schmeiser 1982, Oper. Res. 30): a
     window as long as its correlation time makes the kernel estimate too small (it cannot see lags longer
     than its bandwidth), and the spread of its sections shows it. A section must expect >= SECTION_EVENTS
     requests on the rarer side of the quantile, or its mean is a count of one or two events and the t
-    interval over them is noise: a p99 needs 1,000 requests a section, a p50 20."""
+    interval over them is noise: a p99 needs 1,000 requests a section, a p50 20 (shorter windows: none)."""
     out = []
     for w in windows:
-        k = min(SECTIONS, int(len(w) * min(q, 1 - q) / SECTION_EVENTS))
-        if k >= 2:
-            out += [part for part in np.array_split(np.asarray(w), k) if len(part)]
+        if len(w) * min(q, 1 - q) >= SECTIONS * SECTION_EVENTS:  # fewer sections: t with < 4 df is useless
+            out += list(np.array_split(np.asarray(w), SECTIONS))
     return out
 
 
