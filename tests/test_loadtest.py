@@ -213,7 +213,11 @@ def test_capacity_search_on_a_real_server(server, tmp_path):
     assert all(s.verdict == Verdict.PASS for s in cap.steps), capacity_table(cap)
     assert cap.highest_pass == 80.0 and cap.lowest_fail is None
     for i, s in enumerate(cap.steps):  # a count, whatever the rate: the same power at 40 and 80 req/s
-        assert s.run.n == c.step_requests and s.run.offered_qps == s.rate and s.run.quantiles["p99"].hi <= 5_000.0
+        assert (
+            s.run.n == c.step_requests
+            and s.run.offered_qps == s.rate
+            and s.run.quantiles["p99"].hi <= 5_000.0
+        )
         assert (tmp_path / "cap" / f"step_{i:02d}_{s.rate:.0f}qps" / "w00" / "latencies.csv").exists()
 
 

@@ -6,6 +6,7 @@ import copy
 import dataclasses
 import json
 import math
+import time
 from pathlib import Path
 
 import psutil
@@ -13,6 +14,7 @@ import pytest
 from conftest import make_variant
 
 from reco.cli.compose import compose
+from reco.loadtest.budget import Budget, BudgetTooSmall, Skipped, summary
 from reco.loadtest.config import loadtest_config
 from reco.loadtest.correctness import check_scores
 from reco.loadtest.study import median_capacity
@@ -243,3 +245,43 @@ def run_study_logged(variants, data, dpath, cfg, out_dir, calls, forward=None):
             forward(name, paths, subdir)
 
     return run_study(variants, data, dpath, cfg["loadtest"], cfg["serve"], out_dir, log)
+
+
+def test_a_budget_too_small_stops_before_the_first_window(tiny_data, built, tmp_path):
+    """No server starts and no window runs: the error names the flag and the minimum it needs."""
+    variant, dpath = built
+    cfg = study_cfg(study={"budget_min": 0.1})
+    with pytest.raises(BudgetTooSmall, match=r"loadtest.study.budget_min=0.1 is too small .* at least 1 min"):
+        run_study_logged([("baseline", variant), ("student", variant)], tiny_data, dpath, cfg, tmp_path, [])
+    assert not list(tmp_path.rglob("latencies.csv"))
+    with pytest.raises(BudgetTooSmall, match="expected > 0 minutes or null"):
+        run_study_logged(
+            [("baseline", variant)], tiny_data, dpath, study_cfg(study={"budget_min": 0}), tmp_path, []
+        )
+
+
+def test_a_spent_budget_skips_and_lists_windows_never_guesses(tiny_data, built, tmp_path):
+    """A budget that runs out during the study: what did not fit is skipped (no LoadRun, no figure), listed
+    with its kind, and the summary says how much more time would have run it."""
+    variant, dpath = built
+    cfg = study_cfg(study={"budget_min": 0.75, "repeats": 3, "settle_s": 0.5})
+    out = run_study_logged([("baseline", variant), ("student", variant)], tiny_data, dpath, cfg, tmp_path, [])
+    assert out.budget.startswith("0.75 min, used") and "skipped" in out.budget, out.budget
+    ran = sum(
+        len(o.unloaded) + len(o.capacity) + len(o.common) + len(o.equal_util) for o in out.outcomes.values()
+    )
+    skipped = int(out.budget.split("skipped ")[1].split(" ")[0])
+    # every window either ran or is listed, but equal utilisation, which needs a capacity that a search cut
+    # short by the budget may not have found
+    no_cap = sum(3 for o in out.outcomes.values() if not median_capacity(o))
+    assert skipped > 0 and ran + skipped + no_cap >= 2 * 3 * 4 >= ran + skipped
+    assert all(not o.error for o in out.outcomes.values())  # skipping is not a failure
+
+
+def test_budget_summary_and_deadline():
+    b = Budget(None)
+    assert not b.over() and summary(b).startswith("none")
+    b = Budget(1.0, start=time.time() - 120)
+    assert b.over() and b.more_min() == 0.0
+    b.skipped.append(Skipped("v", "common", "common run 2", 30.0))
+    assert "skipped 1 windows (1 common)" in summary(b) and "about 2 min would have run them" in summary(b)

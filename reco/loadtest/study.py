@@ -200,7 +200,9 @@ class _Study:
 
         self.measure(name, "settle", "settling run", go)
 
-    def capacity(self, name: str, r: int, slo: float) -> None:
+    def capacity(self, name: str, r: int, slo: float, share: int = 1) -> None:
+        """One capacity search; with a budget it may use 1/share of the capacity time left (the searches
+        still to run in this round share it), so one slow variant cannot starve the others."""
         d = self.out / name / "capacity" / f"r{r}"
         cfg = dataclasses.replace(self.lt.capacity, start_rate=self.start_rate(name))
         hint = self.expect_fail(name)
@@ -213,7 +215,8 @@ class _Study:
             def say(msg: str) -> None:
                 _say(f"    {name} capacity r{r}: {msg}")
 
-            deadline = self.budget.deadline - self.reserve_s
+            end = self.budget.deadline - self.reserve_s
+            deadline = min(end, time.time() + (end - time.time()) / share)
             return find_capacity(measure, slo, cfg, d, expect_fail=hint, say=say, deadline=deadline)
 
         cap = self.measure(name, "capacity", f"capacity search {r}", go)
@@ -419,9 +422,11 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
             f"\n[load] capacity at p99 <= {result.slo_p99_ms:.2f} ms: {st.repeats} x {len(order)}, interleaved"
         )
         for r in range(st.repeats):
-            for n in s.alive():
-                s.capacity(n, r, result.slo_p99_ms)
+            names = s.alive()
+            for i, n in enumerate(names):
                 s.reserve_s = _reserve(s, ref, slots)
+                # the reference's first search sets the common load: it may use all the capacity time
+                s.capacity(n, r, result.slo_p99_ms, share=1 if (n, r) == (ref, 0) else len(names) - i)
     _unloaded_rounds(s, slots, 1)
 
     result.common_rate_qps = _common_rate(s, ref)
@@ -506,9 +511,11 @@ def _reserve(s: _Study, ref: str, slots: list[int]) -> float:
     alive = s.alive()
     rounds_left = sum(at > 0 for at in slots)
     need = rounds_left * sum(s.per_window_s(n, "unloaded") or 0.0 for n in alive)
-    common = st.common_rate or (st.common_load_fraction * (median_capacity(s.outcomes[ref]) or 0.0))
+    # before a variant's first search, where its search starts stands in for its capacity
+    cap = {n: median_capacity(s.outcomes[n]) or s.start_rate(n) for n in alive}
+    common = st.common_rate or (st.common_load_fraction * cap.get(ref, 0.0))
     for n in alive:
-        own = median_capacity(s.outcomes[n]) or 0.0
+        own = cap[n]
         rates = [(common, st.load_requests)]
         if st.equal_util_fraction > 0:
             rates.append((st.equal_util_fraction * own, st.equal_util_requests))
