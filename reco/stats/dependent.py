@@ -8,12 +8,15 @@ simulated M/M/1 queue at 70 % utilisation it covers about a quarter of the time 
 **The interval.** For a dependent series the fraction of requests at or below the true q-quantile is
 still unbiased for q, but its variance is q (1 - q) tau / n, where tau is the long-run variance of the
 indicator series 1{x_t <= xi} over q (1 - q) (the Bahadur representation for dependent sequences:
-Wu 2005, Ann. Statist. 33(4); Sen 1972). We estimate it two ways and keep the larger:
+Wu 2005, Ann. Statist. 33(4); Sen 1972). We estimate it three ways and keep the largest:
 
 - **within windows**: the indicator's autocovariances, pooled over the time-ordered windows, summed with
   Politis's flat-top lag window and its data-chosen bandwidth (the lag after which the autocorrelations
   stay below 2 sqrt(log10(n) / n): Politis 2003, J. Nonparam. Stat. 15; Politis & White 2004,
   Econometric Rev. 23); normal quantile;
+- **sections** (batch means): each window cut into 5 contiguous sections, as clusters (Student t, 4 df per
+  window), where each section expects >= 10 requests past the quantile: a window only a few correlation
+  times long hides its dependence from the kernel estimate (its bandwidth cannot reach those lags);
 - **between windows** (>= 2 windows): the windows as clusters (the cluster-robust variance of a mean,
   Cameron & Miller 2015, J. Human Resources 50), Student t with W - 1 degrees of freedom, so drift between
   repeats widens the interval instead of being averaged away.
