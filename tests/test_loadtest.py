@@ -209,15 +209,19 @@ def test_capacity_search_on_a_real_server(server, tmp_path):
     settings = with_settings(settings, capacity=c, loadgen=lg)
     measure = open_loop_measure(server["url"], settings, server["requests"])
     cap = find_capacity(measure, 5_000.0, c, tmp_path / "cap")
-    assert [s.rate for s in cap.steps] == [40.0, 80.0], capacity_table(cap)
-    assert all(s.verdict == Verdict.PASS for s in cap.steps), capacity_table(cap)
-    assert cap.highest_pass == 80.0 and cap.lowest_fail is None
-    for i, s in enumerate(cap.steps):  # a count, whatever the rate: the same power at 40 and 80 req/s
-        assert (
-            s.run.n == c.step_requests
-            and s.run.offered_qps == s.rate
-            and s.run.quantiles["p99"].hi <= 5_000.0
-        )
+    # Far under the SLO every step PASSes, unless the machine is so busy that the p99's interval stays
+    # open above (bursts of slow requests: reco.stats.dependent): then it is INCONCLUSIVE, never FAIL, and
+    # the search moves down instead of up. Either way each step is a count, whatever its rate.
+    table = capacity_table(cap)
+    assert all(s.verdict in (Verdict.PASS, Verdict.INCONCLUSIVE) for s in cap.steps), table
+    first = cap.steps[0]
+    assert first.rate == 40.0 and cap.steps[1].rate == (80.0 if first.verdict == Verdict.PASS else 20.0), (
+        table
+    )
+    assert cap.highest_pass == max((s.rate for s in cap.steps if s.verdict == Verdict.PASS), default=0.0)
+    for i, s in enumerate(cap.steps):
+        assert s.run.n == c.step_requests and s.run.offered_qps == s.rate
+        assert s.verdict != Verdict.PASS or s.run.quantiles["p99"].hi <= 5_000.0
         assert (tmp_path / "cap" / f"step_{i:02d}_{s.rate:.0f}qps" / "w00" / "latencies.csv").exists()
 
 
