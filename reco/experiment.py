@@ -21,7 +21,7 @@ from reco.config import ConfigError, typed
 from reco.data.config import DataConfig
 from reco.graph import Node, plan
 from reco.loadtest.config import LoadtestConfig
-from reco.loadtest.servings import DEFAULT, label
+from reco.loadtest.servings import label, pairs
 from reco.measure import RankLatencyConfig
 from reco.profile import ProfileConfig
 from reco.serve.config import ServeConfig
@@ -96,13 +96,7 @@ def experiment_config(cfg: DictConfig) -> ExperimentConfig:
 
 def study_rows(nodes: list[Node], lt: LoadtestConfig) -> list[str]:
     """The report's rows: every variant of the graph, and each serving row the study adds (reco.loadtest.servings)."""
-    servings = lt.study.servings or {DEFAULT: None}
-    return [
-        label(n.name, s)
-        for n in nodes
-        for s, cfg in servings.items()
-        if cfg is None or cfg.variants is None or n.name in cfg.variants
-    ]
+    return [label(n, s) for n, s, _ in pairs([n.name for n in nodes], lt.study.servings)]
 
 
 def check_headline(headline: object, nodes: list[Node], lt: LoadtestConfig) -> str | None:

@@ -56,23 +56,31 @@ def label(variant: str, serving: str) -> str:
     return variant if serving == DEFAULT else f"{variant}_{serving}"
 
 
-def cross(variants: list[tuple[str, Variant]], servings: dict[str, ServingConfig]) -> list[Served]:
-    """Every (variant, serving) pair the study config asks for, variant by variant in the given order.
+def pairs(names: list[str], servings: dict[str, ServingConfig]) -> list[tuple[str, str, ServingConfig]]:
+    """(variant, serving name, serving) of every pair the study config asks for, variant by variant in the
+    given order: what `cross` serves and what the report's rows are named after (reco.experiment checks a
+    headline against them before anything runs).
 
     With no servings configured every variant is served by reco's server as conf/serve configures it.
     Raises ConfigError naming loadtest.study.servings.<name> when a label collides with a variant's name.
     """
     servings = servings or {DEFAULT: ServingConfig()}
-    names = {n for n, _ in variants}
-    out: list[Served] = []
-    for n, v in variants:
+    out = []
+    for n in names:
         for s_name, s in servings.items():
             if s.variants is not None and n not in s.variants:
                 continue
-            lab = label(n, s_name)
-            if s_name != DEFAULT and lab in names:
+            if s_name != DEFAULT and (lab := label(n, s_name)) in names:
                 raise ConfigError(
                     f"loadtest.study.servings.{s_name}: the row {lab!r} would clash with the variant {lab!r}"
                 )
-            out.append(Served(lab, v, s_name, s))
+            out.append((n, s_name, s))
     return out
+
+
+def cross(variants: list[tuple[str, Variant]], servings: dict[str, ServingConfig]) -> list[Served]:
+    """Every (variant, serving) pair the study config asks for as a Served row (see `pairs`)."""
+    by_name = dict(variants)
+    return [
+        Served(label(n, s_name), by_name[n], s_name, s) for n, s_name, s in pairs(list(by_name), servings)
+    ]
