@@ -43,12 +43,7 @@ def short(e: Estimate | None, spec: str | None = None, unit: str = "") -> str:
     if not e.supported:
         return f"n/a (n={e.n:,})"
     s = spec or _spec(e.value)
-    return f"{num(e.value, s)}{unit} {interval(e, s)}"
-
-
-def interval(e: Estimate, spec: str) -> str:
-    """'[11.9, 13.0]', or '[11.9, inf)' for an interval open above (a bound past every measured value)."""
-    return f"[{num(e.lo, spec)}, " + ("inf)" if math.isinf(e.hi) else f"{num(e.hi, spec)}]")
+    return f"{num(e.value, s)}{unit} {e.interval(s)}"
 
 
 def spread(e: Estimate | None, spec: str | None = None, unit: str = "") -> str:

@@ -1,6 +1,6 @@
 """The statistics every decision in reco rests on: quantile CIs, verdicts, ratio CIs, paired ΔAUC.
 
-One module, shared by the load test, the capacity search, the study and the report, so a p99 means the
+One package, shared by the load test, the capacity search, the study and the report, so a p99 means the
 same thing everywhere:
 
 - **Quantiles** are nearest-rank (a latency some request really had) with a distribution-free 95 %
@@ -58,8 +58,12 @@ class Estimate:
         """'12.3 [11.9, 13.0] (n=4,000)', '12.3 [11.9, inf) (n=400)' or 'n/a (n=120)'."""
         if self.value is None:
             return f"n/a (n={self.n:,})"
-        close = "inf)" if math.isinf(self.hi) else f"{_num(self.hi, spec)}]"  # open above: one-sided
-        return f"{_num(self.value, spec)}{unit} [{_num(self.lo, spec)}, {close} (n={self.n:,})"
+        return f"{_num(self.value, spec)}{unit} {self.interval(spec)} (n={self.n:,})"
+
+    def interval(self, spec: str = ".1f") -> str:
+        """'[11.9, 13.0]', or '[11.9, inf)' for an interval open above (a bound past every measured value)."""
+        close = "inf)" if math.isinf(self.hi) else f"{_num(self.hi, spec)}]"
+        return f"[{_num(self.lo, spec)}, {close}"
 
     def to_dict(self) -> dict:
         return {"value": self.value, "lo": self.lo, "hi": self.hi, "n": self.n}
