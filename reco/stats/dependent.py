@@ -64,17 +64,17 @@ def _autocov(windows: Sequence[np.ndarray], centre: float, max_lag: int) -> np.n
     return acc / max(total, 1)
 
 
-def flat_top_lrv(windows: Sequence[np.ndarray], centre: float) -> tuple[float, int]:
-    """(long-run variance, bandwidth M) of the windows' series around `centre`: Politis's flat-top
-    (trapezoid) lag-window estimator with his empirical bandwidth rule (see the module docstring)."""
+def flat_top_lrv(windows: Sequence[np.ndarray], centre: float) -> float:
+    """Long-run variance of the windows' series around `centre`: Politis's flat-top (trapezoid)
+    lag-window estimator with his empirical bandwidth rule (see the module docstring)."""
     n = sum(len(w) for w in windows)
     longest = max((len(w) for w in windows), default=0)
     if n < 2 or longest < 2:
-        return 0.0, 0
+        return 0.0
     max_lag = min(longest - 1, max(n // 4, 1))
     r = _autocov(windows, centre, max_lag)
     if r[0] <= 0:
-        return 0.0, 0
+        return 0.0
     rho = r / r[0]
     bound = 2.0 * math.sqrt(math.log10(n) / n)
     k_n = max(5, math.ceil(math.sqrt(math.log10(n))))
@@ -86,11 +86,11 @@ def flat_top_lrv(windows: Sequence[np.ndarray], centre: float) -> tuple[float, i
             break
     band = min(2 * m_hat, max_lag)
     if band == 0:
-        return float(r[0]), 0
+        return float(r[0])
     k = np.arange(1, band + 1)
     t = k / band
     lam = np.where(t <= 0.5, 1.0, 2.0 * (1.0 - t))
-    return float(r[0] + 2.0 * np.sum(lam * r[1 : band + 1])), band
+    return float(r[0] + 2.0 * np.sum(lam * r[1 : band + 1]))
 
 
 SECTIONS = 5  # per window: few enough that each section holds several correlation times at 85 % load
@@ -120,7 +120,7 @@ def half_width(indicators: Sequence[np.ndarray], q: float, conf: float = CONF) -
         return _iid_half_width(n, q, conf)
     a = 1 - (1 - conf) / 2
     bern = p * (1 - p)
-    lrv, _ = flat_top_lrv(indicators, p)
+    lrv = flat_top_lrv(indicators, p)
     widths = [float(sps.norm.ppf(a)) * math.sqrt(q * (1 - q) * max(lrv / bern, 1.0) / n)]
     for clusters in (indicators, _sections(indicators, q)):
         if len(clusters) >= 2:
