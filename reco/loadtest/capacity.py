@@ -53,7 +53,7 @@ from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.outcome import Capacity, CapacityStep, LoadRun
 from reco.loadtest.runner import run_load, with_settings
 from reco.loadtest.runs import pool_runs
-from reco.stats import CONF, Verdict, min_n_for_quantile, verdict_at_most
+from reco.stats import CONF, Estimate, Verdict, min_n_for_quantile, verdict_at_most
 from reco.stats.dependent import dependent_bounds, dependent_quantile_ci
 
 P99_MIN_N = min_n_for_quantile(0.99)  # 368 (one look at 95 %)
@@ -103,23 +103,23 @@ def step_conf(c: CapacityConfig) -> float:
 
 def step_verdict(
     run: LoadRun, slo_p99_ms: float, max_error_rate: float, conf: float = CONF
-) -> tuple[Verdict, str]:
-    """(verdict, reason) of one step's (pooled) run against the SLO, its p99 interval at `conf`; reason is
-    '' for PASS."""
-    if not run.valid:
-        return Verdict.INVALID, f"invalid: {run.invalid_reason}"
-    if run.error_rate > max_error_rate:
-        return Verdict.FAIL, f"error rate {run.error_rate:.4f} > max_error_rate {max_error_rate:g}"
+) -> tuple[Verdict, str, Estimate]:
+    """(verdict, reason, p99) of one step's (pooled) run against the SLO: the p99 with its interval at
+    `conf`, the one the verdict rests on (the run's own quantiles are at 95 %); reason is '' for PASS."""
     p99 = dependent_quantile_ci([run.latencies_ms], 0.99, conf)
+    if not run.valid:
+        return Verdict.INVALID, f"invalid: {run.invalid_reason}", p99
+    if run.error_rate > max_error_rate:
+        return Verdict.FAIL, f"error rate {run.error_rate:.4f} > max_error_rate {max_error_rate:g}", p99
     v = verdict_at_most(p99, slo_p99_ms)
     ci = f"p99 {p99.fmt('.2f')} ({conf:.1%} CI)"
     if v == Verdict.PASS:
-        return v, ""
+        return v, "", p99
     if v == Verdict.FAIL:
-        return v, f"{ci} > SLO {slo_p99_ms:.2f} ms"
+        return v, f"{ci} > SLO {slo_p99_ms:.2f} ms", p99
     if p99.value is None:
-        return v, f"p99 not supported by n={p99.n} at {conf:.1%}"
-    return v, f"{ci} straddles SLO {slo_p99_ms:.2f} ms"
+        return v, f"p99 not supported by n={p99.n} at {conf:.1%}", p99
+    return v, f"{ci} straddles SLO {slo_p99_ms:.2f} ms", p99
 
 
 def run_step(
@@ -145,10 +145,11 @@ def run_step(
     runs.append(measure(rate, int(c.step_requests) - screen, out_dir / f"w{len(runs):02d}"))
     while True:
         pooled = pool_runs(runs)
-        verdict, reason = step_verdict(pooled, slo_p99_ms, c.max_error_rate, step_conf(c))
+        conf = step_conf(c)
+        verdict, reason, p99 = step_verdict(pooled, slo_p99_ms, c.max_error_rate, conf)
         done = verdict != Verdict.INCONCLUSIVE or pooled.n >= c.max_step_requests
-        p99 = pooled.quantiles["p99"].fmt(".2f")
-        say(f"{rate:.1f} req/s: p99 {p99} ms -> {verdict.value}{'' if done else ', extending'}")
+        judged = f"p99 {p99.fmt('.2f')} ms at {conf:.1%}"  # the interval the verdict rests on
+        say(f"{rate:.1f} req/s: {judged} -> {verdict.value}{'' if done else ', extending'}")
         if done:
             return CapacityStep(rate, pooled, verdict, reason)
         more = min(pooled.n, int(c.max_step_requests) - pooled.n)

@@ -85,7 +85,7 @@ class _Study:
         self.rank_p50_ms: dict[str, float] = {}  # in-process ranking latency: a capacity estimate
         self.pool: LocustPool | None = None  # Locust processes kept across the study's windows
         self.seconds: dict[str, dict[str, float]] = {}  # kind of run -> variant -> wall seconds spent
-        self.budget = Budget(lt.study.budget_min)  # restarted when the servers start
+        self.budget = Budget(lt.study.budget_min)  # its clock starts with the servers (run_study)
         self.reserve_s = 0.0  # seconds the phases after the capacity searches need (_reserve)
 
     def fail(self, name: str, msg: str) -> None:
@@ -317,8 +317,7 @@ def run_study(
     settings_of = {p.label: p.settings(serve) for p in pairs}
     s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}
     check_budget(st.budget_min, *_minimum(s, ref, len(order)))
-    t_start = time.time()
-    s.budget = Budget(st.budget_min, start=t_start)
+    t_start = s.budget.start = time.time()
     pool = LocustPool(out, lt.loadgen.startup_timeout_s, say=_say)  # its logs: out/locust-<port>.log
     with (
         stop_on_signals(),
