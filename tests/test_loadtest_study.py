@@ -9,6 +9,7 @@ import math
 import time
 from pathlib import Path
 
+import numpy as np
 import psutil
 import pytest
 from conftest import make_variant
@@ -158,11 +159,26 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
 
 
 def test_unloaded_rounds_are_spread_over_the_study():
-    from reco.loadtest.study import UNLOADED_SLOTS, unloaded_slots
+    from reco.loadtest.study import checkpoints, unloaded_slots
 
-    assert UNLOADED_SLOTS[0] == "start" and UNLOADED_SLOTS[-1] == "end"
-    assert unloaded_slots(1) == [0] and unloaded_slots(2) == [0, 2] and unloaded_slots(3) == [0, 1, 2]
-    assert unloaded_slots(5) == [0, 1, 1, 2, 2] and unloaded_slots(0) == []
+    points = checkpoints(3)
+    assert points[0] == "start" and points[-1] == "end" and len(points) == 6
+    assert points[3] == "after common-load round 1"
+    assert (
+        unloaded_slots(1, 6) == [0] and unloaded_slots(2, 6) == [0, 5] and unloaded_slots(3, 6) == [0, 3, 5]
+    )
+    assert unloaded_slots(6, 6) == [0, 1, 2, 3, 4, 5] and unloaded_slots(0, 6) == []
+
+
+def test_a_capacity_search_starts_where_a_queue_of_the_unloaded_latencies_meets_the_slo():
+    """M/M/1 check of reco.loadtest.predict: exponential service of mean 10 ms has the p99 sojourn
+    ln(100) / (mu - lambda), so a 100 ms SLO is met up to lambda = 100 - 46.05 = 53.9 req/s."""
+    from reco.loadtest.predict import predicted_capacity
+
+    service = np.random.default_rng(1).exponential(10.0, 20_000)
+    assert predicted_capacity(service, 100.0) == pytest.approx(100 - math.log(100) / 0.1, rel=0.1)
+    assert predicted_capacity(service, 30.0) is None  # even an idle server's p99 (46 ms) misses it
+    assert predicted_capacity([math.inf], 100.0) is None
 
 
 def test_relative_slo_takes_the_median_of_reference_repeats_run_first(tiny_data, built, tmp_path):
@@ -275,6 +291,7 @@ def test_a_spent_budget_skips_and_lists_windows_never_guesses(tiny_data, built, 
     # short by the budget may not have found
     no_cap = sum(3 for o in out.outcomes.values() if not median_capacity(o))
     assert skipped > 0 and ran + skipped + no_cap >= 2 * 3 * 4 >= ran + skipped
+    assert "would have run them" in out.budget, out.budget  # every skipped window has an estimate
     assert all(not o.error for o in out.outcomes.values())  # skipping is not a failure
 
 

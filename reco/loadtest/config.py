@@ -112,6 +112,7 @@ class StudyConfig:
     )
     settle_s: float = MISSING  # unrecorded closed-loop traffic per variant before the first window (0: none)
     unloaded_requests: int = MISSING  # requests of an unloaded run (one closed-loop user)
+    unloaded_repeats: int | None = MISSING  # unloaded runs per variant (null: repeats), spread over the study
     load_requests: int = MISSING  # requests of a common-load window
     equal_util_requests: int = MISSING  # requests of an equal-utilisation window
     # wall-time limit of the load test in minutes (null: none); windows past it are skipped and listed,

@@ -12,14 +12,16 @@ so drift of the machine hits all variants alike):
 2. **Settle** (`study.settle_s` seconds of one closed-loop user per variant, in study order, recorded
    nowhere): the first measured window otherwise catches the tail of the servers' start-up
    (experiments/ecommerce_case_study/README.md, runs 4 and 5).
-   **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant, its rounds spread over
-   the study -- start, after the capacity searches, end (unloaded_slots) -- so drift over the study shows
-   in their spread. With a relative SLO the reference gets extra rounds at the start until it has
+   **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant, `study.unloaded_repeats`
+   rounds spread over the study's checkpoints -- start, after the capacity searches, after each
+   common-load round, end (unloaded_slots) -- so drift over the study shows in their spread. With a relative SLO the reference gets extra rounds at the start until it has
    `capacity.reference_repeats` (>= 5) runs.
 3. **SLO**, fixed before any capacity search: `capacity.slo_p99_ms` (preferred), else `slo_factor` x the
    MEDIAN unloaded p99 of the reference. Without an SLO (reference failed, none set) every variant's
    LoadOutcome.error says so and no capacity is searched.
-4. **Capacity** at that SLO (reco.loadtest.capacity: count-based steps, CI verdicts, extension).
+4. **Capacity** at that SLO (reco.loadtest.capacity: count-based steps, CI verdicts, extension), each
+   search starting where a queue of the variant's unloaded latencies would reach the SLO
+   (reco.loadtest.predict); every variant's first search runs before anyone's second.
 5. **Common load**: `study.common_rate`, else `common_load_fraction` x the reference's median capacity;
    the scores of every `correctness.every`-th request are recorded for step 7.
 6. **Equal utilisation**: each variant at `equal_util_fraction` x its OWN median capacity (so the report
@@ -29,7 +31,8 @@ so drift of the machine hits all variants alike):
 
 With `study.budget_min` the whole of 2-6 fits a wall-time budget (reco.loadtest.budget): a window that
 would start past it is skipped and listed, a capacity search stops between steps early enough to leave
-the later phases their time (_reserve), and a budget too small for the reference's first windows stops
+the later phases their time (_reserve) and the variants still to be searched theirs (search_s), and a
+budget too small for the reference's first windows stops
 the study before it starts.
 
 Nothing here touches MLflow or the caller's objects: raw files go under out_dir/<variant>/, and
@@ -51,13 +54,16 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
+
 from reco.data.schema import Dataset
 from reco.loadtest.budget import Budget, Skipped, check_budget, summary
 from reco.loadtest.capacity import find_capacity, open_loop_measure, resolve_slo, write_capacity
-from reco.loadtest.config import LoadMode, LoadtestConfig
+from reco.loadtest.config import LoadMode, LoadtestConfig, StudyConfig
 from reco.loadtest.correctness import check_scores
 from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome, time_spent
+from reco.loadtest.predict import predicted_capacity
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
 from reco.loadtest.servings import cross
@@ -67,6 +73,8 @@ from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.variant import Variant
 
 Log = Callable[[str, list[Path], str], None]
+WINDOW_OVERHEAD_S = 2.0  # a window's start and stop beside its warm-up and requests (measured: ~2 s)
+SEARCH_STEPS = 4  # steps a search takes when it starts near its answer (budget estimates only)
 
 
 def _say(msg: str) -> None:
@@ -97,12 +105,16 @@ class _Study:
         """Variants still being measured (their server runs and no run of theirs raised)."""
         return [n for n in self.outcomes if n in self.servers]
 
-    def measure(self, name: str, kind: str, what: str, fn: Callable[[ServerHandle], Any]) -> Any:
+    def measure(
+        self, name: str, kind: str, what: str, fn: Callable[[ServerHandle], Any], est_s: float | None = None
+    ) -> Any:
         """fn(server) for one variant, its wall time added to seconds[kind][name]; an exception drops the
         variant from the rest of the study. Past the budget's deadline (a capacity search: less the later
-        phases' reserve) the run is skipped and listed instead (None)."""
+        phases' reserve) the run is skipped and listed instead (None), with the seconds it would have
+        taken: the variant's runs of that kind so far, else `est_s` (from its rate and request count)."""
         if kind != "settle" and self.budget.over(self.reserve_s if kind == "capacity" else 0.0):
-            self.budget.skipped.append(Skipped(name, kind, what, self.per_window_s(name, kind)))
+            took = self.per_window_s(name, kind)
+            self.budget.skipped.append(Skipped(name, kind, what, est_s if took is None else took))
             _say(f"  {name}: {what} skipped (loadtest.study.budget_min={self.budget.minutes:g} spent)")
             return None
         h = self.servers[name]
@@ -154,7 +166,9 @@ class _Study:
                 pool=self.pool,
             )
 
-        run = self.measure(name, "unloaded", f"unloaded run {r}", go)
+        per_request_ms = self.rank_p50_ms.get(name, 20.0) + 1.0
+        est = self.lt.study.unloaded_requests * per_request_ms / 1000.0 + self.lt.warmup_s + WINDOW_OVERHEAD_S
+        run = self.measure(name, "unloaded", f"unloaded run {r}", go, est)
         if run is not None:
             self.outcomes[name].unloaded.append(run)
             self.emit(name, run.artifacts, f"loadtest/unloaded/r{r}")
@@ -162,15 +176,33 @@ class _Study:
                 f"  {name} unloaded r{r}: p50 {run.quantiles['p50'].fmt('.2f')}, p99 {run.quantiles['p99'].fmt('.2f')} ms"
             )
 
-    def start_rate(self, name: str) -> float:
-        """Where a capacity search starts: fewer steps the closer it is (each step costs >= 368 requests)."""
+    def start_rate(self, name: str, slo: float | None = None) -> float:
+        """Where a capacity search starts: fewer steps the closer it is (each step costs >= 477 requests).
+        The earlier repeats' median pass, else capacity.start_rate, else the rate an M/G/1 queue of the
+        variant's own unloaded latencies carries at the SLO (reco.loadtest.predict), else 0.6 / rank p50."""
         done = [c.highest_pass for c in self.outcomes[name].capacity if c.highest_pass > 0]
         if done:
             return statistics.median(done)
         if self.lt.capacity.start_rate is not None:
             return float(self.lt.capacity.start_rate)
+        runs = [u.latencies_ms for u in self.outcomes[name].unloaded if u.valid]
+        if slo is not None and runs:
+            rate = predicted_capacity(np.concatenate(runs), slo)
+            if rate is not None:
+                return max(rate, float(self.lt.capacity.min_rate))
         p50 = self.rank_p50_ms.get(name)
         return 0.6 * 1000.0 / p50 if p50 else float(self.lt.capacity.min_rate)
+
+    def search_s(self, name: str, slo: float | None) -> float:
+        """Seconds a capacity search of this variant should take: its earlier searches' mean, else
+        SEARCH_STEPS steps of step_requests at its start rate (with each step's warm-up and start/stop)."""
+        done = self.per_window_s(name, "capacity")
+        if done is not None:
+            return done
+        c = self.lt.capacity
+        return SEARCH_STEPS * (
+            c.step_requests / self.start_rate(name, slo) + c.step_warmup_s + WINDOW_OVERHEAD_S
+        )
 
     def expect_fail(self, name: str) -> float | None:
         """Median lowest fail of the earlier repeats: tried second, so an unmoved bracket takes two steps."""
@@ -200,11 +232,12 @@ class _Study:
 
         self.measure(name, "settle", "settling run", go)
 
-    def capacity(self, name: str, r: int, slo: float, share: int = 1) -> None:
-        """One capacity search; with a budget it may use 1/share of the capacity time left (the searches
-        still to run in this round share it), so one slow variant cannot starve the others."""
+    def capacity(self, name: str, r: int, slo: float, leave_s: float = 0.0, share: int = 1) -> None:
+        """One capacity search. With a budget it stops between steps `leave_s` seconds (the searches still
+        to run that need their time) before its deadline, and may use 1/share of what is left, so one slow
+        variant cannot starve the others."""
         d = self.out / name / "capacity" / f"r{r}"
-        cfg = dataclasses.replace(self.lt.capacity, start_rate=self.start_rate(name))
+        cfg = dataclasses.replace(self.lt.capacity, start_rate=self.start_rate(name, slo))
         hint = self.expect_fail(name)
 
         def go(h: ServerHandle) -> Capacity:
@@ -215,11 +248,12 @@ class _Study:
             def say(msg: str) -> None:
                 _say(f"    {name} capacity r{r}: {msg}")
 
-            end = self.budget.deadline - self.reserve_s
+            end = self.budget.deadline - self.reserve_s - leave_s
             deadline = min(end, time.time() + (end - time.time()) / share)
+            _say(f"    {name} capacity r{r}: starts at {cfg.start_rate:.3g} req/s")
             return find_capacity(measure, slo, cfg, d, expect_fail=hint, say=say, deadline=deadline)
 
-        cap = self.measure(name, "capacity", f"capacity search {r}", go)
+        cap = self.measure(name, "capacity", f"capacity search {r}", go, self.search_s(name, slo))
         if cap is not None:
             self.outcomes[name].capacity.append(cap)
             self.emit(name, write_capacity(cap, d), f"loadtest/capacity/r{r}")
@@ -250,7 +284,8 @@ class _Study:
                 pool=self.pool,
             )
 
-        run = self.measure(name, kind, f"{kind} run {r} at {rate:.1f} req/s", go)
+        est = (s.window_requests or 0) / rate + self.lt.warmup_s + WINDOW_OVERHEAD_S
+        run = self.measure(name, kind, f"{kind} run {r} at {rate:.1f} req/s", go, est)
         if run is not None:
             getattr(self.outcomes[name], kind).append(run)
             self.emit(name, run.artifacts, f"loadtest/{kind}/r{r}")
@@ -398,10 +433,12 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
         _say(f"[load] settling: {st.settle_s:g} s of unrecorded traffic per variant")
         for n in s.alive():
             s.settle(n)
-    slots = unloaded_slots(st.repeats)
-    _unloaded_rounds(s, slots, 0)
+    points = checkpoints(st.repeats)
+    slots = unloaded_slots(unloaded_repeats(st), len(points))
+    _unloaded_rounds(s, slots, points, 0)
     if relative:  # the SLO needs the reference's median over reference_repeats runs before any search
-        for r in range(st.repeats, st.repeats + max(lt.capacity.reference_repeats - slots.count(0), 0)):
+        first = len(slots)
+        for r in range(first, first + max(lt.capacity.reference_repeats - slots.count(0), 0)):
             if ref in s.alive():
                 s.unloaded(ref, r)
 
@@ -416,26 +453,29 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
         for n in order:
             s.fail(n, f"no SLO, so no capacity search: the reference {ref!r} {why}; {e}")
 
-    if lt.capacity.enabled and result.slo_p99_ms is not None:
-        _say(
-            f"\n[load] capacity at p99 <= {result.slo_p99_ms:.2f} ms: {st.repeats} x {len(order)}, interleaved"
-        )
+    slo = result.slo_p99_ms
+    if lt.capacity.enabled and slo is not None:
+        _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: {st.repeats} x {len(order)}, interleaved")
         for r in range(st.repeats):
             names = s.alive()
             for i, n in enumerate(names):
-                s.reserve_s = _reserve(s, ref, slots)
-                # the reference's first search sets the common load: it may use all the capacity time
-                s.capacity(n, r, result.slo_p99_ms, share=1 if (n, r) == (ref, 0) else len(names) - i)
-    _unloaded_rounds(s, slots, 1)
+                s.reserve_s = _reserve(s, ref, slots, slo)
+                if r == 0:  # every variant's first search before anyone's second: each leaves the rest theirs
+                    s.capacity(n, r, slo, leave_s=sum(s.search_s(m, slo) for m in names[i + 1 :]))
+                else:
+                    s.capacity(n, r, slo, share=len(names) - i)
+    _unloaded_rounds(s, slots, points, 1)
 
     result.common_rate_qps = _common_rate(s, ref)
     if result.common_rate_qps is not None:
         _say(
             f"\n[load] common load {result.common_rate_qps:.1f} req/s: {st.repeats} x {len(order)}, interleaved"
         )
-        for r in range(st.repeats):
+    for r in range(st.repeats):
+        if result.common_rate_qps is not None:
             for n in s.alive():
                 s.loaded(n, r, "common", result.common_rate_qps)
+        _unloaded_rounds(s, slots, points, 2 + r)
 
     own = {n: median_capacity(s.outcomes[n]) for n in s.alive()}
     if st.equal_util_fraction > 0 and any(own.values()):
@@ -444,28 +484,38 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
             for n in s.alive():
                 if own.get(n):
                     s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n])
-    _unloaded_rounds(s, slots, 2)
+    _unloaded_rounds(s, slots, points, len(points) - 1)
 
 
-UNLOADED_SLOTS = ("start", "after the capacity searches", "end")
+def checkpoints(repeats: int) -> list[str]:
+    """The points of the study between its phases where an unloaded round can run, in order."""
+    return (
+        ["start", "after the capacity searches"]
+        + [f"after common-load round {r}" for r in range(repeats)]
+        + ["end"]
+    )
 
 
-def unloaded_slots(repeats: int) -> list[int]:
-    """Where in the study each unloaded round runs (an index into UNLOADED_SLOTS), spread evenly: 3 repeats
-    -> start, middle, end. Measured in two case-study runs with all rounds at the start: the eager
-    baseline's unloaded p50 drifted 26 -> 33 ms over the study, so rounds bunched in its first minutes
-    gave unloaded ratios whose CIs missed each other between runs; spread, the rounds sample that drift
-    and the ratio's interval (over repeats, then requests) carries it."""
-    last = len(UNLOADED_SLOTS) - 1
-    return [int(r * last / (repeats - 1) + 0.5) if repeats > 1 else 0 for r in range(repeats)]
+def unloaded_repeats(st: StudyConfig) -> int:
+    return st.repeats if st.unloaded_repeats is None else st.unloaded_repeats
 
 
-def _unloaded_rounds(s: _Study, slots: list[int], slot: int) -> None:
-    rounds = [r for r, at in enumerate(slots) if at == slot]
+def unloaded_slots(rounds: int, points: int) -> list[int]:
+    """At which checkpoint each unloaded round runs, spread evenly over the study (3 rounds over 6 points:
+    start, after common-load round 1, end). Measured in two case-study runs with all rounds at the start:
+    the eager baseline's unloaded p50 drifted 26 -> 33 ms over the study, so rounds bunched in its first
+    minutes gave unloaded ratios whose CIs missed each other between runs; spread, the rounds sample that
+    drift, and the pooled interval treats the rounds as clusters (reco.stats.dependent), so it carries it
+    -- with Student t on rounds - 1 df, which is why more, shorter rounds give a narrower honest interval
+    than 3 long ones (experiments/interval_coverage/README.md)."""
+    last = points - 1
+    return [int(r * last / (rounds - 1) + 0.5) if rounds > 1 else 0 for r in range(rounds)]
+
+
+def _unloaded_rounds(s: _Study, slots: list[int], points: list[str], at: int) -> None:
+    rounds = [r for r, p in enumerate(slots) if p == at]
     if rounds and s.alive():
-        _say(
-            f"\n[load] unloaded ({UNLOADED_SLOTS[slot]}): round(s) {rounds} x {len(s.alive())} variants, interleaved"
-        )
+        _say(f"\n[load] unloaded ({points[at]}): round(s) {rounds} x {len(s.alive())} variants, interleaved")
     for r in rounds:
         for n in s.alive():
             s.unloaded(n, r)
@@ -502,27 +552,24 @@ def _minimum(s: _Study, ref: str, n_variants: int) -> tuple[float, str]:
     )
 
 
-def _reserve(s: _Study, ref: str, slots: list[int]) -> float:
+def _reserve(s: _Study, ref: str, slots: list[int], slo: float) -> float:
     """Seconds the phases after the capacity searches will need (the unloaded rounds left, the common-load
-    and equal-utilisation windows at the rates the capacities so far imply), so a later capacity search
-    stops early enough to leave them their time."""
+    and equal-utilisation windows at the rates the capacities so far imply), so a capacity search stops
+    early enough to leave them their time."""
     st = s.lt.study
     alive = s.alive()
     rounds_left = sum(at > 0 for at in slots)
     need = rounds_left * sum(s.per_window_s(n, "unloaded") or 0.0 for n in alive)
     # before a variant's first search, where its search starts stands in for its capacity
-    cap = {n: median_capacity(s.outcomes[n]) or s.start_rate(n) for n in alive}
+    cap = {n: median_capacity(s.outcomes[n]) or s.start_rate(n, slo) for n in alive}
     common = st.common_rate or (st.common_load_fraction * cap.get(ref, 0.0))
     for n in alive:
-        own = cap[n]
         rates = [(common, st.load_requests)]
         if st.equal_util_fraction > 0:
-            rates.append((st.equal_util_fraction * own, st.equal_util_requests))
+            rates.append((st.equal_util_fraction * cap[n], st.equal_util_requests))
         for rate, requests in rates:
             if rate > 0:
-                need += st.repeats * (
-                    requests / rate + s.lt.warmup_s + 2.0
-                )  # ~2 s: the window's start and end
+                need += st.repeats * (requests / rate + s.lt.warmup_s + WINDOW_OVERHEAD_S)
     return need
 
 
