@@ -317,12 +317,37 @@ def test_worst():
     assert worst(Verdict.PASS, None) == Verdict.PASS
 
 
-def one_variant_study(common: list[LoadRun], max_error_rate: float = 0.01):
-    base = VariantResult(variant("base", "train", None), LoadOutcome("base", common=common))
+def one_variant_study(common: list[LoadRun], max_error_rate: float = 0.01, searches=()):
+    base = VariantResult(
+        variant("base", "train", None), LoadOutcome("base", common=common, capacity=list(searches))
+    )
     study = StudyOutcome(SLO, "fixed", 10.0, False, {"base": base.load})
     ctx = StudyContext("s", "base", 0.005, max_error_rate, study)
     (f,) = study_figures([base], ctx)
     return f, gate(f, ctx)
+
+
+def test_a_capacity_step_that_passed_above_the_common_load_decides_an_open_p99():
+    """3 x 60 requests at the common load (10 req/s) cannot bound a p99; a step that passed the same SLO
+    at >= 10 req/s can, stated with its assumption. One below the common load cannot; nor is a FAIL at
+    the common load ever overruled."""
+    few = [load_run("common", lognormal(10, 60, s), offered=10.0) for s in range(3)]
+    _, alone = one_variant_study(few)
+    assert alone.latency.verdict == Verdict.INCONCLUSIVE
+
+    def search(rate):
+        run = load_run("capacity", lognormal(20, 600, 9), offered=rate)
+        assert verdict_at_most(run.quantiles["p99"], SLO) == Verdict.PASS
+        return Capacity(SLO, rate, None, [CapacityStep(rate, run, Verdict.PASS, "")])
+
+    _, g = one_variant_study(few, searches=[search(8.0), search(40.0), search(25.0)])
+    assert g.latency.verdict == Verdict.PASS and "capacity step at 25 req/s" in g.latency.reason
+    assert "assumed not to fall" in g.latency.reason
+    _, g = one_variant_study(few, searches=[search(8.0)])
+    assert g.latency.verdict == Verdict.INCONCLUSIVE
+    slow = [load_run("common", lognormal(400, 400, s), offered=10.0) for s in range(3)]
+    _, g = one_variant_study(slow, searches=[search(40.0)])
+    assert g.latency.verdict == Verdict.FAIL
 
 
 def test_failures_count_as_inf_and_flip_the_latency_verdict():

@@ -51,8 +51,9 @@ def setup(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         slo = f"{study.slo_p99_ms:g} ms ({study.slo_source})" if study.slo_p99_ms is not None else "none"
         load = f"{study.common_rate_qps:g} req/s offered{of_base}" if study.common_rate_qps else "not set"
         lines += [
-            f"- Latency SLO: e2e p99 ≤ {slo}; the latency gate needs the pooled p99 CI within it "
-            f"and the error rate ≤ {ctx.max_error_rate:.1%}",
+            f"- Latency SLO: e2e p99 ≤ {slo}; the latency gate needs the pooled p99 CI at the common load "
+            f"within it (or, where that CI is open, a capacity step that passed at a higher rate) and the "
+            f"error rate ≤ {ctx.max_error_rate:.1%}",
             f"- Common load: {load}; open-loop Poisson arrivals, the same for every variant",
             f"- keep_warm: {'on' if study.keep_warm else 'off'}; before the first measured window every "
             f"server got {study.settle_s:g} s of unrecorded traffic (`loadtest.study.settle_s`)",
