@@ -31,8 +31,9 @@ so drift of the machine hits all variants alike):
 
 With `study.budget_min` the whole of 2-6 fits a wall-time budget (reco.loadtest.budget): a window that
 would start past it is skipped and listed, a capacity search stops between steps early enough to leave
-the later phases their time (_reserve) and the variants still to be searched theirs (search_s), and a
-budget too small for the reference's first windows stops
+the unloaded rounds and common-load windows their time (_reserve) and the variants still to be searched
+theirs (search_s); equal utilisation, the lowest priority, runs on what is left before the last unloaded
+round; and a budget too small for the reference's first windows stops
 the study before it starts.
 
 Nothing here touches MLflow or the caller's objects: raw files go under out_dir/<variant>/, and
@@ -75,6 +76,9 @@ from reco.variant import Variant
 Log = Callable[[str, list[Path], str], None]
 WINDOW_OVERHEAD_S = 2.0  # a window's start and stop beside its warm-up and requests (measured: ~2 s)
 SEARCH_STEPS = 4  # steps a search takes when it starts near its answer (budget estimates only)
+# Runs that yield to the budget's reserve for what comes after them (_reserve): a capacity search must
+# leave the common load and the unloaded rounds their time, equal utilisation the unloaded rounds theirs.
+LOW_PRIORITY = ("capacity", "equal_util")
 
 
 def _say(msg: str) -> None:
@@ -94,7 +98,7 @@ class _Study:
         self.pool: LocustPool | None = None  # Locust processes kept across the study's windows
         self.seconds: dict[str, dict[str, float]] = {}  # kind of run -> variant -> wall seconds spent
         self.budget = Budget(lt.study.budget_min)  # its clock starts with the servers (run_study)
-        self.reserve_s = 0.0  # seconds the phases after the capacity searches need (_reserve)
+        self.reserve_s = 0.0  # seconds later phases need: low-priority runs leave them (_reserve)
 
     def fail(self, name: str, msg: str) -> None:
         o = self.outcomes[name]
@@ -112,7 +116,7 @@ class _Study:
         variant from the rest of the study. Past the budget's deadline (a capacity search: less the later
         phases' reserve) the run is skipped and listed instead (None), with the seconds it would have
         taken: the variant's runs of that kind so far, else `est_s` (from its rate and request count)."""
-        if kind != "settle" and self.budget.over(self.reserve_s if kind == "capacity" else 0.0):
+        if kind != "settle" and self.budget.over(self.reserve_s if kind in LOW_PRIORITY else 0.0):
             took = self.per_window_s(name, kind)
             self.budget.skipped.append(Skipped(name, kind, what, est_s if took is None else took))
             _say(f"  {name}: {what} skipped (loadtest.study.budget_min={self.budget.minutes:g} spent)")
@@ -478,6 +482,7 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
         _unloaded_rounds(s, slots, points, 2 + r)
 
     own = {n: median_capacity(s.outcomes[n]) for n in s.alive()}
+    s.reserve_s = _unloaded_left(s, slots, len(points) - 1)
     if st.equal_util_fraction > 0 and any(own.values()):
         _say(f"\n[load] equal utilisation: {st.equal_util_fraction:g} x each variant's own median capacity")
         for r in range(st.repeats):
@@ -552,25 +557,21 @@ def _minimum(s: _Study, ref: str, n_variants: int) -> tuple[float, str]:
     )
 
 
+def _unloaded_left(s: _Study, slots: list[int], at: int) -> float:
+    """Seconds the unloaded rounds from checkpoint `at` on will need (each variant's windows so far)."""
+    return sum(p >= at for p in slots) * sum(s.per_window_s(n, "unloaded") or 0.0 for n in s.alive())
+
+
 def _reserve(s: _Study, ref: str, slots: list[int], slo: float) -> float:
-    """Seconds the phases after the capacity searches will need (the unloaded rounds left, the common-load
-    and equal-utilisation windows at the rates the capacities so far imply), so a capacity search stops
-    early enough to leave them their time."""
+    """Seconds the phases after the capacity searches will need: the unloaded rounds left and the
+    common-load windows at the rate the reference's capacity so far implies, so a capacity search stops
+    early enough to leave them their time. Equal utilisation is not reserved: it is the study's lowest
+    priority (a like-for-like figure beside the unloaded one) and runs on what is left."""
     st = s.lt.study
-    alive = s.alive()
-    rounds_left = sum(at > 0 for at in slots)
-    need = rounds_left * sum(s.per_window_s(n, "unloaded") or 0.0 for n in alive)
-    # before a variant's first search, where its search starts stands in for its capacity
-    cap = {n: median_capacity(s.outcomes[n]) or s.start_rate(n, slo) for n in alive}
-    common = st.common_rate or (st.common_load_fraction * cap.get(ref, 0.0))
-    for n in alive:
-        rates = [(common, st.load_requests)]
-        if st.equal_util_fraction > 0:
-            rates.append((st.equal_util_fraction * cap[n], st.equal_util_requests))
-        for rate, requests in rates:
-            if rate > 0:
-                need += st.repeats * (requests / rate + s.lt.warmup_s + WINDOW_OVERHEAD_S)
-    return need
+    cap = median_capacity(s.outcomes[ref]) or s.start_rate(ref, slo)  # before its search: where it starts
+    common = st.common_rate or st.common_load_fraction * cap
+    window = st.load_requests / common + s.lt.warmup_s + WINDOW_OVERHEAD_S if common > 0 else 0.0
+    return _unloaded_left(s, slots, 1) + st.repeats * len(s.alive()) * window
 
 
 def median_capacity(o: LoadOutcome) -> float | None:
