@@ -174,6 +174,32 @@ def test_a_close_step_is_extended_to_the_cap_then_inconclusive(lt, tmp_path):
     assert cap.highest_pass == 0.0 and cap.lowest_fail == 300.0  # counted as a non-pass, reported as such
 
 
+def test_no_step_or_extension_starts_that_would_end_past_the_deadline(lt, tmp_path):
+    """A 500-request step at 300 req/s is expected to take 500 / 300 + 1 s warm-up + 2 s = 4.7 s: with
+    5 s left it runs (for 1 s here), its 500-request extension (another 4.7 s) does not start; with 2 s
+    left nothing does."""
+    import time
+
+    c = cap_cfg(
+        lt, start_rate=300, min_rate=300, max_rate=300, steps=1, step_requests=500, max_step_requests=2000,
+        step_warmup_s=1.0,
+    )  # fmt: skip
+    fake = FakeServer(slo=100.0, capacity=300.0)  # a close call: it would extend to the cap
+
+    def one_second_a_window(rate, n, out_dir):
+        time.sleep(1.0)
+        return fake(rate, n, out_dir)
+
+    said: list[str] = []
+    cap = find_capacity(one_second_a_window, 100.0, c, tmp_path, say=said.append, deadline=time.time() + 5.0)
+    (s,) = cap.steps
+    assert fake.calls == [(300.0, 500)] and s.verdict == Verdict.INCONCLUSIVE, said
+    assert "not extended (time budget)" in s.reason and "would end past the time budget" in said[-1]
+    fake = FakeServer(slo=100.0, capacity=300.0)
+    cap = find_capacity(fake, 100.0, c, tmp_path / "b", say=said.append, deadline=time.time() + 2.0)
+    assert not cap.steps and not fake.calls and "stopped before step 0" in said[-1], said
+
+
 def test_inconclusive_bounds_the_bracket_but_is_not_a_pass(lt, tmp_path):
     c = cap_cfg(
         lt, start_rate=150, growth=2.0, steps=20, tolerance=0.05, step_requests=400, max_step_requests=400

@@ -207,6 +207,19 @@ def test_relative_slo_takes_the_median_of_reference_repeats_run_first(tiny_data,
     assert final["slo_p99_ms"] == pytest.approx(out.slo_p99_ms) and final["n_repeats"] == 2.0
 
 
+def test_a_reference_with_no_passing_rate_still_gets_the_others_a_common_load(tiny_data, built, tmp_path):
+    """An SLO no server can meet: the reference's search passes nothing, yet every variant is measured at
+    65 % of the lowest rate the reference was tried at, and the outcome says so."""
+    variant, dpath = built
+    cfg = study_cfg(
+        capacity={"slo_p99_ms": 0.01}, study={"repeats": 1, "common_rate": None, "equal_util_fraction": 0}
+    )
+    out = run_study_logged([("baseline", variant), ("student", variant)], tiny_data, dpath, cfg, tmp_path, [])
+    assert [c.highest_pass for c in out.outcomes["baseline"].capacity] == [0.0]
+    assert out.common_rate_qps == pytest.approx(0.65 * 150) and "lowest rate" in out.common_source
+    assert all(len(o.common) == 1 and not o.error for o in out.outcomes.values())
+
+
 def test_failed_reference_without_a_slo_is_a_clear_error(tiny_data, built, tmp_path):
     variant, dpath = built
     broken = Variant("baseline", "train", None, "torch", {}, dir=str(tmp_path / "no-such-variant"))

@@ -129,9 +129,11 @@ def run_step(
     c: CapacityConfig,
     out_dir: Path,
     say: Say = _quiet,
+    deadline: float = math.inf,
 ) -> CapacityStep:
     """Measure one rate until its verdict is decided or max_step_requests is reached (see module doc);
-    `say` gets one progress line per window."""
+    `say` gets one progress line per window. An extension that could not finish by `deadline` (epoch
+    seconds) is not started: the step stays INCONCLUSIVE."""
     runs: list[LoadRun] = []
     screen = screen_requests(rate, c)
     if screen:
@@ -148,12 +150,26 @@ def run_step(
         conf = step_conf(c)
         verdict, reason, p99 = step_verdict(pooled, slo_p99_ms, c.max_error_rate, conf)
         done = verdict != Verdict.INCONCLUSIVE or pooled.n >= c.max_step_requests
+        more = min(pooled.n, int(c.max_step_requests) - pooled.n)
+        cut = not done and time.time() + window_s(rate, more, c) > deadline
         judged = f"p99 {p99.fmt('.2f')} ms at {conf:.1%}"  # the interval the verdict rests on
-        say(f"{rate:.1f} req/s: {judged} -> {verdict.value}{'' if done else ', extending'}")
+        then = (
+            f": not extended, {more} more requests would end past the time budget" if cut else ", extending"
+        )
+        say(f"{rate:.1f} req/s: {judged} -> {verdict.value}{'' if done else then}")
+        if cut:
+            return CapacityStep(rate, pooled, verdict, f"{reason}; not extended (time budget)")
         if done:
             return CapacityStep(rate, pooled, verdict, reason)
-        more = min(pooled.n, int(c.max_step_requests) - pooled.n)
         runs.append(measure(rate, more, out_dir / f"w{len(runs):02d}"))
+
+
+WINDOW_OVERHEAD_S = 2.0  # a window's start and stop beside its warm-up and requests (measured: ~2 s)
+
+
+def window_s(rate: float, requests: int, c: CapacityConfig) -> float:
+    """Expected wall seconds of one window of `requests` at `rate` req/s, with its warm-up."""
+    return requests / rate + float(c.step_warmup_s) + WINDOW_OVERHEAD_S
 
 
 def screen_requests(rate: float, c: CapacityConfig) -> int:
@@ -183,8 +199,9 @@ def find_capacity(
             passing first step instead of start_rate x growth, so a repeat whose bracket has not moved
             is confirmed in two steps. Each step is still measured and judged on its own.
         say: progress, one line per window.
-        deadline: epoch seconds (the study's time budget): no step starts after it; the bracket stays
-            open on the side the search did not reach.
+        deadline: epoch seconds (the study's time budget): no step or extension starts that would end
+            after it (expected duration: requests / rate + warm-up); the bracket stays open on the side
+            the search did not reach.
     Returns:
         Capacity with every step in run order.
     """
@@ -206,10 +223,16 @@ def find_capacity(
     best, fail, invalid = 0.0, math.inf, math.inf
     steps: list[CapacityStep] = []
     for i in range(int(c.steps)):
-        if time.time() > deadline:
-            say(f"stopped before step {i}: the time budget is spent (loadtest.study.budget_min)")
+        need = window_s(rate, int(c.step_requests), c)
+        if time.time() + need > deadline:
+            say(
+                f"stopped before step {i}: its {c.step_requests} requests at {rate:.3g} req/s (~{need:.0f} s) "
+                "would end past the time budget (loadtest.study.budget_min)"
+            )
             break
-        step = run_step(measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", say)
+        step = run_step(
+            measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", say, deadline
+        )
         steps.append(step)
         if step.verdict == Verdict.PASS:
             best = max(best, rate)

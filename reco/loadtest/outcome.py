@@ -99,6 +99,7 @@ class StudyOutcome:
     keep_warm: bool
     outcomes: dict[str, LoadOutcome] = field(default_factory=dict)
     reference: str = ""  # the variant behind a relative SLO and the common load
+    common_source: str = ""  # how the common load was set (e.g. "65% of the reference's median capacity")
     settle_s: float = 0.0  # unrecorded traffic per variant before the first measured window
     # Where the study's time went: kind of run -> variant -> wall seconds (time_spent formats it).
     seconds: dict[str, dict[str, float]] = field(default_factory=dict)

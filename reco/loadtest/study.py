@@ -59,7 +59,13 @@ import numpy as np
 
 from reco.data.schema import Dataset
 from reco.loadtest.budget import Budget, Skipped, check_budget, summary
-from reco.loadtest.capacity import find_capacity, open_loop_measure, resolve_slo, write_capacity
+from reco.loadtest.capacity import (
+    WINDOW_OVERHEAD_S,
+    find_capacity,
+    open_loop_measure,
+    resolve_slo,
+    write_capacity,
+)
 from reco.loadtest.config import LoadMode, LoadtestConfig, StudyConfig
 from reco.loadtest.correctness import check_scores
 from reco.loadtest.locust_pool import LocustPool
@@ -74,7 +80,6 @@ from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.variant import Variant
 
 Log = Callable[[str, list[Path], str], None]
-WINDOW_OVERHEAD_S = 2.0  # a window's start and stop beside its warm-up and requests (measured: ~2 s)
 SEARCH_STEPS = 4  # steps a search takes when it starts near its answer (budget estimates only)
 # Runs that yield to the budget's reserve for what comes after them (_reserve): a capacity search must
 # leave the common load and the unloaded rounds their time, equal utilisation the unloaded rounds theirs.
@@ -470,7 +475,7 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
                     s.capacity(n, r, slo, share=len(names) - i)
     _unloaded_rounds(s, slots, points, 1)
 
-    result.common_rate_qps = _common_rate(s, ref)
+    result.common_rate_qps = _common_rate(s, ref, result)
     if result.common_rate_qps is not None:
         _say(
             f"\n[load] common load {result.common_rate_qps:.1f} req/s: {st.repeats} x {len(order)}, interleaved"
@@ -526,13 +531,34 @@ def _unloaded_rounds(s: _Study, slots: list[int], points: list[str], at: int) ->
             s.unloaded(n, r)
 
 
-def _common_rate(s: _Study, ref: str) -> float | None:
+def _common_rate(s: _Study, ref: str, result: StudyOutcome) -> float | None:
+    """The common load: study.common_rate, else common_load_fraction x the reference's median capacity.
+    A reference whose searches found no passing rate (every rate tried missed the SLO, or the budget
+    stopped them) still gets the others measured: the fraction of the lowest rate it was tried at (its
+    capacity lies below), else of the rate its search would have started at, said in common_source."""
     st = s.lt.study
     if st.common_rate is not None:
+        result.common_source = "fixed in the config (loadtest.study.common_rate)"
         return float(st.common_rate)
+    frac = st.common_load_fraction
     cap = median_capacity(s.outcomes[ref])
     if cap:
-        return st.common_load_fraction * cap
+        result.common_source = f"{frac:.0%} of the reference's median capacity"
+        return frac * cap
+    tried = [x.rate for c in s.outcomes[ref].capacity for x in c.steps]
+    if ref in s.alive() and result.slo_p99_ms is not None:
+        if tried:
+            result.common_source = (
+                f"{frac:.0%} of {min(tried):.3g} req/s, the lowest rate the reference {ref!r} was tried at: "
+                "none passed the SLO, so its capacity lies below"
+            )
+            return frac * min(tried)
+        start = s.start_rate(ref, result.slo_p99_ms)
+        result.common_source = (
+            f"{frac:.0%} of {start:.3g} req/s, where the reference {ref!r}'s capacity search would have "
+            "started (a queue of its unloaded latencies at the SLO): the time budget left it unsearched"
+        )
+        return frac * start
     msg = (
         f"no common load: the reference {ref!r} has no capacity at the SLO "
         f"({'none measured' if not s.outcomes[ref].capacity else 'no rate passed'}); set loadtest.study.common_rate"

@@ -48,6 +48,8 @@ def setup(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
     else:
         util = base.utilisation("common")
         of_base = f" = {util:.0%} of the baseline's capacity" if util is not None else ""
+        if study.common_source and util is None:  # not a fraction of a measured capacity: say what it is
+            of_base = f" ({study.common_source})"
         slo = f"{study.slo_p99_ms:g} ms ({study.slo_source})" if study.slo_p99_ms is not None else "none"
         load = f"{study.common_rate_qps:g} req/s offered{of_base}" if study.common_rate_qps else "not set"
         lines += [
