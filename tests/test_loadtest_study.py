@@ -293,9 +293,9 @@ def test_a_spent_budget_skips_and_lists_windows_never_guesses(tiny_data, built, 
     """A budget that runs out during the study: what did not fit is skipped (no LoadRun, no figure), listed
     with its kind, and the summary says how much more time would have run it."""
     variant, dpath = built
-    cfg = study_cfg(study={"budget_min": 0.75, "repeats": 3, "settle_s": 0.5})
+    cfg = study_cfg(study={"budget_min": 0.6, "repeats": 3, "settle_s": 0.5, "common_rate": 40.0})
     out = run_study_logged([("baseline", variant), ("student", variant)], tiny_data, dpath, cfg, tmp_path, [])
-    assert out.budget.startswith("0.75 min, used") and "skipped" in out.budget, out.budget
+    assert out.budget.startswith("0.6 min, used") and "skipped" in out.budget, out.budget
     ran = sum(
         len(o.unloaded) + len(o.capacity) + len(o.common) + len(o.equal_util) for o in out.outcomes.values()
     )

@@ -345,6 +345,10 @@ def test_a_capacity_step_that_passed_above_the_common_load_decides_an_open_p99()
     assert "assumed not to fall" in g.latency.reason
     _, g = one_variant_study(few, searches=[search(8.0)])
     assert g.latency.verdict == Verdict.INCONCLUSIVE
+    _, g = one_variant_study([], searches=[search(40.0)])  # the budget skipped every common-load window
+    assert g.latency.verdict == Verdict.PASS and "no run at the common load (time budget)" in g.latency.reason
+    _, g = one_variant_study([], searches=[search(8.0)])
+    assert g.latency.verdict == Verdict.INVALID
     slow = [load_run("common", lognormal(400, 400, s), offered=10.0) for s in range(3)]
     _, g = one_variant_study(slow, searches=[search(40.0)])
     assert g.latency.verdict == Verdict.FAIL

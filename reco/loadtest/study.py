@@ -31,10 +31,10 @@ so drift of the machine hits all variants alike):
 
 With `study.budget_min` the whole of 2-6 fits a wall-time budget (reco.loadtest.budget): a window that
 would start past it is skipped and listed, a capacity search stops between steps early enough to leave
-the unloaded rounds and common-load windows their time (_reserve) and the variants still to be searched
-theirs (search_s); equal utilisation, the lowest priority, runs on what is left before the last unloaded
-round; and a budget too small for the reference's first windows stops
-the study before it starts.
+the unloaded rounds their time and the variants still to be searched theirs (search_s); the common-load
+windows come next (a second capacity search leaves them their time: _reserve); equal utilisation, the
+lowest priority, runs on what is left before the last unloaded round; and a budget too small for the
+reference's first windows stops the study before it starts.
 
 Nothing here touches MLflow or the caller's objects: raw files go under out_dir/<variant>/, and
 `log(variant_name, artifact_paths, artifact_subdir)` (optional) is called as they arrive, so the pipeline
@@ -81,8 +81,9 @@ from reco.variant import Variant
 
 Log = Callable[[str, list[Path], str], None]
 SEARCH_STEPS = 4  # steps a search takes when it starts near its answer (budget estimates only)
-# Runs that yield to the budget's reserve for what comes after them (_reserve): a capacity search must
-# leave the common load and the unloaded rounds their time, equal utilisation the unloaded rounds theirs.
+# Runs that yield to the budget's reserve for what comes after them: a first capacity search leaves the
+# unloaded rounds their time, a later one the common load too (_reserve), equal utilisation the unloaded
+# rounds left.
 LOW_PRIORITY = ("capacity", "equal_util")
 
 
@@ -468,10 +469,13 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
         for r in range(st.repeats):
             names = s.alive()
             for i, n in enumerate(names):
-                s.reserve_s = _reserve(s, ref, slots, slo)
-                if r == 0:  # every variant's first search before anyone's second: each leaves the rest theirs
+                if r == 0:
+                    # every variant's first search before anything but the unloaded rounds (the reference's
+                    # sets the common load; each one's bracket is a QPS gain), each leaving the rest theirs
+                    s.reserve_s = _unloaded_left(s, slots, 1)
                     s.capacity(n, r, slo, leave_s=sum(s.search_s(m, slo) for m in names[i + 1 :]))
-                else:
+                else:  # further repeats only in the time the common load leaves
+                    s.reserve_s = _reserve(s, ref, slots, slo)
                     s.capacity(n, r, slo, share=len(names) - i)
     _unloaded_rounds(s, slots, points, 1)
 
@@ -589,12 +593,11 @@ def _unloaded_left(s: _Study, slots: list[int], at: int) -> float:
 
 
 def _reserve(s: _Study, ref: str, slots: list[int], slo: float) -> float:
-    """Seconds the phases after the capacity searches will need: the unloaded rounds left and the
-    common-load windows at the rate the reference's capacity so far implies, so a capacity search stops
-    early enough to leave them their time. Equal utilisation is not reserved: it is the study's lowest
-    priority (a like-for-like figure beside the unloaded one) and runs on what is left."""
+    """Seconds the unloaded rounds left and the common-load windows will need (at the rate the reference's
+    capacity implies), which a capacity search after the first round leaves them. Equal utilisation is not
+    reserved: it is the study's lowest priority and runs on what is left."""
     st = s.lt.study
-    cap = median_capacity(s.outcomes[ref]) or s.start_rate(ref, slo)  # before its search: where it starts
+    cap = median_capacity(s.outcomes[ref]) or s.start_rate(ref, slo)
     common = st.common_rate or st.common_load_fraction * cap
     window = st.load_requests / common + s.lt.warmup_s + WINDOW_OVERHEAD_S if common > 0 else 0.0
     return _unloaded_left(s, slots, 1) + st.repeats * len(s.alive()) * window

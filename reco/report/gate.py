@@ -91,7 +91,10 @@ def latency_gate(f: VariantFigures, ctx: StudyContext) -> Decision | None:
     if load.error:
         return Decision(Verdict.INVALID, f"load test failed: {one_line(load.error)[:200]}")
     common = f.latency.get("common")
+    step = _passed_above(load.capacity, ctx.common_rate_qps)
     if common is None:
+        if step is not None:  # the budget skipped the common load: the step is the evidence there is
+            return _by_step(step, "no run at the common load (time budget)", ctx)
         return Decision(Verdict.INVALID, "no run at the common load")
     if not common.valid:
         reasons = "; ".join(sorted(set(common.invalid_reasons())))
@@ -100,19 +103,21 @@ def latency_gate(f: VariantFigures, ctx: StudyContext) -> Decision | None:
         return Decision(Verdict.FAIL, f"error rate {common.error_rate:.2%} > cap {ctx.max_error_rate:.2%}")
     p99 = common.quantiles["p99"]
     v = verdict_at_most(p99, slo)
-    step = _passed_above(load.capacity, ctx.common_rate_qps) if v == Verdict.INCONCLUSIVE else None
-    if step is not None:
-        return Decision(
-            Verdict.PASS,
-            f"e2e p99 {est(p99, unit=' ms')} at the common load cannot decide it, but a capacity step at "
-            f"{step.rate:.3g} req/s (>= the common load {ctx.common_rate_qps:.3g}) kept p99 "
-            f"{est(step.run.quantiles['p99'], unit=' ms')} within the SLO {slo:g} ms "
-            "(latency assumed not to fall as the load rises)",
-        )
+    if v == Verdict.INCONCLUSIVE and step is not None:
+        return _by_step(step, f"e2e p99 {est(p99, unit=' ms')} at the common load cannot decide it", ctx)
     if not p99.supported:
         return Decision(v, f"e2e p99 {est(p99)}: too few requests for a p99 CI")
     relation = {Verdict.PASS: "within", Verdict.FAIL: "above"}.get(v, "straddles")
     return Decision(v, f"e2e p99 {est(p99, unit=' ms')} {relation} the SLO {slo:g} ms")
+
+
+def _by_step(step: CapacityStep, why: str, ctx: StudyContext) -> Decision:
+    return Decision(
+        Verdict.PASS,
+        f"{why}, but a capacity step at {step.rate:.3g} req/s (>= the common load "
+        f"{ctx.common_rate_qps:.3g}) kept p99 {est(step.run.quantiles['p99'], unit=' ms')} within the SLO "
+        f"{ctx.slo_p99_ms:g} ms (latency assumed not to fall as the load rises)",
+    )
 
 
 def _passed_above(searches: list[Capacity], rate: float | None) -> CapacityStep | None:
