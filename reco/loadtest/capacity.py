@@ -151,7 +151,7 @@ def run_step(
         verdict, reason, p99 = step_verdict(pooled, slo_p99_ms, c.max_error_rate, conf)
         done = verdict != Verdict.INCONCLUSIVE or pooled.n >= c.max_step_requests
         more = min(pooled.n, int(c.max_step_requests) - pooled.n)
-        cut = not done and time.time() + window_s(rate, more, c) > deadline
+        cut = not done and time.time() + window_s(rate, more, c.step_warmup_s) > deadline
         judged = f"p99 {p99.fmt('.2f')} ms at {conf:.1%}"  # the interval the verdict rests on
         then = (
             f": not extended, {more} more requests would end past the time budget" if cut else ", extending"
@@ -167,9 +167,10 @@ def run_step(
 WINDOW_OVERHEAD_S = 2.0  # a window's start and stop beside its warm-up and requests (measured: ~2 s)
 
 
-def window_s(rate: float, requests: int, c: CapacityConfig) -> float:
-    """Expected wall seconds of one window of `requests` at `rate` req/s, with its warm-up."""
-    return requests / rate + float(c.step_warmup_s) + WINDOW_OVERHEAD_S
+def window_s(rate: float, requests: int, warmup_s: float) -> float:
+    """Expected wall seconds of one window of `requests` at `rate` req/s, with its warm-up (the budget's
+    estimates: a capacity step's, a study window's)."""
+    return requests / rate + float(warmup_s) + WINDOW_OVERHEAD_S
 
 
 def screen_requests(rate: float, c: CapacityConfig) -> int:
@@ -223,7 +224,7 @@ def find_capacity(
     best, fail, invalid = 0.0, math.inf, math.inf
     steps: list[CapacityStep] = []
     for i in range(int(c.steps)):
-        need = window_s(rate, int(c.step_requests), c)
+        need = window_s(rate, int(c.step_requests), c.step_warmup_s)
         if time.time() + need > deadline:
             say(
                 f"stopped before step {i}: its {c.step_requests} requests at {rate:.3g} req/s (~{need:.0f} s) "

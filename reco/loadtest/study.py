@@ -14,8 +14,9 @@ so drift of the machine hits all variants alike):
    (experiments/ecommerce_case_study/README.md, runs 4 and 5).
    **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant, `study.unloaded_repeats`
    rounds spread over the study's checkpoints -- start, after the capacity searches, after each
-   common-load round, end (unloaded_slots) -- so drift over the study shows in their spread. With a relative SLO the reference gets extra rounds at the start until it has
-   `capacity.reference_repeats` (>= 5) runs.
+   common-load round, end (unloaded_slots) -- so drift over the study shows in their spread. With a
+   relative SLO the reference gets extra rounds at the start until it has `capacity.reference_repeats`
+   (>= 5) runs.
 3. **SLO**, fixed before any capacity search: `capacity.slo_p99_ms` (preferred), else `slo_factor` x the
    MEDIAN unloaded p99 of the reference. Without an SLO (reference failed, none set) every variant's
    LoadOutcome.error says so and no capacity is searched.
@@ -60,10 +61,10 @@ import numpy as np
 from reco.data.schema import Dataset
 from reco.loadtest.budget import Budget, Skipped, check_budget, summary
 from reco.loadtest.capacity import (
-    WINDOW_OVERHEAD_S,
     find_capacity,
     open_loop_measure,
     resolve_slo,
+    window_s,
     write_capacity,
 )
 from reco.loadtest.config import LoadMode, LoadtestConfig, StudyConfig
@@ -101,6 +102,8 @@ class _Study:
         self.requests = Path()
         self.gen_cpus: list[int] | None = None
         self.rank_p50_ms: dict[str, float] = {}  # in-process ranking latency: a capacity estimate
+        # predicted capacity at the SLO from the unloaded rounds before the first search (reco.loadtest.predict)
+        self.predicted: dict[str, float | None] = {}
         self.pool: LocustPool | None = None  # Locust processes kept across the study's windows
         self.seconds: dict[str, dict[str, float]] = {}  # kind of run -> variant -> wall seconds spent
         self.budget = Budget(lt.study.budget_min)  # its clock starts with the servers (run_study)
@@ -177,7 +180,7 @@ class _Study:
             )
 
         per_request_ms = self.rank_p50_ms.get(name, 20.0) + 1.0
-        est = self.lt.study.unloaded_requests * per_request_ms / 1000.0 + self.lt.warmup_s + WINDOW_OVERHEAD_S
+        est = window_s(1000.0 / per_request_ms, self.lt.study.unloaded_requests, self.lt.warmup_s)
         run = self.measure(name, "unloaded", f"unloaded run {r}", go, est)
         if run is not None:
             self.outcomes[name].unloaded.append(run)
@@ -197,7 +200,9 @@ class _Study:
             return float(self.lt.capacity.start_rate)
         runs = [u.latencies_ms for u in self.outcomes[name].unloaded if u.valid]
         if slo is not None and runs:
-            rate = predicted_capacity(np.concatenate(runs), slo)
+            if name not in self.predicted:  # ~0.3 s of simulation, asked for by every budget estimate
+                self.predicted[name] = predicted_capacity(np.concatenate(runs), slo)
+            rate = self.predicted[name]
             if rate is not None:
                 return max(rate, float(self.lt.capacity.min_rate))
         p50 = self.rank_p50_ms.get(name)
@@ -210,9 +215,7 @@ class _Study:
         if done is not None:
             return done
         c = self.lt.capacity
-        return SEARCH_STEPS * (
-            c.step_requests / self.start_rate(name, slo) + c.step_warmup_s + WINDOW_OVERHEAD_S
-        )
+        return SEARCH_STEPS * (window_s(self.start_rate(name, slo), c.step_requests, c.step_warmup_s))
 
     def expect_fail(self, name: str) -> float | None:
         """Median lowest fail of the earlier repeats: tried second, so an unmoved bracket takes two steps."""
@@ -294,7 +297,7 @@ class _Study:
                 pool=self.pool,
             )
 
-        est = (s.window_requests or 0) / rate + self.lt.warmup_s + WINDOW_OVERHEAD_S
+        est = window_s(rate, s.window_requests or 0, self.lt.warmup_s)
         run = self.measure(name, kind, f"{kind} run {r} at {rate:.1f} req/s", go, est)
         if run is not None:
             getattr(self.outcomes[name], kind).append(run)
@@ -516,12 +519,12 @@ def unloaded_repeats(st: StudyConfig) -> int:
 
 def unloaded_slots(rounds: int, points: int) -> list[int]:
     """At which checkpoint each unloaded round runs, spread evenly over the study (3 rounds over 6 points:
-    start, after common-load round 1, end). Measured in two case-study runs with all rounds at the start:
-    the eager baseline's unloaded p50 drifted 26 -> 33 ms over the study, so rounds bunched in its first
-    minutes gave unloaded ratios whose CIs missed each other between runs; spread, the rounds sample that
-    drift, and the pooled interval treats the rounds as clusters (reco.stats.dependent), so it carries it
-    -- with Student t on rounds - 1 df, which is why more, shorter rounds give a narrower honest interval
-    than 3 long ones (experiments/interval_coverage/README.md)."""
+    start, after common-load round 1, end). With all rounds at the start, the eager baseline's drift over
+    the study gave unloaded ratios whose CIs missed each other between runs
+    (experiments/ecommerce_case_study/README.md); spread, the rounds sample that drift, and the pooled
+    interval treats the rounds as clusters (reco.stats.dependent), so it carries it -- with Student t on
+    rounds - 1 df, which is why more, shorter rounds give a narrower honest interval than 3 long ones
+    (experiments/interval_coverage/README.md)."""
     last = points - 1
     return [int(r * last / (rounds - 1) + 0.5) if rounds > 1 else 0 for r in range(rounds)]
 
@@ -599,7 +602,7 @@ def _reserve(s: _Study, ref: str, slots: list[int], slo: float) -> float:
     st = s.lt.study
     cap = median_capacity(s.outcomes[ref]) or s.start_rate(ref, slo)
     common = st.common_rate or st.common_load_fraction * cap
-    window = st.load_requests / common + s.lt.warmup_s + WINDOW_OVERHEAD_S if common > 0 else 0.0
+    window = window_s(common, st.load_requests, s.lt.warmup_s) if common > 0 else 0.0
     return _unloaded_left(s, slots, 1) + st.repeats * len(s.alive()) * window
 
 
