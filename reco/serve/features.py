@@ -47,6 +47,15 @@ class ServeConfigError(ValueError):
 
 
 @dataclass
+class FeatureRows:
+    """Feature rows of N entities of one side: ids [N, Fs, L] int32, mask [N, Fs, L] f32, dense [N, Ds] f32."""
+
+    ids: np.ndarray
+    mask: np.ndarray
+    dense: np.ndarray
+
+
+@dataclass
 class SideTable:
     """One side's (user or item) features per entity id.
 
@@ -224,27 +233,50 @@ class FeatureStore:
         self._seen[picked] = False
         return np.concatenate([picked, fill])
 
-    def assemble(self, user_row: int, req: RequestContext, items: np.ndarray) -> tuple[np.ndarray, ...]:
-        """Model input for one user and N candidate items.
-
-        Returns dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32.
-        """
+    def _base(self, u_ids: np.ndarray, u_mask: np.ndarray, u_dense: np.ndarray, req: RequestContext):
+        """One row's user + context columns (item columns 0): ids [F, L] i64, mask [F, L], dense [D]."""
         u = self.users
         base_ids = np.zeros((self.F, self.L), dtype=np.int64)
         base_mask = np.zeros((self.F, self.L), dtype=np.float32)
         base_dense = np.zeros(self.D, dtype=np.float32)
-        base_ids[u.cols], base_mask[u.cols], base_dense[u.dense_cols] = (
-            u.ids[user_row],
-            u.mask[user_row],
-            u.dense[user_row],
-        )
+        base_ids[u.cols], base_mask[u.cols], base_dense[u.dense_cols] = u_ids, u_mask, u_dense
         base_ids[self.ctx_cols], base_mask[self.ctx_cols] = req.context_ids, req.context_mask
         base_dense[self.ctx_dense_cols] = req.context_dense
+        return base_ids, base_mask, base_dense
+
+    def assemble(self, user_row: int, req: RequestContext, items: np.ndarray) -> tuple[np.ndarray, ...]:
+        """Model input for one user and N candidate items, from the in-memory tables.
+
+        Returns dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32.
+        """
+        u = self.users
+        base_ids, base_mask, base_dense = self._base(
+            u.ids[user_row], u.mask[user_row], u.dense[user_row], req
+        )
         rows = self.items.lookup(items)
         ids = np.take(self.item_ids_full, rows, axis=0)
         ids += base_ids  # item columns are 0 in base_*, user/context columns are 0 in the templates
         mask = np.take(self.item_mask_full, rows, axis=0)
         mask += base_mask
         dense = np.take(self.item_dense_full, rows, axis=0)
+        dense += base_dense
+        return dense, ids, mask
+
+    def assemble_rows(
+        self, user: FeatureRows, req: RequestContext, items: FeatureRows
+    ) -> tuple[np.ndarray, ...]:
+        """Model input from feature rows read elsewhere (an online store): `user` has one row, `items` N.
+
+        Returns dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32 -- what assemble returns for the
+        same rows.
+        """
+        base_ids, base_mask, base_dense = self._base(user.ids[0], user.mask[0], user.dense[0], req)
+        it, n = self.items, items.ids.shape[0]
+        ids = np.zeros((n, self.F, self.L), dtype=np.int64)
+        mask = np.zeros((n, self.F, self.L), dtype=np.float32)
+        dense = np.zeros((n, self.D), dtype=np.float32)
+        ids[:, it.cols], mask[:, it.cols], dense[:, it.dense_cols] = items.ids, items.mask, items.dense
+        ids += base_ids
+        mask += base_mask
         dense += base_dense
         return dense, ids, mask

@@ -29,6 +29,7 @@ class Loaded:
     store: FeatureStore
     scorer: Scorer
     batching: BatchingConfig  # serve.batching
+    data_fingerprint: str  # the served dataset's (keys its rows in an online store)
 
 
 def check_same_data(variant, data: Dataset, dataset_path: str) -> None:
@@ -65,10 +66,8 @@ def load_variant(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Loade
     data = Dataset.load(str(dataset_path))
     check_same_data(variant, data, dataset_path)
     store = FeatureStore(data, cfg.retrieval)
-    del data
-    loaded = Loaded(
-        variant.name, variant.backend, store, load_scorer(variant, threads=cfg.intra_op_threads), cfg.batching
-    )
+    scorer = load_scorer(variant, threads=cfg.intra_op_threads)
+    loaded = Loaded(variant.name, variant.backend, store, scorer, cfg.batching, data.fingerprint)
     # First calls of a runtime allocate and pick kernels; do them before accepting traffic.
     req = parse_request(b'{"user_id": 0, "k": 1}', store, cfg.max_k, cfg.max_candidates)
     block = store.assemble(store.users.cold, req, store.candidates(store.users.cold, cfg.n_candidates))

@@ -13,7 +13,7 @@ import signal
 import sys
 from collections.abc import Callable
 
-from reco.serve.config import ServeConfig
+from reco.serve.config import FeatureSource, ServeConfig
 from reco.serve.features import ServeConfigError
 from reco.serve.recommend import check_same_data
 
@@ -39,7 +39,11 @@ def check_servable(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Non
         raise ServeConfigError(f"--dataset {dataset_path}: file not found (expected a Dataset saved by reco)")
     data = Dataset.load(dataset_path)
     check_same_data(v, data, dataset_path)
-    FeatureStore(data, cfg.retrieval)
+    store = FeatureStore(data, cfg.retrieval)
+    if cfg.features == FeatureSource.redis:
+        from reco.serve.redis_features import RedisFeatures
+
+        RedisFeatures(store, data.fingerprint, cfg.redis)  # raises when Redis lacks this dataset's rows
 
 
 def pin_threads(cpus: list[int]) -> None:
