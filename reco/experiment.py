@@ -25,6 +25,7 @@ from reco.loadtest.servings import label, pairs
 from reco.measure import RankLatencyConfig
 from reco.profile import ProfileConfig
 from reco.serve.config import ServeConfig
+from reco.serve.quality import QualityConfig
 from reco.tracking_server import TrackingConfig
 from reco.train.loop import TrainConfig
 
@@ -34,6 +35,7 @@ class GateConfig:
     """`gate` (conf/config.yaml): the report's quality gate."""
 
     max_auc_drop_pct: float = MISSING  # relative AUC drop against the baseline a variant may have, in %
+    max_ndcg_drop_pct: float = MISSING  # relative NDCG@k drop of the served top-k (quality.k), in %
 
 
 @dataclass
@@ -59,6 +61,7 @@ class ExperimentConfig:
     tracking: TrackingConfig
     rank_latency: RankLatencyConfig
     profile: ProfileConfig
+    quality: QualityConfig
     gate: GateConfig
     targets: dict[str, Any]  # the preset's goals, checked in the report (reco.report.targets)
     headline: str | None  # the row the headline targets are judged on; None: the best is selected
@@ -84,6 +87,7 @@ def experiment_config(cfg: DictConfig) -> ExperimentConfig:
         tracking=typed(resolved["tracking"], TrackingConfig, "tracking"),
         rank_latency=typed(resolved["rank_latency"], RankLatencyConfig, "rank_latency"),
         profile=typed(resolved["profile"], ProfileConfig, "profile"),
+        quality=typed(resolved["quality"], QualityConfig, "quality"),
         gate=typed(resolved["gate"], GateConfig, "gate"),
         targets=dict(resolved.get("targets") or {}),
         headline=None,

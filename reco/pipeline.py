@@ -11,6 +11,8 @@ share a parent build it once and the others wait for it.
 from __future__ import annotations
 
 import functools
+import hashlib
+import json
 import shutil
 import time
 import traceback
@@ -30,6 +32,8 @@ from reco.loadtest.servings import DEFAULT, cross
 from reco.measure import load_scores, predict, rank_latency, save_scores, score_metrics
 from reco.profile import profile_rank
 from reco.runtime import load_scorer
+from reco.serve.features import FeatureStore
+from reco.serve.quality import QualityRequests, quality_requests, served_topk
 from reco.steps import StepRun
 from reco.tracking import Tracker, environment_tags, flatten
 from reco.variant import ArtifactError, Variant, atomic_write
@@ -164,6 +168,7 @@ def build_all(
     interruption still ends every run started); a failure skips only its subtree."""
     nodes, trainer = exp.variants, exp.trainer
     done: dict[str, Built] = {}
+    topk = TopK(exp, data)
     for i, node in enumerate(nodes, 1):
         parent = done[node.parent] if node.parent else None
         print(
@@ -208,6 +213,7 @@ def build_all(
                         seed=exp.seed,
                     )
                 )
+                topk.measure(v)
                 v.mlflow_run_id = run_id
                 v.save()
                 atomic_write(out_dir / FINISHED, key)
@@ -310,6 +316,45 @@ def _reuse(out_dir: Path) -> Variant | None:
     return v if "auc" in v.metrics else None
 
 
+class TopK:
+    """Each variant's served top-k for the quality requests (reco.serve.quality), kept as an artifact whose
+    name carries a hash of the settings behind it, so a cached variant redoes it only when they change."""
+
+    def __init__(self, exp: ExperimentConfig, data: Dataset) -> None:
+        self.exp, self.data = exp, data
+        q, serve = exp.quality, exp.serve
+        key = [q.users, q.k, exp.seed, serve.n_candidates, asdict(serve.retrieval), data.fingerprint]
+        self.file = f"topk-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]}.npy"
+        self._reqs: QualityRequests | None = None
+        self._store: FeatureStore | None = None
+
+    @property
+    def requests(self) -> QualityRequests:
+        if self._reqs is None:
+            self._reqs = quality_requests(self.data, self.exp.quality.users, self.exp.seed)
+        return self._reqs
+
+    def measure(self, v: Variant) -> None:
+        """Add v's `topk` artifact ([users, k] item ids) unless it holds these settings' already."""
+        if (
+            self.exp.quality.users == 0
+            or not len(self.requests.users)
+            or v.artifacts.get("topk") == self.file
+        ):
+            return
+        if self._store is None:
+            self._store = FeatureStore(self.data, self.exp.serve.retrieval)
+        scorer = load_scorer(v, threads=self.exp.trainer.threads)
+        top = served_topk(scorer, self._store, self.data, self.requests, self.exp.serve, self.exp.quality.k)
+        np.save(v.path / self.file, top, allow_pickle=False)
+        v.add_artifact("topk", self.file)
+
+    def load(self, v: Variant | None) -> np.ndarray | None:
+        if v is None or v.artifacts.get("topk") != self.file:
+            return None
+        return np.load(v.verify("topk"), allow_pickle=False)
+
+
 def measure_accuracy(v: Variant, data: Dataset, threads: int) -> None:
     """Score the test split once through the variant's own runtime: metrics + the scores themselves
     (kept as an artifact so ΔAUC against the baseline is paired on the same rows)."""
@@ -347,22 +392,29 @@ def write_study_report(
     """
     from reco.report import Machine, StudyContext, VariantResult, study_metrics, write_report
     from reco.stats import auc_delta
+    from reco.stats.topk import topk_quality
 
     base = next(b for b in built if b.node.spec.root)
     labels = data.test.labels.numpy()
     base_scores = _scores(base.variant)
+    topk = TopK(exp, data)
+    base_top = topk.load(base.variant)
     results = []
     for b in built:
         v = b.variant or Variant(b.name, b.node.step, b.node.parent, "torch", {})
-        scores = _scores(b.variant)
-        delta = None
+        scores, top = _scores(b.variant), topk.load(b.variant)
+        delta = quality = None
         if b is not base and scores is not None and base_scores is not None:
             delta = auc_delta(labels, base_scores, scores)
+        if top is not None and (b is base or base_top is not None):
+            against = None if b is base else base_top
+            quality = topk_quality(top, topk.requests.relevant, against, exp.quality.rbo_p, exp.seed)
         results.append(
             VariantResult(
                 variant=v,
                 load=study.outcomes.get(b.name) if study else None,
                 auc_delta=delta,
+                quality=quality,
                 status="ok" if b.variant else "failed",
                 error=b.error,
             )
@@ -372,6 +424,7 @@ def write_study_report(
         experiment=exp.experiment_name,
         baseline=base.name,
         max_auc_drop=exp.gate.max_auc_drop_pct / 100,
+        max_ndcg_drop=exp.gate.max_ndcg_drop_pct / 100 if exp.quality.users else None,
         max_error_rate=exp.loadtest.capacity.max_error_rate,
         study=study,
         machine=Machine.from_tags(tags),

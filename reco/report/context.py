@@ -9,6 +9,7 @@ from dataclasses import dataclass, field
 
 from reco.loadtest.outcome import LoadOutcome, StudyOutcome
 from reco.stats import Estimate
+from reco.stats.topk import TopKQuality
 from reco.variant import Variant
 
 
@@ -21,6 +22,7 @@ class VariantResult:
     # (absolute, relative) ΔAUC vs the baseline on the same test rows with DeLong CIs (reco.stats.auc_delta);
     # None for the baseline itself and when accuracy was not compared.
     auc_delta: tuple[Estimate, Estimate] | None = None
+    quality: TopKQuality | None = None  # its served top-k (reco.serve.quality); None: not measured
     status: str = "ok"  # "ok" | "failed" (the variant could not be built or measured)
     error: str = ""  # why it failed
 
@@ -69,6 +71,7 @@ class StudyContext:
     targets: dict[str, float] = field(default_factory=dict)  # e.g. {"e2e_speedup": 3.4, "qps_gain": 2.9}
     # the variant the headline targets are judged on (reco.report.targets); None: the best is selected
     headline: str | None = None
+    max_ndcg_drop: float | None = None  # quality gate: relative ΔNDCG@k limit as a fraction; None: off
 
     @property
     def slo_p99_ms(self) -> float | None:

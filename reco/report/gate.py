@@ -10,7 +10,11 @@
   rate >= the common load decides it PASS: it bounded the p99 from above, at its Bonferroni confidence,
   under more load. That rests on latency not falling as the offered load rises, which the reason states;
   a FAIL at the common load is never overruled.
-- **Overall**: the worst of the two, FAIL > INVALID > INCONCLUSIVE > PASS. A figure that was not
+- **What users see** (with quality.users > 0): the relative ΔNDCG@k of the served top-k vs the baseline's
+  for the same requests (paired bootstrap CI over users, reco.stats.topk) against `-max_ndcg_drop`,
+  decided like the accuracy part. A variant can pass on AUC and fail here: pointwise AUC does not see
+  the order of the few items a user is shown.
+- **Overall**: the worst of the parts, FAIL > INVALID > INCONCLUSIVE > PASS. A figure that was not
   measured never passes.
 """
 
@@ -42,15 +46,20 @@ class Decision:
 class Gate:
     accuracy: Decision
     latency: Decision | None  # None: no SLO (no load test), the gate checks accuracy only
+    quality: Decision | None = None  # None: the served top-k is not compared (quality.users = 0)
+
+    @property
+    def parts(self) -> list[Decision]:
+        return [d for d in (self.accuracy, self.quality, self.latency) if d is not None]
 
     @property
     def overall(self) -> Verdict:
-        return worst(self.accuracy.verdict, self.latency.verdict if self.latency else None)
+        return worst(*(d.verdict for d in self.parts))
 
     @property
     def reason(self) -> str:
         """Why not PASS: the reasons of the parts that did not pass ('' when it passed)."""
-        parts = [d for d in (self.accuracy, self.latency) if d is not None and d.verdict != Verdict.PASS]
+        parts = [d for d in self.parts if d.verdict != Verdict.PASS]
         return "; ".join(
             dict.fromkeys(f"{d.verdict}: {d.reason}" for d in parts)
         )  # a failed variant fails both
@@ -76,6 +85,31 @@ def accuracy_gate(f: VariantFigures, ctx: StudyContext) -> Decision:
     v = verdict_at_least(rel, limit)
     relation = {Verdict.PASS: "above", Verdict.FAIL: "below"}.get(v, "straddles")
     return Decision(v, f"ΔAUC {est(scaled(rel, 100), '+.2f', '%')} {relation} the limit {limit:+.2%}")
+
+
+def quality_gate(f: VariantFigures, ctx: StudyContext) -> Decision | None:
+    """Relative ΔNDCG@k CI of the served top-k vs -ctx.max_ndcg_drop; None when not compared."""
+    if ctx.max_ndcg_drop is None:
+        return None
+    if not f.ok:
+        return Decision(Verdict.FAIL, "variant failed (see its status)")
+    if f.is_baseline:
+        return Decision(Verdict.PASS, "the reference")
+    q = f.result.quality
+    if q is None or q.ndcg_delta is None:
+        return Decision(Verdict.INCONCLUSIVE, "no served top-k compared with the baseline's")
+    if not q.ndcg_delta.supported:
+        return Decision(
+            Verdict.INCONCLUSIVE,
+            f"ΔNDCG@{q.k} n/a: the baseline's NDCG@{q.k} is 0 in the sample or a resample (too few users "
+            "with a relevant item in its top-k)",
+        )
+    limit = -ctx.max_ndcg_drop
+    v = verdict_at_least(q.ndcg_delta, limit)
+    relation = {Verdict.PASS: "above", Verdict.FAIL: "below"}.get(v, "straddles")
+    return Decision(
+        v, f"ΔNDCG@{q.k} {est(scaled(q.ndcg_delta, 100), '+.2f', '%')} {relation} the limit {limit:+.2%}"
+    )
 
 
 def latency_gate(f: VariantFigures, ctx: StudyContext) -> Decision | None:
@@ -129,4 +163,4 @@ def _passed_above(searches: list[Capacity], rate: float | None) -> CapacityStep 
 
 def gate(f: VariantFigures, ctx: StudyContext) -> Gate:
     """Both parts of the gate for one variant."""
-    return Gate(accuracy_gate(f, ctx), latency_gate(f, ctx))
+    return Gate(accuracy_gate(f, ctx), latency_gate(f, ctx), quality_gate(f, ctx))

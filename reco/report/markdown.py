@@ -164,14 +164,15 @@ def gate_table(figs: list[VariantFigures], gates: dict[str, Gate]) -> list[str]:
         [
             f"`{f.name}`",
             str(g.accuracy.verdict),
+            str(g.quality.verdict) if g.quality else "n/a (off)",
             str(g.latency.verdict) if g.latency else "n/a (no SLO)",
             f"**{g.overall}**",
-            g.reason or "; ".join(d.reason for d in (g.accuracy, g.latency) if d is not None),
+            g.reason or "; ".join(d.reason for d in g.parts),
         ]
         for f in figs
         for g in [gates[f.name]]
     ]
-    return table(["variant", "accuracy", "latency", "overall", "why"], rows)
+    return table(["variant", "accuracy", "what users see", "latency", "overall", "why"], rows)
 
 
 def report(
@@ -200,6 +201,7 @@ def report(
     lines += ["## Gate", "", *gate_table(figs, gates), ""]
     if targets:
         lines += ["## Targets", "", *target_lines(targets), ""]
+    lines += ["## What users see", "", *sections.served_topk(figs, gates), ""]
     lines += ["## Baseline training", "", *sections.learning_curve(figs), ""]
     lines += ["## Latency, like for like", "", *sections.like_for_like(figs, ctx), ""]
     lines += ["## Throughput at the SLO", "", *sections.throughput(figs, ctx), ""]

@@ -84,6 +84,13 @@ def variant_metrics(f: VariantFigures, g: Gate, ctx: StudyContext) -> dict[str, 
     m: dict[str, float] = {"gate": VERDICT_CODE[g.overall], "gate_accuracy": VERDICT_CODE[g.accuracy.verdict]}
     if g.latency is not None:
         m["gate_latency"] = VERDICT_CODE[g.latency.verdict]
+    if g.quality is not None:
+        m["gate_quality"] = VERDICT_CODE[g.quality.verdict]
+    q = f.result.quality
+    if q is not None:  # names carry k: NDCG@10 and NDCG@20 are different figures
+        m |= with_ci(f"ndcg_at_{q.k}", q.ndcg) | with_ci(f"recall_at_{q.k}", q.recall)
+        m |= with_ci(f"ndcg_at_{q.k}_delta_rel", q.ndcg_delta) | with_ci(f"overlap_at_{q.k}", q.overlap)
+        m |= with_ci(f"rbo_at_{q.k}", q.rbo)
     if ctx.slo_p99_ms is not None:
         m["slo_p99_ms"] = ctx.slo_p99_ms
     if ctx.common_rate_qps is not None:

@@ -9,8 +9,10 @@ from __future__ import annotations
 from reco.profile import STAGES
 from reco.report.context import StudyContext
 from reco.report.figures import KINDS, SLO_FACTORS, VariantFigures
-from reco.report.fmt import DASH, bracket, est, num, one_line, short, spread, table, vs_base
+from reco.report.fmt import DASH, bracket, est, num, one_line, scaled, short, spread, table, vs_base
+from reco.report.gate import Gate
 from reco.report.metrics import outside_handler
+from reco.stats import Verdict
 
 KIND_LABEL = {"unloaded": "unloaded", "common": "at the common load", "equal_util": "at equal utilisation"}
 
@@ -358,6 +360,42 @@ def rank_profile(figs: list[VariantFigures]) -> list[str]:
         "",
         *table(["variant", "backend", "call ms", *STAGES], rows),
     ]
+
+
+def served_topk(figs: list[VariantFigures], gates: dict[str, Gate]) -> list[str]:
+    """Each variant's served top-k over the same requests: against the users' positive test items and
+    against the baseline's lists, with bootstrap CIs over users; flags a pass on AUC with a fail here."""
+    qs = [(f, f.result.quality) for f in figs if f.result.quality is not None]
+    if not qs:
+        return ["Not measured (`quality.users=0`, or no variant has a served top-k)."]
+    k, n = qs[0][1].k, qs[0][1].ndcg.n
+    rows = []
+    for f, q in qs:
+        g = gates[f.name]
+        flag = ""
+        if g.quality is not None and g.accuracy.verdict == Verdict.PASS and g.quality.verdict == Verdict.FAIL:
+            flag = " **passes on AUC, fails on what users see**"
+        rows.append(
+            [
+                f"`{f.name}`",
+                short(q.ndcg, ".4f"),
+                short(q.recall, ".4f"),
+                vs_base(f.is_baseline, scaled(q.ndcg_delta, 100), "+.2f", "%", reference="0"),
+                short(q.overlap, ".3f") if q.overlap else DASH,
+                short(q.rbo, ".3f") if q.rbo else DASH,
+                (str(g.quality.verdict) if g.quality else DASH) + flag,
+            ]
+        )
+    head = [
+        f"Every variant answered the same {n:,} requests (test users with a positive, each with the service's "
+        f"own candidates and ranking; reco/serve/quality.py). NDCG@{k} and recall@{k} of its top-{k} against the "
+        f"user's positive test items (ir-measures); overlap@{k} and rank-biased overlap (p as configured, "
+        f"normalised so identical lists score 1) against the baseline's top-{k} for the same request. "
+        "95 % bootstrap CIs over users; ΔNDCG is paired (the same users resampled for both).",
+        "",
+    ]
+    cols = ["variant", f"NDCG@{k}", f"recall@{k}", f"ΔNDCG@{k}", f"overlap@{k}", "RBO", "gate"]
+    return head + table(cols, rows)
 
 
 def correctness(figs: list[VariantFigures]) -> list[str]:

@@ -45,6 +45,7 @@ def csv_row(f: VariantFigures, g: Gate, ctx: StudyContext) -> dict:
         "gate": str(g.overall),
         "gate_accuracy": str(g.accuracy.verdict),
         "gate_latency": str(g.latency.verdict) if g.latency else "",
+        "gate_quality": str(g.quality.verdict) if g.quality else "",
         "gate_reason": g.reason,
     }
 

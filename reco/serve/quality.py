@@ -1,0 +1,110 @@
+"""The top-k a variant serves for a fixed set of test requests: what the report's quality table compares.
+
+The requests are the same for every variant: up to `users` test-split users with at least one positive
+(label 1) test row, drawn with the experiment's seed; each carries the context of that user's first
+positive test row and gets the service's own candidates (serve.n_candidates, serve.retrieval) and
+ranking -- the functions the server calls (reco.serve.recommend), in process (the study's correctness
+check shows the server answers the same scores over HTTP). A user's relevant items are its positive
+test items, so recall@k and NDCG@k measure what the user would have seen, candidate generation included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+from omegaconf import MISSING
+
+from reco.config import ConfigError
+from reco.data.schema import Dataset
+from reco.runtime import Scorer
+from reco.serve.config import ServeConfig
+from reco.serve.features import FeatureStore
+from reco.serve.recommend import top_k
+
+
+@dataclass
+class QualityConfig:
+    """`quality` (conf/config.yaml): the top-k quality table (its gate: gate.max_ndcg_drop_pct)."""
+
+    users: int = MISSING  # test users (with a positive) whose served top-k is compared; 0: off
+    k: int = MISSING  # the list compared: NDCG@k, recall@k, overlap@k, RBO to depth k
+    rbo_p: float = MISSING  # RBO's persistence: the weight of rank d is p^(d-1)
+
+    def check(self, where: str) -> None:
+        if self.users < 0 or self.k < 1 or not 0 < self.rbo_p < 1:
+            raise ConfigError(
+                f"{where}: expected users >= 0, k >= 1 and 0 < rbo_p < 1; got users={self.users}, k={self.k}, "
+                f"rbo_p={self.rbo_p}"
+            )
+
+
+@dataclass(frozen=True)
+class QualityRequests:
+    """The requests every variant answers: one per user."""
+
+    users: np.ndarray  # [U] user ids
+    rows: np.ndarray  # [U] the test row whose context the request carries
+    relevant: list[np.ndarray]  # per user: its positive test items
+
+
+@dataclass(frozen=True)
+class _Context:  # reco.serve.features.RequestContext from a test row
+    context_ids: np.ndarray
+    context_mask: np.ndarray
+    context_dense: np.ndarray
+
+
+def quality_requests(data: Dataset, n_users: int, seed: int) -> QualityRequests:
+    """Up to `n_users` test users with a positive, drawn with `seed` (sorted by id, so a larger draw
+    with the same seed is not a reshuffle)."""
+    s, t = data.schema, data.test
+    if s.user_key is None or s.item_key is None:
+        return QualityRequests(np.empty(0, np.int64), np.empty(0, np.int64), [])
+    users = t.ids[:, s.index(s.user_key), 0].numpy()
+    items = t.ids[:, s.index(s.item_key), 0].numpy()
+    pos = np.flatnonzero(t.labels.numpy() > 0.5)
+    known = pos[users[pos] > 0]  # id 0 is the unknown user: not one person
+    order = np.argsort(users[known], kind="stable")
+    u_sorted = users[known][order]
+    uniq, first = np.unique(u_sorted, return_index=True)
+    pick = np.sort(np.random.default_rng(seed).permutation(len(uniq))[:n_users])
+    bounds = np.append(first, len(u_sorted))
+    rows = known[order][first[pick]]
+    relevant = [items[known[order][bounds[i] : bounds[i + 1]]] for i in pick]
+    return QualityRequests(uniq[pick], rows, relevant)
+
+
+def served_topk(
+    scorer: Scorer,
+    store: FeatureStore,
+    data: Dataset,
+    reqs: QualityRequests,
+    serve: ServeConfig,
+    k: int,
+    per_call: int = 8,
+) -> np.ndarray:
+    """The top-k item ids [U, k] the service answers to each request (-1 pads a list shorter than k);
+    `per_call` requests' candidate blocks are scored in one model call (rows are scored independently)."""
+    t = data.test
+    ids, dense, mask = t.ids.numpy(), t.dense.numpy(), t.mask().numpy()
+    out = np.full((len(reqs.users), k), -1, dtype=np.int64)
+    for a in range(0, len(reqs.users), per_call):
+        blocks, cands = [], []
+        for user, row in zip(
+            reqs.users[a : a + per_call].tolist(), reqs.rows[a : a + per_call].tolist(), strict=True
+        ):
+            ctx = _Context(
+                ids[row, store.ctx_cols], mask[row, store.ctx_cols], dense[row, store.ctx_dense_cols]
+            )
+            urow = store.user_row(user)
+            items = store.candidates(urow, serve.n_candidates)
+            blocks.append(store.assemble(urow, ctx, items))
+            cands.append(items)
+        probs = scorer(*(np.concatenate(parts) for parts in zip(*blocks, strict=True)))
+        start = 0
+        for j, items in enumerate(cands):
+            top, _ = top_k("quality", items, probs[start : start + len(items)], k)
+            out[a + j, : len(top)] = top
+            start += len(items)
+    return out
