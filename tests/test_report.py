@@ -31,7 +31,7 @@ from reco.loadtest.outcome import (
 )
 from reco.pipeline import _log_variant, log_report_metrics
 from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
-from reco.report.figures import bracket, highest_pass_at, study_figures
+from reco.report.figures import bracket, bracket_at, highest_pass_at, study_figures
 from reco.report.gate import gate, worst
 from reco.report.plots import _colors, capacity_curve, draw_qps_vs_p99, pareto_front
 from reco.report.targets import Basis, Outcome, evaluate, target_line
@@ -94,6 +94,7 @@ def outcome(name, p50, knee, seed, *, common_repeats=3, extra_common=(), correct
             "server_rank_mean_ms": 0.5 * p,
             "server_total_mean_ms": 0.8 * p,
             "server_total_p99_ms": 1.5 * p,
+            "cpu_per_request_ms": 0.4 * p,
         }
 
     return LoadOutcome(
@@ -802,6 +803,13 @@ def test_report_comparison_sections(figs, written):
     assert list(profiled) == ["base"]  # the others were not profiled: no row
     cells = [profiled["base"][k] for k in ("call ms", "embedding", "interaction", "mlp", "other")]
     assert [numbers(c) for c in cells] == [[10.0], [2.0, 20], [1.0, 10], [6.5, 65], [0.5, 5]]
+    cost = by_variant(md_table(secs["Cost per request"]))
+    assert list(cost) == loaded
+    for name, row in cost.items():  # 0.4 x the common-load p50 (2 x the variant's); per core: unpinned
+        cpu = 0.4 * 2 * {"base": 20, "pruned": 20 / 3.4, "student": 3, "ort": 40}[name]
+        assert numbers(row["server CPU ms / request"]) == pytest.approx([cpu], rel=0.01)
+        assert numbers(row["requests per CPU-second"]) == pytest.approx([1000 / cpu], abs=0.5)
+        assert row["max QPS @SLO per core"] == "–"
 
 
 def test_report_appendix_lists_every_capacity_step(figs, written):
@@ -1053,3 +1061,22 @@ def test_agree_bad_input_names_file_and_column(tmp_path):
         agree_cli.main([str(bad), str(bad)])
     with pytest.raises(SystemExit, match="missing.csv: cannot read"):
         agree_cli.main([str(tmp_path / "missing.csv"), str(bad)])
+
+
+def test_slo_sensitivity_rejudges_each_step_at_the_searchs_own_confidence():
+    """At the search's own SLO the re-judged bracket is the search's: a step INCONCLUSIVE at the search's
+    98.3 % (Bonferroni) must not pass because its 95 % interval would (seen in a case-study run: the
+    baseline's 1x SLO column read 12 req/s where its search had bracketed [8, 12))."""
+    from reco.loadtest.capacity import step_verdict
+
+    run = load_run("capacity", lognormal(50, 2000, 7), offered=10.0)
+    lo95 = step_verdict(run, 1e9, 0.01, 0.95)[2]
+    lo983 = step_verdict(run, 1e9, 0.01, 1 - 0.05 / 3)[2]
+    assert lo95.hi < lo983.hi
+    slo = (lo95.hi + lo983.hi) / 2  # within the 95 % bound, not the 98.3 % one
+    v = step_verdict(run, slo, 0.01, 1 - 0.05 / 3)[0]
+    assert v == Verdict.INCONCLUSIVE
+    cap = Capacity(slo, 0.0, 10.0, [CapacityStep(10.0, run, v, "straddles")], conf=1 - 0.05 / 3)
+    assert bracket_at(cap, slo, 0.01) == (0.0, 10.0)
+    loose = dataclasses.replace(cap, conf=0.95)  # judged at 95 %, the same step passes
+    assert bracket_at(loose, slo, 0.01) == (10.0, None)

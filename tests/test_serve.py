@@ -20,7 +20,7 @@ from reco.cli.serve import main as serve_main
 from reco.cli.serve import settings as cli_settings
 from reco.config import ConfigError
 from reco.data.schema import Dataset
-from reco.loadtest.scrape import parse_stage_histograms
+from reco.loadtest.scrape import parse_stage_histograms, process_cpu_s, stage_summary
 from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES
@@ -400,11 +400,17 @@ def test_healthz_metrics_and_openapi(plain, served):
     assert status == 200 and h["status"] == "ok" and h["model"] == "tiny" and h["backend"] == "torch"
     assert h["retrieval"] == "recent_categories->category" and h["batching"]["enabled"] is False
 
-    before = parse_stage_histograms(plain.request("GET", "/metrics")[2].decode())
+    first = plain.request("GET", "/metrics")[2].decode()
+    before = parse_stage_histograms(first)
     for i in range(3):
         assert plain.recommend(a_test_row(served["data"], i))[0] == 200
     status, headers, text = plain.request("GET", "/metrics")
     after = parse_stage_histograms(text.decode())
+    # What the hardware bill sees: the process's CPU between the scrapes, per answered request.
+    used = process_cpu_s(text.decode()) - process_cpu_s(first)
+    assert used > 0 and stage_summary(first, text.decode())["cpu_per_request_ms"] == pytest.approx(
+        used / 3 * 1000
+    )
     assert status == 200 and headers["content-type"].startswith("text/plain")
     assert set(after) == set(STAGES)
     for stage in STAGES:
@@ -598,6 +604,8 @@ def test_two_workers_share_the_port_and_their_metrics(served):
     assert len(pids) == 2 and pids <= {k.pid for k in kids}
     text = Client(h.url).request("GET", "/metrics")[2].decode()
     assert parse_stage_histograms(text)["rank"]["count"] == 40  # summed over both workers
+    worker_cpu = sum(psutil.Process(p).cpu_times().user + psutil.Process(p).cpu_times().system for p in pids)
+    assert 0 < process_cpu_s(text) <= worker_cpu + 0.05  # both workers' CPU, each as of its last request
     assert h.stop() == 0
     _, alive = psutil.wait_procs(kids, timeout=10)  # workers, keep-warm spinners, mp's resource tracker
     assert not [k for k in alive if k.status() != psutil.STATUS_ZOMBIE]

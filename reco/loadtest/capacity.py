@@ -256,6 +256,7 @@ def find_capacity(
         lowest_fail=lowest_fail,
         steps=steps,
         lowest_invalid=None if math.isinf(invalid) else invalid,
+        conf=step_conf(c),
     )
 
 

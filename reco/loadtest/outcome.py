@@ -61,6 +61,7 @@ class Capacity:
     lowest_fail: float | None  # req/s; None when no rate failed (max_rate passed)
     steps: list[CapacityStep]
     lowest_invalid: float | None = None  # req/s; lowest rate the generator could not vouch for (INVALID)
+    conf: float = 0.95  # the confidence each step's p99 interval was judged at (Bonferroni over its looks)
 
     @property
     def resolution(self) -> float | None:
@@ -104,6 +105,7 @@ class StudyOutcome:
     # Where the study's time went: kind of run -> variant -> wall seconds (time_spent formats it).
     seconds: dict[str, dict[str, float]] = field(default_factory=dict)
     budget: str = ""  # the time budget, what it ran and skipped (reco.loadtest.budget.summary)
+    server_cores: int = 0  # cores each server was pinned to (0: not pinned, it could use any)
 
 
 def time_spent(seconds: dict[str, dict[str, float]]) -> str:

@@ -86,7 +86,8 @@ def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, 
         quantile: the quantile to report (0.99 -> keys ..._p99_ms).
     Returns:
         server_{stage}_mean_ms, server_{stage}_p99_ms (wall time), cpu_rank_mean_ms, cpu_rank_p99_ms (CPU
-        time of the model call's thread); quantiles interpolated inside their bucket.
+        time of the model call's thread); quantiles interpolated inside their bucket; cpu_per_request_ms,
+        the server processes' CPU (every thread) per answered request.
     """
     a, b = parse_histograms(before), parse_histograms(after)
     out: dict[str, float] = {}
@@ -101,7 +102,23 @@ def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, 
             cum = np.array(hb["cum"]) - np.array(ha["cum"])
             q = _bucket_quantile(np.array(hb["le"]), cum, quantile)
             out[f"{prefix}{stage}_p{round(quantile * 100)}_ms"] = q * 1000
+    served = b.get("reco_stage_seconds", {}).get("total", {}).get("count", 0.0) - a.get(
+        "reco_stage_seconds", {}
+    ).get("total", {}).get("count", 0.0)
+    cpu_a, cpu_b = process_cpu_s(before), process_cpu_s(after)
+    if served > 0 and cpu_a is not None and cpu_b is not None and cpu_b >= cpu_a:
+        out["cpu_per_request_ms"] = (cpu_b - cpu_a) / served * 1000
     return out
+
+
+def process_cpu_s(text: str) -> float | None:
+    """reco_process_cpu_seconds in a scrape (summed over workers); None when absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "reco_process_cpu_seconds":
+            return float(sum(s.value for s in fam.samples))
+    return None
 
 
 def _bucket_quantile(les: np.ndarray, cum: np.ndarray, q: float) -> float:

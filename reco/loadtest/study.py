@@ -370,6 +370,7 @@ def run_study(
     result.outcomes = s.outcomes
     s.requests = write_requests(data, out / "requests.jsonl", lt.requests.n, lt.requests.k, lt.seed)
     server_cpus, s.gen_cpus = plan_cpus(lt.workers)
+    result.server_cores = len(server_cpus or [])
     variant_of = dict(chosen)
     settings_of = {p.label: p.settings(serve) for p in pairs}
     s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}

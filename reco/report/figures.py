@@ -23,9 +23,10 @@ from statistics import median
 
 import numpy as np
 
+from reco.loadtest.capacity import step_verdict
 from reco.loadtest.outcome import QUANTILES, Capacity, LoadRun
 from reco.report.context import StudyContext, VariantResult
-from reco.stats import Estimate, Verdict, ratio_range, verdict_at_most
+from reco.stats import Estimate, Verdict, ratio_range
 from reco.stats.dependent import dependent_quantile_ci, ratio_ci
 
 KINDS = ("unloaded", "common", "equal_util")  # LoadOutcome fields holding repeats of LoadRun
@@ -148,15 +149,14 @@ Span = tuple[float, float | None]  # one search's (highest pass, lowest non-pass
 def bracket_at(cap: Capacity, slo_ms: float, max_error_rate: float) -> Span:
     """One capacity search's bracket re-judged against another SLO: (highest measured rate whose p99 CI is
     within `slo_ms` and errors within the limit, 0.0 when none; lowest valid rate that is not, None when
-    none). Limited to the rates the search happened to measure: None means open, not unbounded."""
+    none). Each step is re-judged as the search judged it (reco.loadtest.capacity.step_verdict, at the
+    search's own confidence), so at the search's SLO the bracket is the search's. Limited to the rates
+    the search happened to measure: None means open, not unbounded."""
     passed, failed = [], []
     for s in cap.steps:
         if not s.run.valid:
             continue
-        ok = (
-            s.run.error_rate <= max_error_rate
-            and verdict_at_most(s.run.quantiles["p99"], slo_ms) == Verdict.PASS
-        )
+        ok = step_verdict(s.run, slo_ms, max_error_rate, cap.conf)[0] == Verdict.PASS
         (passed if ok else failed).append(s.rate)
     return max(passed, default=0.0), min(failed, default=None)
 

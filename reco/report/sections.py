@@ -123,6 +123,34 @@ def throughput(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
     ]
 
 
+def cost(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
+    """What the hardware bill sees: server CPU per request at the common load, and capacity per core."""
+    cores = ctx.study.server_cores if ctx.study else 0
+    rows = []
+    for f in figs:
+        lat = f.latency.get("common")
+        cpu = lat.stages().get("cpu_per_request_ms") if lat else None
+        if cpu is None and f.max_qps is None:
+            continue
+        per_core = spread(scaled(f.max_qps, 1 / cores), ".1f") if f.max_qps is not None and cores else DASH
+        rows.append([f"`{f.name}`", num(cpu), num(1000 / cpu, ".0f") if cpu else DASH, per_core])
+    if not rows:
+        return ["No load runs."]
+    pinned = (
+        f"{cores} server core{'s' * (cores != 1)}" if cores else "an unpinned server (no per-core figure)"
+    )
+    return [
+        "Server CPU per answered request = the server processes' CPU seconds (every thread: event loop, "
+        "ranking, batching; `reco_process_cpu_seconds` in /metrics) over the common-load windows / the "
+        "requests they answered; its inverse is what one fully busy core could answer. Max QPS at the SLO "
+        f"per core divides the capacity (median over repeats, range in parentheses) by the study's {pinned}.",
+        "",
+        *table(
+            ["variant", "server CPU ms / request", "requests per CPU-second", "max QPS @SLO per core"], rows
+        ),
+    ]
+
+
 def _rel_auc(f: VariantFigures) -> float | None:
     """Relative ΔAUC vs the baseline (0 for the baseline itself)."""
     if f.is_baseline:

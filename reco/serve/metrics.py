@@ -12,6 +12,7 @@ aggregates all workers.
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 
@@ -63,16 +64,25 @@ class ServeMetrics:
         self.inflight = Gauge("reco_inflight", "Requests admitted and not yet answered", **g, **kw)
         gm = {"multiprocess_mode": "max"} if self.multiprocess else {}
         self.inflight_max = Gauge("reco_inflight_max", "Most requests admitted at once", **gm, **kw)
+        # This worker's CPU seconds (every thread: event loop, rank threads, batcher), summed over workers:
+        # what the hardware bill sees. A gauge set after each request and at each scrape rather than
+        # prometheus_client's ProcessCollector, which multiprocess mode does not aggregate.
+        self.process_cpu = Gauge(
+            "reco_process_cpu_seconds", "CPU seconds used by the server's workers", **g, **kw
+        )
+        self.process_cpu.set(time.process_time())
 
     def observe(self, times_s: dict[str, float]) -> None:
         """Record one request's stage times (seconds, keyed by STAGES)."""
         for s, t in times_s.items():
             self._stage[s].observe(t)
+        self.process_cpu.set(time.process_time())
 
     def render(self) -> tuple[bytes, str]:
         """Returns: (Prometheus text of this worker, or of all workers in multiprocess mode, content type)."""
         from prometheus_client import CONTENT_TYPE_LATEST, CollectorRegistry, generate_latest
 
+        self.process_cpu.set(time.process_time())
         if self.multiprocess:
             from prometheus_client import multiprocess
 
