@@ -24,6 +24,7 @@ from reco.loadtest.config import LoadtestConfig
 from reco.loadtest.servings import label, pairs
 from reco.measure import RankLatencyConfig
 from reco.profile import ProfileConfig
+from reco.retrieval.two_tower import TwoTowerConfig
 from reco.serve.config import ServeConfig
 from reco.serve.quality import QualityConfig
 from reco.tracking_server import TrackingConfig
@@ -62,6 +63,7 @@ class ExperimentConfig:
     rank_latency: RankLatencyConfig
     profile: ProfileConfig
     quality: QualityConfig
+    two_tower: TwoTowerConfig  # `retrieval.two_tower`: trained when serve.retrieval.kind=two_tower
     gate: GateConfig
     targets: dict[str, Any]  # the preset's goals, checked in the report (reco.report.targets)
     headline: str | None  # the row the headline targets are judged on; None: the best is selected
@@ -88,6 +90,7 @@ def experiment_config(cfg: DictConfig) -> ExperimentConfig:
         rank_latency=typed(resolved["rank_latency"], RankLatencyConfig, "rank_latency"),
         profile=typed(resolved["profile"], ProfileConfig, "profile"),
         quality=typed(resolved["quality"], QualityConfig, "quality"),
+        two_tower=typed(resolved["retrieval"]["two_tower"], TwoTowerConfig, "retrieval.two_tower"),
         gate=typed(resolved["gate"], GateConfig, "gate"),
         targets=dict(resolved.get("targets") or {}),
         headline=None,

@@ -10,6 +10,7 @@ share a parent build it once and the others wait for it.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import hashlib
 import json
@@ -32,6 +33,7 @@ from reco.loadtest.servings import DEFAULT, cross
 from reco.measure import load_scores, predict, rank_latency, save_scores, score_metrics
 from reco.profile import profile_rank
 from reco.runtime import load_scorer
+from reco.serve.config import RetrievalKind, ServeConfig
 from reco.serve.features import FeatureStore
 from reco.serve.quality import QualityRequests, quality_requests, served_topk
 from reco.steps import StepRun
@@ -87,6 +89,7 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
         atomic_write(ctx.out_dir / "resolved_config.yaml", OmegaConf.to_yaml(OmegaConf.create(exp.resolved)))
         tracker.log_artifacts(parent_run, [ctx.out_dir / "resolved_config.yaml"])
         data, data_path = _load_data(exp, tracker, parent_run)
+        exp = dataclasses.replace(exp, serve=with_retrieval(exp, data))
         build_all(exp, data, tracker, parent_run, built)
         profile_all(exp, built, data, ctx.out_dir / "profile", tracker)
         study = None
@@ -353,6 +356,30 @@ class TopK:
         if v is None or v.artifacts.get("topk") != self.file:
             return None
         return np.load(v.verify("topk"), allow_pickle=False)
+
+
+def with_retrieval(exp: ExperimentConfig, data: Dataset) -> ServeConfig:
+    """exp.serve, with serve.retrieval.artifact set to a trained two-tower stage when the servers need one
+    (kind=two_tower, no artifact given): trained from `retrieval.two_tower` once per settings and data,
+    kept in the cache under a claim, so parallel jobs train it once."""
+    r = exp.serve.retrieval
+    if r.kind != RetrievalKind.two_tower or r.artifact:
+        return exp.serve
+    from reco.retrieval.artifact import MANIFEST, save_artifact
+    from reco.retrieval.two_tower import SideRows, encode, train_two_tower
+
+    key = json.dumps([asdict(exp.two_tower), data.fingerprint, exp.seed])
+    out = exp.cache_dir / "retrieval" / f"two_tower-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    with claim(out, f"retrieval stage ({out})"):
+        if (out / MANIFEST).exists():
+            print(f"\n[retrieval] reusing the trained two-tower stage {out}", flush=True)
+        else:
+            print("\n[retrieval] training the two-tower stage (retrieval.two_tower)", flush=True)
+            model, _ = train_two_tower(data, exp.two_tower, exp.seed)
+            item_ids, ids, mask, dense = FeatureStore(data, None).item_catalogue()
+            vecs = encode(model.item, SideRows.from_arrays(ids, mask, dense))
+            save_artifact(out, model, exp.two_tower, item_ids, vecs, data.fingerprint)
+    return dataclasses.replace(exp.serve, retrieval=dataclasses.replace(r, artifact=str(out)))
 
 
 def measure_accuracy(v: Variant, data: Dataset, threads: int) -> None:

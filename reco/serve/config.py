@@ -16,17 +16,31 @@ from typing import Any
 from omegaconf import MISSING
 
 from reco.config import ConfigError, typed
+from reco.retrieval.ann import IndexSpec
+
+
+class RetrievalKind(StrEnum):
+    heuristic = "heuristic"  # popular items of the user's recent groups, then global popularity
+    two_tower = "two_tower"  # the user tower's vector, its N nearest items in a FAISS index (reco/retrieval/)
 
 
 @dataclass
 class RetrievalConfig:
-    """Candidate generation: popular items of the groups a user recently engaged with, then global popularity."""
+    """Candidate generation: the heuristic (popular items of the groups a user recently engaged with, then
+    global popularity) or a two-tower model's nearest items in a FAISS index."""
 
+    kind: RetrievalKind = MISSING
     user_feature: str | None = (
-        MISSING  # user-side multi-valued feature (recent groups); null: popularity only
+        MISSING  # heuristic: user-side multi-valued feature (recent groups); null: popularity only
     )
-    item_feature: str | None = MISSING  # item-side feature with the same ids as user_feature
-    share: float = MISSING  # part of the N candidates drawn from the user's groups, in [0, 1]
+    item_feature: str | None = MISSING  # heuristic: item-side feature with the same ids as user_feature
+    share: float = MISSING  # heuristic: part of the N candidates drawn from the user's groups, in [0, 1]
+    index: IndexSpec = (
+        MISSING  # two_tower: the FAISS index over the catalogue's vectors (reco/retrieval/ann.py)
+    )
+    # two_tower: the trained stage's directory (reco/retrieval/artifact.py); null: the pipeline trains it
+    # (retrieval.two_tower) and fills this in for the servers it starts
+    artifact: str | None = MISSING
 
 
 @dataclass

@@ -145,6 +145,7 @@ class FeatureStore:
         self.popular = known[np.lexsort((known, -counts[known]))]
         self.share = float(retrieval.share) if retrieval else 0.0
         self.groups = self._group_index(retrieval, counts, known)
+        self.retriever = self._two_tower(ds, retrieval)
         self._seen = np.zeros(self.item_card, dtype=bool)  # scratch for de-duplication (one thread only)
 
         # Whole-row item templates: item columns filled, user/context columns 0, so a request's input is
@@ -198,9 +199,31 @@ class FeatureStore:
         view._seen = np.zeros_like(self._seen)
         return view
 
+    def _two_tower(self, ds: Dataset, retrieval: RetrievalConfig | None):
+        """serve.retrieval.kind=two_tower: the trained stage (reco.retrieval.artifact) and its index."""
+        if retrieval is None or retrieval.kind != "two_tower":
+            return None
+        if not retrieval.artifact:
+            raise ServeConfigError(
+                "serve.retrieval.kind=two_tower needs serve.retrieval.artifact (a trained stage's directory; "
+                "`python run.py ...` trains one from `retrieval.two_tower` and sets it)"
+            )
+        from reco.retrieval.artifact import Retriever, load_artifact
+
+        return Retriever(load_artifact(retrieval.artifact, ds.schema, ds.fingerprint), retrieval.index)
+
     @property
     def retrieval_name(self) -> str:
+        if self.retriever is not None:
+            return self.retriever.name
         return self.groups["feature"] if self.groups else "popularity"
+
+    def item_catalogue(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """Every item the store holds: (item ids [n], ids [n, Fi, L], mask [n, Fi, L], dense [n, Di])."""
+        it = self.items
+        item_ids = np.flatnonzero(it.row != it.cold)
+        rows = it.row[item_ids]
+        return item_ids, it.ids[rows], it.mask[rows], it.dense[rows]
 
     def user_row(self, user_id: int) -> int:
         """Row of `user_id`'s features (any int); the cold-start row for ids not in the train split."""
@@ -212,8 +235,12 @@ class FeatureStore:
         return item_ids[(item_ids < 1) | (item_ids >= self.item_card)]
 
     def candidates(self, user_row: int, n: int) -> np.ndarray:
-        """Candidates for the user at `user_row`: [<=n] int64 item ids, popular items of the user's recent
-        groups (retrieval.share of them), then global popularity."""
+        """Candidates for the user at `user_row`: [<=n] int64 item ids; two_tower: the user tower's nearest
+        items; else popular items of the user's recent groups (retrieval.share of them), then global
+        popularity."""
+        if self.retriever is not None:
+            u, r = self.users, slice(user_row, user_row + 1)
+            return self.retriever.candidates(u.ids[r], u.mask[r], u.dense[r], n)
         picked = np.empty(0, dtype=np.int64)
         g = self.groups
         if g is not None and self.share > 0:

@@ -1,0 +1,107 @@
+"""Retrieval as a stage with its own levers: a two-tower model, its item vectors in FAISS indexes, and the
+front of recall@N against per-request latency.
+
+    python -m bench.retrieval_front --dataset .cache/data/<data>.pt            # after a study built it
+    python -m bench.retrieval_front --dataset ... --epochs 1 --queries 200      # quicker
+
+Trains the two-tower model (reco/retrieval/two_tower.py) on the train split's positives, encodes every
+item of the catalogue (each item's latest train row, as the server's feature store holds it) and the
+validation split's users (the queries: hyper-parameters are chosen on validation), then for every index
+prints recall@N against the exact search, the p50/p99 of one query per call and the speed-up against the
+exact search (reco/retrieval/front.py). It also says what the candidates are worth: recall@N of the test
+split's positives for the two-tower's exact top-N against reco's heuristic candidates (serve.retrieval),
+for the same test users.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import numpy as np
+import torch
+
+from reco.cli.compose import compose
+from reco.config import typed
+from reco.data.schema import Dataset
+from reco.retrieval.ann import IndexSpec
+from reco.retrieval.front import measure_front
+from reco.retrieval.two_tower import SideRows, TwoTowerConfig, encode, side_rows, train_two_tower
+from reco.serve.config import serve_config
+from reco.serve.features import FeatureStore
+from reco.serve.quality import quality_requests
+from reco.stats.topk import mean_ci
+
+DEFAULT_INDEXES = [
+    IndexSpec("flat"),
+    IndexSpec("ivf_flat", nlist=64, nprobe=4),
+    IndexSpec("ivf_flat", nlist=64, nprobe=16),
+    IndexSpec("hnsw", M=16, ef_search=64),
+    IndexSpec("hnsw", M=32, ef_search=128),
+    IndexSpec("ivf_pq", nlist=64, nprobe=16, m=8, nbits=8),
+]
+
+
+def main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="bench.retrieval_front", description=__doc__.splitlines()[0])
+    p.add_argument("--dataset", required=True, help="a Dataset .pt file (e.g. .cache/data/<data>.pt)")
+    p.add_argument("--n", type=int, default=500, help="candidates per request (serve.n_candidates)")
+    p.add_argument("--queries", type=int, default=1000, help="validation users whose vectors are the queries")
+    p.add_argument("--threads", type=int, default=1, help="FAISS threads per query (the server's)")
+    p.add_argument("--epochs", type=int, help="override retrieval.two_tower.epochs")
+    p.add_argument("--seed", type=int, default=0)
+    args = p.parse_args(argv)
+    cfg = compose([])
+    tt = typed(cfg.retrieval.two_tower, TwoTowerConfig, "retrieval.two_tower")
+    if args.epochs:
+        tt.epochs = args.epochs
+    data = Dataset.load(args.dataset)
+    torch.set_num_threads(2)
+    model, report = train_two_tower(data, tt, args.seed)
+    serve = serve_config(cfg.serve)
+    store = FeatureStore(data, serve.retrieval)
+    item_ids, ids, mask, dense = store.item_catalogue()
+    item_vecs = encode(model.item, SideRows.from_arrays(ids, mask, dense))
+    s, va = data.schema, data.val
+    vusers = va.ids[:, s.index(s.user_key), 0].numpy()
+    _, first = np.unique(vusers, return_index=True)
+    pick = np.random.default_rng(args.seed).permutation(first)[: args.queries]
+    queries = encode(model.user, side_rows(s, va, "user", torch.from_numpy(pick)))
+    print(
+        f"\n{len(item_ids):,} items x {item_vecs.shape[1]} dims, {len(queries):,} validation queries, N={args.n}"
+    )
+    rows = measure_front(DEFAULT_INDEXES, item_vecs, queries, args.n, args.threads)
+    print(
+        "\n| index | recall@N vs exact [CI] | p50 ms [CI] | p99 ms [CI] | speed-up p50 vs exact [CI] | build s |"
+    )
+    print("|---|---|---|---|---|---|")
+    for r in rows:
+        print(
+            f"| {r.spec.label} | {r.recall.fmt('.3f')} | {r.p50_ms.fmt('.3f')} | {r.p99_ms.fmt('.3f')} | "
+            f"{r.speedup.fmt('.2f', '×')} | {r.build_s:.1f} |"
+        )
+    # What the candidates are worth: the test positives they contain, two-tower exact vs the heuristic.
+    reqs = quality_requests(data, args.queries, args.seed)
+    t = data.test
+    tq = encode(model.user, side_rows(s, t, "user", torch.from_numpy(reqs.rows)))
+    top = item_ids[np.argsort(-(tq @ item_vecs.T), axis=1)[:, : args.n]]
+    heur = [store.candidates(store.user_row(int(u)), args.n) for u in reqs.users]
+    got = {
+        "two-tower (exact)": [np.isin(rel, row).mean() for rel, row in zip(reqs.relevant, top, strict=True)],
+        f"heuristic ({store.retrieval_name})": [
+            np.isin(rel, c).mean() for rel, c in zip(reqs.relevant, heur, strict=True)
+        ],
+    }
+    print(
+        f"\nTest positives among the N={args.n} candidates, {len(reqs.users):,} test users (mean, 95 % bootstrap CI):"
+    )
+    for name, vals in got.items():
+        print(f"- {name}: {mean_ci(np.array(vals)).fmt('.3f')}")
+    print(
+        f"\ntwo-tower: {report.epochs} epochs over {report.rows:,} positives in {report.seconds:.0f} s; losses {report.loss}"
+    )
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

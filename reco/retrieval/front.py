@@ -1,0 +1,81 @@
+"""The retrieval front: each index's recall@N against the exact search and its per-request latency.
+
+recall@N of a query = |the index's N rows ∩ the exact search's N rows| / N, averaged over the queries
+with a bootstrap CI over queries (reco.stats.topk.mean_ci). Latency: one query per call, as a server
+asks it, on `threads` FAISS threads; p50 and p99 with their order-statistic CIs (reco.stats.quantile_ci;
+the calls run back to back on an otherwise idle process, so they are treated as independent), and the
+speed-up against the exact search's p50 with the MOVER interval of the two (reco.stats.dependent.ratio_ci).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from reco.retrieval.ann import IndexSpec, build, search
+from reco.stats import Estimate, quantile_ci
+from reco.stats.dependent import ratio_ci
+from reco.stats.topk import mean_ci
+
+
+@dataclass(frozen=True)
+class FrontRow:
+    spec: IndexSpec
+    recall: Estimate  # recall@N vs the exact search, mean over queries
+    p50_ms: Estimate
+    p99_ms: Estimate
+    speedup: Estimate  # the exact search's p50 / this index's p50
+    build_s: float
+
+
+def recall_at_n(got: np.ndarray, exact: np.ndarray) -> np.ndarray:
+    """Per query: |got ∩ exact| / N for [q, N] row arrays (-1 never matches)."""
+    n = exact.shape[1]
+    return np.array(
+        [len(set(g[g >= 0].tolist()) & set(e.tolist())) / n for g, e in zip(got, exact, strict=True)]
+    )
+
+
+def _timed(index, queries: np.ndarray, n: int, warmup: int) -> tuple[np.ndarray, np.ndarray]:
+    for q in queries[:warmup]:
+        search(index, q[None, :], n)
+    rows, ms = np.empty((len(queries), n), np.int64), np.empty(len(queries))
+    for k, q in enumerate(queries):
+        t0 = time.perf_counter()
+        rows[k] = search(index, q[None, :], n)[0]
+        ms[k] = (time.perf_counter() - t0) * 1000
+    return rows, ms
+
+
+def measure_front(
+    specs: list[IndexSpec], items: np.ndarray, queries: np.ndarray, n: int, threads: int, warmup: int = 20
+) -> list[FrontRow]:
+    """Every spec's FrontRow over `items` [n_items, d] for `queries` [q, d]; the exact search first."""
+    import faiss
+
+    faiss.omp_set_num_threads(threads)
+    for s in specs:  # refuse a bad setting before building anything
+        s.fits(items.shape[1], items.shape[0])
+    exact = build(IndexSpec("flat"), items)
+    truth, exact_ms = _timed(exact, queries, n, warmup)
+    exact_p50 = quantile_ci(exact_ms, 0.5)
+    out = []
+    for s in specs:
+        t0 = time.perf_counter()
+        index = exact if s.kind == "flat" else build(s, items)
+        built = time.perf_counter() - t0
+        rows, ms = (truth, exact_ms) if s.kind == "flat" else _timed(index, queries, n, warmup)
+        p50 = quantile_ci(ms, 0.5)
+        out.append(
+            FrontRow(
+                s,
+                mean_ci(recall_at_n(rows, truth)),
+                p50,
+                quantile_ci(ms, 0.99),
+                ratio_ci(exact_p50, p50),
+                built,
+            )
+        )
+    return out

@@ -1,0 +1,193 @@
+"""A two-tower retrieval model: a user tower and an item tower on TorchRec embedding bags, trained so that
+a user's vector scores the items it engaged with above the rest of the catalogue.
+
+Each tower pools its side's sparse features (schema `side`: user or item) through its own
+EmbeddingBagCollection, concatenates its dense features and maps them through an MLP to an L2-normalised
+vector, so a dot product is a cosine similarity and an inner-product index (FAISS) finds the nearest items.
+
+Training: the train split's positive rows (label 1), each a (user features at the time of the event,
+item) pair, with in-batch negatives -- every other item of the batch is a negative for the user -- and
+the sampled softmax's popularity correction (logQ: Yi et al., RecSys 2019, "Sampling-bias-corrected
+neural modeling for large corpus item recommendations"): an item appears as an in-batch negative in
+proportion to its popularity, so its logit is lowered by log q(item), q its share of the positives.
+Another row's copy of the same item is masked out (it is not a negative).
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+from omegaconf import MISSING
+from torch import nn
+
+from reco.config import ConfigError
+from reco.data.schema import Dataset, Schema, to_kjt
+
+
+@dataclass
+class TwoTowerConfig:
+    """`retrieval.two_tower` (conf/retrieval/default.yaml)."""
+
+    embedding_dim: int = MISSING  # every table's width
+    hidden: list[int] = field(default_factory=list)  # each tower's hidden layer widths
+    out_dim: int = MISSING  # the vectors' width (what the index holds)
+    temperature: float = MISSING  # softmax temperature on the cosine similarities
+    epochs: int = MISSING
+    batch_size: int = MISSING  # also the number of in-batch negatives + 1
+    lr: float = MISSING
+    max_rows: int | None = MISSING  # positive rows per epoch (a random subset when fewer); null: all
+
+    def check(self, where: str) -> None:
+        if (
+            min(self.embedding_dim, self.out_dim, self.epochs, self.batch_size) < 1
+            or not self.temperature > 0
+        ):
+            raise ConfigError(
+                f"{where}: expected embedding_dim, out_dim, epochs, batch_size >= 1 and temperature > 0; got "
+                f"{self.embedding_dim}, {self.out_dim}, {self.epochs}, {self.batch_size}, {self.temperature}"
+            )
+
+
+def side_columns(schema: Schema, side: str) -> tuple[list[int], list[int]]:
+    """(sparse column indices, dense column indices) of one side's features."""
+    return (
+        [i for i, f in enumerate(schema.sparse) if f.side == side],
+        [i for i, f in enumerate(schema.dense) if f.side == side],
+    )
+
+
+class Tower(nn.Module):
+    """One side's features -> an L2-normalised vector [B, out_dim]."""
+
+    def __init__(self, name: str, schema: Schema, side: str, cfg: TwoTowerConfig) -> None:
+        from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
+        from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+        super().__init__()
+        cols, dense_cols = side_columns(schema, side)
+        if not cols:
+            raise ConfigError(f"retrieval: the schema has no {side}-side sparse feature for the {name} tower")
+        self.features = [f"{name}_{schema.sparse[i].name}" for i in cols]
+        self.ebc = EmbeddingBagCollection(
+            tables=[
+                EmbeddingBagConfig(
+                    name=f"t_{key}",
+                    embedding_dim=cfg.embedding_dim,
+                    num_embeddings=schema.sparse[i].cardinality,
+                    feature_names=[key],
+                    pooling=PoolingType.SUM,
+                )
+                for key, i in zip(self.features, cols, strict=True)
+            ],
+            device=torch.device("cpu"),
+        )
+        sizes = [len(cols) * cfg.embedding_dim + len(dense_cols), *cfg.hidden, cfg.out_dim]
+        layers: list[nn.Module] = []
+        for k, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
+            layers.append(nn.Linear(a, b))
+            if k < len(sizes) - 2:
+                layers.append(nn.ReLU())
+        self.mlp = nn.Sequential(*layers)
+
+    def forward(self, ids: torch.Tensor, lengths: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
+        """ids [B, Fs, L] int64, lengths [B, Fs], dense [B, Ds] -> [B, out_dim], unit length."""
+        pooled = self.ebc(to_kjt(ids, lengths, self.features)).to_dict()
+        x = torch.cat([pooled[f] for f in self.features] + [dense], 1)
+        return nn.functional.normalize(self.mlp(x), dim=1)
+
+
+class TwoTower(nn.Module):
+    def __init__(self, schema: Schema, cfg: TwoTowerConfig) -> None:
+        super().__init__()
+        self.user = Tower("user", schema, "user", cfg)
+        self.item = Tower("item", schema, "item", cfg)
+
+
+@dataclass(frozen=True)
+class SideRows:
+    """One side's columns of some rows: ids [N, Fs, L] int64, lengths [N, Fs] int64, dense [N, Ds] f32."""
+
+    ids: torch.Tensor
+    lengths: torch.Tensor
+    dense: torch.Tensor
+
+    def take(self, idx: torch.Tensor) -> SideRows:
+        return SideRows(self.ids[idx], self.lengths[idx], self.dense[idx])
+
+    @classmethod
+    def from_arrays(cls, ids: np.ndarray, mask: np.ndarray, dense: np.ndarray) -> SideRows:
+        """From a feature store's arrays: ids [N, Fs, L] (any int), mask [N, Fs, L], dense [N, Ds]."""
+        return cls(
+            torch.from_numpy(np.asarray(ids, np.int64)),
+            torch.from_numpy(np.asarray(mask)).sum(-1).long(),
+            torch.from_numpy(np.asarray(dense, np.float32)),
+        )
+
+
+def side_rows(schema: Schema, split, side: str, rows: torch.Tensor | None = None) -> SideRows:
+    """`side`'s columns of `split` (its rows `rows`, else all)."""
+    cols, dense_cols = side_columns(schema, side)
+    idx = slice(None) if rows is None else rows
+    return SideRows(split.ids[idx][:, cols], split.lengths[idx][:, cols], split.dense[idx][:, dense_cols])
+
+
+@dataclass(frozen=True)
+class TrainReport:
+    epochs: int
+    rows: int  # positive rows per epoch
+    loss: list[float]  # mean loss per epoch
+    seconds: float
+
+
+def train_two_tower(data: Dataset, cfg: TwoTowerConfig, seed: int, say=print) -> tuple[TwoTower, TrainReport]:
+    """Train on the train split's positives (see the module docstring)."""
+    s, tr = data.schema, data.train
+    if s.item_key is None:
+        raise ConfigError(f"dataset {data.name!r}: schema.item_key is not set; retrieval needs the item id")
+    pos = torch.nonzero(tr.labels > 0.5).flatten()
+    if len(pos) < 2:
+        raise ConfigError(f"dataset {data.name!r}: {len(pos)} positive train rows; retrieval needs >= 2")
+    torch.manual_seed(seed)
+    model = TwoTower(s, cfg)
+    users, items = side_rows(s, tr, "user", pos), side_rows(s, tr, "item", pos)
+    item_ids = tr.ids[pos, s.index(s.item_key), 0]
+    counts = torch.bincount(item_ids, minlength=s.sparse[s.index(s.item_key)].cardinality).double()
+    log_q = torch.log(counts / counts.sum()).float()  # an item's share of the positives
+    opt = torch.optim.Adam(model.parameters(), lr=cfg.lr)
+    gen = torch.Generator().manual_seed(seed)
+    n = len(pos) if cfg.max_rows is None else min(len(pos), cfg.max_rows)
+    t0, losses = time.time(), []
+    for epoch in range(cfg.epochs):
+        order = torch.randperm(len(pos), generator=gen)[:n]
+        total, batches = 0.0, 0
+        for a in range(0, n, cfg.batch_size):
+            b = order[a : a + cfg.batch_size]
+            if len(b) < 2:
+                continue
+            u, i = users.take(b), items.take(b)
+            logits = model.user(u.ids, u.lengths, u.dense) @ model.item(i.ids, i.lengths, i.dense).T
+            logits = logits / cfg.temperature - log_q[item_ids[b]][None, :]
+            same = item_ids[b][:, None] == item_ids[b][None, :]
+            logits = logits.masked_fill(same & ~torch.eye(len(b), dtype=torch.bool), -math.inf)
+            loss = nn.functional.cross_entropy(logits, torch.arange(len(b)))
+            opt.zero_grad()
+            loss.backward()
+            opt.step()
+            total, batches = total + float(loss), batches + 1
+        losses.append(total / max(batches, 1))
+        say(f"  two-tower epoch {epoch + 1}/{cfg.epochs}: loss {losses[-1]:.4f} ({n:,} positives)")
+    return model.eval(), TrainReport(cfg.epochs, n, losses, time.time() - t0)
+
+
+@torch.no_grad()
+def encode(tower: Tower, rows: SideRows, batch: int = 8192) -> np.ndarray:
+    """Vectors [N, out_dim] float32 of `rows`."""
+    out = [
+        tower(rows.ids[a : a + batch], rows.lengths[a : a + batch], rows.dense[a : a + batch])
+        for a in range(0, rows.ids.shape[0], batch)
+    ]
+    return torch.cat(out).numpy().astype(np.float32, copy=False)
