@@ -31,6 +31,7 @@ SMALLER = [
     "trainer.epochs=1",
     "loadtest.study.variants=[baseline,distilled_onnx_int8_batched]",
     "loadtest.study.common_rate=150",
+    "quality.users=0",  # what users see is tested end to end in test_pipeline; here it would only cost time
 ]
 VARIANTS = 4  # the smoke preset's chain (its batched row is a serving, not a variant)
 # (line that starts a phase, longest random wait after it): one SIGKILL trial each, then the SIGTERM one.

@@ -258,6 +258,7 @@ def test_smoke_experiment_with_dcn(tmp_path: Path):
         "experiment=smoke",
         "model=dcn",
         "loadtest.enabled=false",
+        "quality.users=0",
         "variants=baseline",
         "+variants.onnx_int8={step: accelerate, parent: baseline, mode: onnx_int8}",
         timeout=540,

@@ -168,6 +168,11 @@ def test_smoke_experiment_end_to_end(tmp_path, mlflow_server):
     assert list((tmp_path / "server" / "artifacts").rglob("variant.json"))
     report = (tmp_path / "report" / "report.md").read_text()
     assert "distilled_onnx_int8" in report and "SLO" in report
+    # What users see: every variant's served top-k, with its CI, beside the AUC; logged to its run.
+    users_see = report.split("## What users see")[1].split("\n## ")[0]
+    assert all(f"`{name}`" in users_see for name in children), users_see
+    assert all("ndcg_at_10" in r.data.metrics and "gate_quality" in r.data.metrics for r in children.values())
+    assert "rbo_at_10" in children["pruned"].data.metrics and "rbo_at_10" not in base
 
 
 def test_unreachable_tracking_server_fails_before_training(tmp_path):
