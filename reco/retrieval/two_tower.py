@@ -177,7 +177,7 @@ def train_two_tower(data: Dataset, cfg: TwoTowerConfig, seed: int, say=print) ->
             opt.zero_grad()
             loss.backward()
             opt.step()
-            total, batches = total + float(loss), batches + 1
+            total, batches = total + loss.item(), batches + 1
         losses.append(total / max(batches, 1))
         say(f"  two-tower epoch {epoch + 1}/{cfg.epochs}: loss {losses[-1]:.4f} ({n:,} positives)")
     return model.eval(), TrainReport(cfg.epochs, n, losses, time.time() - t0)
