@@ -32,13 +32,14 @@ from reco.serve.features import FeatureStore
 from reco.serve.quality import quality_requests
 from reco.stats.topk import mean_ci
 
-DEFAULT_INDEXES = [
+DEFAULT_INDEXES = [  # N = 500 candidates: HNSW's beam and IVF's probes must reach that far for recall
     IndexSpec("flat"),
-    IndexSpec("ivf_flat", nlist=64, nprobe=4),
-    IndexSpec("ivf_flat", nlist=64, nprobe=16),
-    IndexSpec("hnsw", M=16, ef_search=64),
+    IndexSpec("ivf_flat", nlist=256, nprobe=16),
+    IndexSpec("ivf_flat", nlist=256, nprobe=64),
     IndexSpec("hnsw", M=32, ef_search=128),
-    IndexSpec("ivf_pq", nlist=64, nprobe=16, m=8, nbits=8),
+    IndexSpec("hnsw", M=32, ef_search=512),
+    IndexSpec("hnsw", M=32, ef_search=1024),
+    IndexSpec("ivf_pq", nlist=256, nprobe=64, m=8, nbits=8),
 ]
 
 

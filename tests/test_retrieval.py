@@ -148,7 +148,7 @@ def test_a_server_retrieves_its_candidates_from_the_index(stage, tiny_data, tmp_
     want = store.candidates(store.user_row(body["user_id"]), 50)
     assert len(want) == 50 and len(set(want.tolist())) == 50
     with start_server(vdir, dpath, cfg, work_dir=tmp_path / "srv") as h:
-        assert h.health()["retrieval"] == "two_tower hnsw M=32 ef_search=128"
+        assert h.health()["retrieval"] == "two_tower flat (exact)"
         c = Client(h.url)
         status, headers, resp = c.recommend({**body, "k": 10})
         c.close()
