@@ -17,6 +17,7 @@ ready (GET /v2/models/<serve.triton.model_name>/ready), and `handle.triton_model
 from __future__ import annotations
 
 import atexit
+import collections
 import dataclasses
 import functools
 import json
@@ -45,17 +46,27 @@ class ServerStartError(RuntimeError):
     """The server process exited or did not answer /healthz in time (the message holds its log tail)."""
 
 
+_GIVEN: collections.deque[int] = collections.deque(maxlen=256)  # ports this process handed out lately
+
+
 def free_port(host: str = "127.0.0.1") -> int:
-    """A port free right now (the OS picks it); the server binds it moments later.
+    """A port free right now (the OS picks it) and not handed out lately by this process: servers started
+    side by side bind theirs moments later, and the OS may offer a port twice before any of them has
+    (two servers of one test fixture once got the same port).
 
     Args:
         host: the address to probe.
     Returns:
         The port number.
     """
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind((host, 0))
-        return s.getsockname()[1]
+    for _ in range(64):
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+            s.bind((host, 0))
+            port = s.getsockname()[1]
+        if port not in _GIVEN:
+            break
+    _GIVEN.append(port)
+    return port
 
 
 def log_tail(path: str | Path, lines: int = 40) -> str:
