@@ -102,9 +102,11 @@ def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, 
             cum = np.array(hb["cum"]) - np.array(ha["cum"])
             q = _bucket_quantile(np.array(hb["le"]), cum, quantile)
             out[f"{prefix}{stage}_p{round(quantile * 100)}_ms"] = q * 1000
-    served = b.get("reco_stage_seconds", {}).get("total", {}).get("count", 0.0) - a.get(
-        "reco_stage_seconds", {}
-    ).get("total", {}).get("count", 0.0)
+
+    def answered(h: dict) -> float:  # requests that reached the end of the handler
+        return h.get("reco_stage_seconds", {}).get("total", {}).get("count", 0.0)
+
+    served = answered(b) - answered(a)
     cpu_a, cpu_b = process_cpu_s(before), process_cpu_s(after)
     if served > 0 and cpu_a is not None and cpu_b is not None and cpu_b >= cpu_a:
         out["cpu_per_request_ms"] = (cpu_b - cpu_a) / served * 1000
