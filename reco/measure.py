@@ -11,6 +11,7 @@ import numpy as np
 from omegaconf import MISSING
 
 from reco.data.schema import Split
+from reco.models.protocol import as_requests
 from reco.runtime import Scorer
 from reco.train.metrics import auc, classification_metrics
 from reco.variant import atomic_write
@@ -63,9 +64,16 @@ def score_metrics(split: Split, probs: np.ndarray) -> dict[str, float]:
 
 
 def rank_latency(
-    scorer: Scorer, split: Split, n_candidates: int, cfg: RankLatencyConfig, seed: int = 0
+    scorer: Scorer,
+    split: Split,
+    n_candidates: int,
+    cfg: RankLatencyConfig,
+    seed: int = 0,
+    shared: list[int] | None = None,
 ) -> dict[str, float]:
-    """Score blocks of `n_candidates` rows drawn from `split`; p50/p99 ms after warm-up.
+    """Score blocks of `n_candidates` rows drawn from `split`; p50/p99 ms after warm-up. With the schema's
+    `shared` columns each block is one request (its rows share the first row's user and context) scored
+    as the service scores it (reco.runtime: sizes), else independent rows.
 
     Returns:
         {"rank_p50_ms", "rank_p99_ms", "rank_n_candidates"}.
@@ -76,13 +84,15 @@ def rank_latency(
     for _ in range(min(repeats, 8)):
         idx = rng.integers(0, len(split), size=n_candidates)
         part = split.take(idx)
-        blocks.append((part.dense.numpy(), part.ids.numpy(), part.mask().numpy()))
+        block = (part.dense.numpy(), part.ids.numpy(), part.mask().numpy())
+        blocks.append(as_requests(block, shared, [n_candidates]) if shared else block)
+    sizes = [n_candidates] if shared else None
     for i in range(warmup):
-        scorer(*blocks[i % len(blocks)])
+        scorer(*blocks[i % len(blocks)], sizes)
     times = []
     for i in range(repeats):
         t = time.perf_counter()
-        scorer(*blocks[i % len(blocks)])
+        scorer(*blocks[i % len(blocks)], sizes)
         times.append((time.perf_counter() - t) * 1000)
     return {
         "rank_p50_ms": float(np.percentile(times, 50)),

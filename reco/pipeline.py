@@ -172,6 +172,7 @@ def build_all(
     nodes, trainer = exp.variants, exp.trainer
     done: dict[str, Built] = {}
     topk = TopK(exp, data)
+    shared = data.schema.shared_columns if exp.serve.user_once else None  # scored as the service does
     for i, node in enumerate(nodes, 1):
         parent = done[node.parent] if node.parent else None
         print(
@@ -209,11 +210,12 @@ def build_all(
                     measure_accuracy(v, data, trainer.threads)
                 v.metrics.update(
                     rank_latency(
-                        load_scorer(v, threads=exp.serve.intra_op_threads),
+                        load_scorer(v, threads=exp.serve.intra_op_threads, shared=shared),
                         data.val,  # timing only; the test split is the accuracy report's
                         n_candidates=exp.serve.n_candidates,
                         cfg=exp.rank_latency,
                         seed=exp.seed,
+                        shared=shared,
                     )
                 )
                 topk.measure(v)
@@ -347,7 +349,8 @@ class TopK:
             return
         if self._store is None:
             self._store = FeatureStore(self.data, self.exp.serve.retrieval)
-        scorer = load_scorer(v, threads=self.exp.trainer.threads)
+        shared = self.data.schema.shared_columns if self.exp.serve.user_once else None
+        scorer = load_scorer(v, threads=self.exp.trainer.threads, shared=shared)
         top = served_topk(scorer, self._store, self.data, self.requests, self.exp.serve, self.exp.quality.k)
         np.save(v.path / self.file, top, allow_pickle=False)
         v.add_artifact("topk", self.file)

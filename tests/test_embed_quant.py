@@ -22,8 +22,9 @@ from reco.cli.compose import compose
 from reco.config import ConfigError
 from reco.graph import step_config
 from reco.models.dlrm import DLRM, DLRMConfig
+from reco.models.protocol import as_requests
 from reco.pipeline import measure_accuracy
-from reco.runtime import load_scorer
+from reco.runtime import REQUEST_ROLE, load_scorer
 from reco.runtime import torchrec_quant as qmodel
 from reco.runtime.rowwise import Precision, quantize_table
 from reco.serve.config import serve_config
@@ -178,6 +179,17 @@ def test_ort_and_torch_runtimes_agree_on_the_same_tables(mixed, parent, data):
     assert [list(i.dims) for i in floats if i.dims[1] == 16 and i.dims[0] in (2001, 1001, 51, 101)] == [
         [51, 16]
     ]
+
+
+def test_request_graph_reads_the_same_quantized_tables(mixed, data):
+    """The request graph (user and context once per request) gets the tables' rewrite too."""
+    o, shared = mixed["onnxruntime"], data.schema.shared_columns
+    proto = onnx.load(str(o.verify(REQUEST_ROLE)))
+    assert "emb_user_id.int8" in {i.name for i in proto.graph.initializer}
+    sizes = [1, 400, 99]
+    rows = as_requests(real_batch(data.test, 500), shared, sizes)
+    once, plain = load_scorer(o, shared=shared), load_scorer(o)
+    np.testing.assert_allclose(once(*rows, sizes), plain(*rows), rtol=0, atol=1e-5)
 
 
 def test_dense_int8_on_top_in_one_variant(mixed, parent, data, trainer, tmp_path):

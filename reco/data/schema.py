@@ -57,6 +57,12 @@ class Schema:
     def index(self, name: str) -> int:
         return self.sparse_names.index(name)
 
+    @property
+    def shared_columns(self) -> list[int]:
+        """Sparse columns every candidate of one request shares (user and context sides): what a request
+        graph embeds once per request instead of once per candidate (reco.models.protocol.RequestScorer)."""
+        return [i for i, f in enumerate(self.sparse) if f.side != "item"]
+
     def to_dict(self) -> dict:
         return asdict(self)
 

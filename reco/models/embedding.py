@@ -101,16 +101,22 @@ class EmbeddingRanker(nn.Module):
         pooled = self.ebc(sparse).to_dict()
         return self.head(dense, torch.stack([pooled[f] for f in self.features], 1))
 
-    def forward_plain(self, dense: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-        """Export-friendly forward. dense [B, D] f32, ids [B, F, L] i64, mask [B, F, L] f32 -> logits [B]."""
+    def embed_plain(self, ids: torch.Tensor, mask: torch.Tensor, cols: list[int]) -> torch.Tensor:
+        """Pooled embeddings of the sparse columns `cols`: ids [B, F, L] i64, mask [B, F, L] f32 (all F
+        columns, schema order) -> [B, len(cols), d], Gather + masked sum (export-friendly)."""
         embs = []
-        for i, t in enumerate(self.cfg.tables):
+        for i in cols:
+            t = self.cfg.tables[i]
             idx = ids[:, i, : t.max_len]
             if (m := self.id_map(t.feature)) is not None:
                 idx = m[idx].long()
             e = nn.functional.embedding(idx, self.ebc.embedding_bags[f"t_{t.feature}"].weight)  # [B, l, d]
             embs.append((e * mask[:, i, : t.max_len, None]).sum(1))
-        return self.head(dense, torch.stack(embs, 1))
+        return torch.stack(embs, 1)
+
+    def forward_plain(self, dense: torch.Tensor, ids: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+        """Export-friendly forward. dense [B, D] f32, ids [B, F, L] i64, mask [B, F, L] f32 -> logits [B]."""
+        return self.head(dense, self.embed_plain(ids, mask, list(range(len(self.cfg.tables)))))
 
     # Protocol hooks for prune and distill ------------------------------------------------------------
     def mlps(self) -> dict[str, nn.Sequential]:

@@ -4,40 +4,79 @@ A Scorer maps padded numpy arrays to click probabilities:
     dense [B, D] float32, ids [B, F, L] int64, mask [B, F, L] float32  ->  [B] float32
 Evaluation, the in-process benchmark and the HTTP service all score through this one interface, so a
 variant's accuracy is measured through its own runtime (ONNX Runtime INT8 is evaluated by ONNX Runtime).
+
+Served blocks are whole requests: `sizes` (rows per request, in order) says so, and a scorer loaded with
+the schema's `shared` columns then embeds each request's user and context once (RequestScorer in torch,
+the variant's request graph `request.onnx` in ONNX Runtime) instead of once per candidate. Without
+`sizes` (evaluation: independent rows) every row is scored on its own. TorchRec's quantized collection
+(backend torchrec_quant) has no request form and scores per candidate either way.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Sequence
 from pathlib import Path
+from typing import Protocol
 
 import numpy as np
 import torch
 
-from reco.models.protocol import PlainScorer
-from reco.variant import Variant
+from reco.models.protocol import PlainScorer, RequestScorer, request_groups
+from reco.variant import ArtifactError, Variant
 
-Scorer = Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]
+REQUEST_ROLE = "onnx_request"  # the request graph's artifact role (reco.steps.accelerate.export)
 
 
-def load_scorer(variant: Variant, threads: int = 1) -> Scorer:
-    """threads: intra-op threads of this runtime (torch's are process-wide)."""
+class Scorer(Protocol):
+    def __call__(
+        self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, sizes: Sequence[int] | None = None
+    ) -> np.ndarray:
+        """dense [B, D] f32, ids [B, F, L] i64, mask [B, F, L] f32 -> probabilities [B] f32; sizes: rows
+        per request when the block is whole requests (see the module docstring)."""
+        ...
+
+
+def load_scorer(variant: Variant, threads: int = 1, shared: list[int] | None = None) -> Scorer:
+    """threads: intra-op threads of this runtime (torch's are process-wide); shared: the schema's shared
+    columns (`Schema.shared_columns`) to score whole requests with (None: always per candidate).
+
+    Raises:
+        ArtifactError when the variant's request graph was built for other shared columns.
+    """
     if variant.backend == "onnxruntime":
-        return ort_scorer(variant.verify("onnx"), variant.runtime.get("ort", {}), threads)
+        request = None
+        if shared and REQUEST_ROLE in variant.artifacts:
+            built = variant.runtime.get("shared_columns")
+            if built != list(shared):
+                raise ArtifactError(
+                    f"variant {variant.name!r}: its request graph embeds columns {built} once per request, the "
+                    f"dataset's schema shares {list(shared)}; rebuild the variant"
+                )
+            request = variant.verify(REQUEST_ROLE)
+        return ort_scorer(variant.verify("onnx"), variant.runtime.get("ort", {}), threads, request)
     torch.set_num_threads(threads)
     if variant.backend == "torchrec_quant":  # quantized embedding tables (reco.steps.embed_quant)
         from reco.runtime.torchrec_quant import scorer
 
         return scorer(variant)
-    module = PlainScorer(variant.load_torch()).eval()
+    model = variant.load_torch().eval()
+    module = PlainScorer(model).eval()
+    grouped = RequestScorer(model, shared).eval() if shared else None
     if variant.backend == "torch_compile":
         module = torch.compile(module, dynamic=True)
+        grouped = torch.compile(grouped, dynamic=True) if grouped is not None else None
     bf16 = variant.backend == "torch_bf16"
 
     @torch.inference_mode()
-    def score(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def score(
+        dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, sizes: Sequence[int] | None = None
+    ) -> np.ndarray:
+        x = (torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(mask))
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            out = module(torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(mask))
+            if grouped is not None and sizes is not None:
+                out = grouped(*x, *(torch.from_numpy(a) for a in request_groups(list(sizes))))
+            else:
+                out = module(*x)
         return out.float().numpy()
 
     return score
@@ -59,15 +98,26 @@ def ort_session_options(settings: dict, threads: int):
     return so
 
 
-def ort_scorer(path: Path, settings: dict, threads: int = 1) -> Scorer:
-    """An ONNX Runtime session of the graph at `path` with session `settings` (see ort_session_options)."""
+def ort_scorer(path: Path, settings: dict, threads: int = 1, request: Path | None = None) -> Scorer:
+    """An ONNX Runtime session of the graph at `path` with session `settings` (see ort_session_options);
+    with `request` (the variant's request graph), blocks given `sizes` are scored by that graph."""
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(
-        str(path), ort_session_options(settings, threads), providers=["CPUExecutionProvider"]
-    )
+    def session(p: Path):
+        return ort.InferenceSession(
+            str(p), ort_session_options(settings, threads), providers=["CPUExecutionProvider"]
+        )
 
-    def score(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
-        return sess.run(None, {"dense": dense, "ids": ids, "mask": mask})[0]
+    sess = session(path)
+    req = session(request) if request is not None else None
+
+    def score(
+        dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, sizes: Sequence[int] | None = None
+    ) -> np.ndarray:
+        feeds = {"dense": dense, "ids": ids, "mask": mask}
+        if req is not None and sizes is not None:
+            first, owner = request_groups(list(sizes))
+            return req.run(None, {**feeds, "first": first, "owner": owner})[0]
+        return sess.run(None, feeds)[0]
 
     return score

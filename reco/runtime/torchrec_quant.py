@@ -134,12 +134,13 @@ class KJTScorer(nn.Module):
         return torch.sigmoid(self.model(dense, self.model.kjt(ids, lengths)))
 
 
-def scorer(variant: Variant) -> Callable[[np.ndarray, np.ndarray, np.ndarray], np.ndarray]:
-    """reco.runtime's Scorer for a `torchrec_quant` variant (threads are set by the caller)."""
+def scorer(variant: Variant) -> Callable[..., np.ndarray]:
+    """reco.runtime's Scorer for a `torchrec_quant` variant (threads are set by the caller). Per candidate
+    always: the quantized collection pools a KeyedJaggedTensor of every row (`sizes` is accepted, unused)."""
     module = KJTScorer(load(variant)).eval()
 
     @torch.inference_mode()
-    def score(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def score(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, sizes=None) -> np.ndarray:
         return module(torch.from_numpy(dense), torch.from_numpy(ids), torch.from_numpy(mask)).numpy()
 
     return score

@@ -65,7 +65,7 @@ class DirectRanker:
         t0, c0 = time.perf_counter(), time.thread_time()
         if t0 > deadline:  # checked on the model's thread: the wait behind other calls counts
             raise Overdue(t0 - deadline)
-        probs = self.scorer(dense, ids, mask)
+        probs = self.scorer(dense, ids, mask, [len(dense)])
         t1, c1 = time.perf_counter(), time.thread_time()
         return Scored(probs, t0 - t_submit, t1 - t0, len(probs), 1, rank_cpu_s=c1 - c0)
 
@@ -248,13 +248,15 @@ class DynamicBatcher:
 
     def _call(self, batch: list[_Block]) -> list[Scored]:
         t0, c0 = time.perf_counter(), time.thread_time()
+        sizes = [b.rows for b in batch]
         if len(batch) == 1:
-            probs = self.scorer(batch[0].dense, batch[0].ids, batch[0].mask)
+            probs = self.scorer(batch[0].dense, batch[0].ids, batch[0].mask, sizes)
         else:
             probs = self.scorer(
                 np.concatenate([b.dense for b in batch]),
                 np.concatenate([b.ids for b in batch]),
                 np.concatenate([b.mask for b in batch]),
+                sizes,
             )
         t1, cpu = time.perf_counter(), time.thread_time() - c0
         rows = sum(b.rows for b in batch)

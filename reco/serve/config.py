@@ -128,6 +128,7 @@ class ServeConfig:
     body_timeout_s: float = MISSING  # a body not fully received this long after its headers -> 408
     model_timeout_s: float = MISSING  # a request waiting longer for its model call (queue + call) -> 504
     warmup_calls: int = MISSING  # model calls at startup so the first request is not the slow one
+    user_once: bool = MISSING  # user and context embedded once per request, not per candidate (reco.runtime)
 
     retrieval: RetrievalConfig = MISSING
     features: FeatureSource = MISSING  # memory (in-process tables) or redis (serve.redis)

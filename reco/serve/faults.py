@@ -37,13 +37,13 @@ def slowed(scorer: Scorer, faults: FaultsConfig) -> Scorer:
     left = [int(faults.slow_calls)]
     lock = threading.Lock()
 
-    def call(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def call(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, sizes=None) -> np.ndarray:
         with lock:
             slow = left[0] > 0
             left[0] -= slow
         if slow:
             log.warning("%s (sleeping %g s)", SLOW_CALL_STARTED, faults.model_delay_s)
             time.sleep(faults.model_delay_s)
-        return scorer(dense, ids, mask)
+        return scorer(dense, ids, mask, sizes)
 
     return call

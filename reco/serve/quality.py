@@ -85,7 +85,7 @@ def served_topk(
     per_call: int = 8,
 ) -> np.ndarray:
     """The top-k item ids [U, k] the service answers to each request (-1 pads a list shorter than k);
-    `per_call` requests' candidate blocks are scored in one model call (rows are scored independently)."""
+    `per_call` requests' candidate blocks are scored in one model call (as the dynamic batcher would)."""
     t = data.test
     ids, dense, mask = t.ids.numpy(), t.dense.numpy(), t.mask().numpy()
     out = np.full((len(reqs.users), k), -1, dtype=np.int64)
@@ -101,7 +101,8 @@ def served_topk(
             items = store.candidates(urow, serve.n_candidates)
             blocks.append(store.assemble(urow, ctx, items))
             cands.append(items)
-        probs = scorer(*(np.concatenate(parts) for parts in zip(*blocks, strict=True)))
+        sizes = [len(items) for items in cands]
+        probs = scorer(*(np.concatenate(parts) for parts in zip(*blocks, strict=True)), sizes)
         start = 0
         for j, items in enumerate(cands):
             top, _ = top_k("quality", items, probs[start : start + len(items)], k)

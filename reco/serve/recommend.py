@@ -66,13 +66,14 @@ def load_variant(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Loade
     data = Dataset.load(str(dataset_path))
     check_same_data(variant, data, dataset_path)
     store = FeatureStore(data, cfg.retrieval)
-    scorer = load_scorer(variant, threads=cfg.intra_op_threads)
+    shared = data.schema.shared_columns if cfg.user_once else None
+    scorer = load_scorer(variant, threads=cfg.intra_op_threads, shared=shared)
     loaded = Loaded(variant.name, variant.backend, store, scorer, cfg.batching, data.fingerprint)
     # First calls of a runtime allocate and pick kernels; do them before accepting traffic.
     req = parse_request(b'{"user_id": 0, "k": 1}', store, cfg.max_k, cfg.max_candidates)
     block = store.assemble(store.users.cold, req, store.candidates(store.users.cold, cfg.n_candidates))
     for _ in range(cfg.warmup_calls):
-        loaded.scorer(*block)
+        loaded.scorer(*block, [len(block[0])])
     return loaded
 
 

@@ -122,10 +122,11 @@ class RecoModel:
         """One model call over the blocks' rows, split back per block."""
         if not blocks:
             return []
+        sizes = [len(b[0]) for b in blocks]
         if len(blocks) == 1:
-            return [self.scorer(*blocks[0])]
-        probs = self.scorer(*(np.concatenate(parts) for parts in zip(*blocks, strict=True)))
-        cuts = np.cumsum([len(b[0]) for b in blocks])[:-1]
+            return [self.scorer(*blocks[0], sizes)]
+        probs = self.scorer(*(np.concatenate(parts) for parts in zip(*blocks, strict=True)), sizes)
+        cuts = np.cumsum(sizes)[:-1]
         return list(np.split(probs, cuts))
 
 

@@ -2,7 +2,9 @@
 
 onnx_fp32 / onnx_int8: export (.export) -> parity check against torch on a random and a
 real validation batch (fail if max |p_onnx - p_torch| > parity_tol) -> [INT8: Gemm->MatMul rewrite + ORT
-quantization, .quantize] -> session-parameter tuning (.tuning).
+quantization, .quantize] -> session-parameter tuning (.tuning). The same export and quantization give the
+request graph the service runs (request.onnx: user and context embedded once per request), held to
+parity_tol against model.onnx on the same rows cut into requests.
 torch_compile / torch_bf16: the parent's weights with another torch backend (reco.runtime handles them).
 Every mode ends with the AUC guard: the child is scored on the test split through its own runtime
 (reco.runtime.load_scorer) and may lose at most `auc_guard` (relative) of the parent's test AUC.
@@ -13,15 +15,17 @@ from __future__ import annotations
 import json
 import shutil
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from enum import Enum
+from pathlib import Path
 
 from omegaconf import MISSING
 
 from reco.data.schema import Dataset
 from reco.measure import evaluate
 from reco.models.protocol import count_params
-from reco.runtime import load_scorer, ort_scorer
+from reco.runtime import REQUEST_ROLE, load_scorer, ort_scorer
 from reco.steps.accelerate.export import (
     check_parity,
     export_onnx,
@@ -29,6 +33,7 @@ from reco.steps.accelerate.export import (
     op_counts,
     random_batch,
     real_batch,
+    request_parity,
 )
 from reco.steps.accelerate.quantize import QuantizeConfig, census, quantize
 from reco.steps.accelerate.tuning import TuneConfig, tune_into
@@ -127,8 +132,8 @@ def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
             mlp_layers=float(len(model.cfg.bottom) + len(model.cfg.top) + 1),
         )
         final = v.path / "model.onnx"
+        calib = data.train if ac.quantize.static else None
         if ac.mode is Mode.onnx_int8:
-            calib = data.train if ac.quantize.static else None
             q = quantize(fp32, final, ac.quantize, calib, work)
             int8 = {k: max_abs_diff(ort_scorer(final, {}), model, b) for k, b in batches.items()}
             report.update(quantize=asdict(ac.quantize), quantization=q, int8_max_abs=int8)
@@ -144,6 +149,17 @@ def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
         else:
             shutil.copyfile(fp32, final)
             report["census"] = census(proto)
+        if shared := data.schema.shared_columns:
+
+            def transform(src: Path, out: Path) -> None:
+                if ac.mode is Mode.onnx_int8:
+                    quantize(src, out, ac.quantize, calib, work)
+                else:
+                    shutil.copyfile(src, out)
+
+            report["request_parity_max_abs"] = build_request_graph(
+                v, model, data, ac.opset, ac.exporter.value, batches, ac.parity_tol, transform, shared
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     v.add_artifact("onnx", "model.onnx")
@@ -157,6 +173,42 @@ def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
             )
             v.metrics["parity_max_abs_tuned"] = max(tuned.values())
     return report
+
+
+def build_request_graph(
+    v: Variant,
+    model,
+    data: Dataset,
+    opset: int,
+    exporter: str,
+    batches: dict,
+    tol: float,
+    transform: Callable[[Path, Path], None],
+    shared: list[int],
+) -> dict[str, float]:
+    """Export RequestScorer(model, shared), `transform` it (fp32 path -> final path) as the plain graph
+    was, check it against the variant's model.onnx on the same rows cut into requests, and record it
+    (artifact onnx_request, runtime["shared_columns"]). Returns max |p_request - p_plain| per batch.
+
+    Raises:
+        StepError when the two graphs differ by more than `tol` on some batch.
+    """
+    work = v.path / "_work"
+    fp32 = work / "request_fp32.onnx"
+    export_onnx(model, fp32, data.val.take(slice(0, 8)), opset, exporter, shared)
+    final = v.path / "request.onnx"
+    transform(fp32, final)
+    plain = v.path / "model.onnx"
+    diffs = request_parity(ort_scorer(plain, {}, request=final), ort_scorer(plain, {}), batches, shared)
+    if max(diffs.values()) > tol:
+        raise StepError(
+            f"{v.step}: the request graph (user and context embedded once per request) does not score what "
+            f"model.onnx scores for the same rows: max |p_request - p_plain| per batch {diffs} > {tol}"
+        )
+    v.add_artifact(REQUEST_ROLE, final.name)
+    v.runtime["shared_columns"] = list(shared)
+    v.metrics["request_parity_max_abs"] = max(diffs.values())
+    return diffs
 
 
 def auc_guard(parent: Variant, child: Variant, data: Dataset, guard: float, threads: int) -> None:

@@ -3,6 +3,10 @@
 Graph contract (what reco.runtime feeds ONNX Runtime):
     inputs  dense [B, D] float32, ids [B, F, L] int64, mask [B, F, L] float32   (B dynamic)
     output  probs [B] float32
+The request graph (`shared` columns given; reco.models.protocol.RequestScorer) adds
+    first [U] int64 (a row of each request), owner [B] int64 (each row's request)   (U dynamic)
+and embeds the shared columns once per request; it is what the service runs, the plain graph is what
+evaluation and a Triton model repository run.
 Exporters: "torchscript" is `torch.onnx.export(dynamo=False)` (the legacy tracer, deprecated since torch
 2.9 but still shipped), "dynamo" is the torch.export-based exporter (needs onnxscript). Both give a
 Loop-free graph of Gather / Mul / ReduceSum / Gemm ops because `forward_plain` avoids EmbeddingBag;
@@ -20,10 +24,11 @@ import onnx
 import torch
 
 from reco.data.schema import Split
-from reco.models.protocol import PlainScorer, RankingModel
+from reco.models.protocol import PlainScorer, RankingModel, RequestScorer, as_requests, request_groups
 from reco.steps.registry import StepError
 
 INPUTS = ("dense", "ids", "mask")
+REQUEST_INPUTS = (*INPUTS, "first", "owner")
 OUTPUT = "probs"
 EXPORTERS = ("torchscript", "dynamo")
 CONTROL_FLOW = ("Loop", "Scan", "If")
@@ -32,29 +37,41 @@ Batch = tuple[np.ndarray, np.ndarray, np.ndarray]  # dense [B, D] f32, ids [B, F
 
 
 def export_onnx(
-    model: RankingModel, path: Path, example: Split, opset: int, exporter: str
+    model: RankingModel,
+    path: Path,
+    example: Split,
+    opset: int,
+    exporter: str,
+    shared: list[int] | None = None,
 ) -> onnx.ModelProto:
-    """Write PlainScorer(model) to `path` (weights inside the file) and return the loaded graph."""
+    """Write PlainScorer(model) -- RequestScorer(model, shared) when `shared` is given -- to `path`
+    (weights inside the file) and return the loaded graph."""
     if exporter not in EXPORTERS:
         raise StepError(f"accelerate: accelerate.exporter must be one of {EXPORTERS}, got {exporter!r}")
-    scorer = PlainScorer(model).eval()
-    args = (example.dense, example.ids, example.mask())
+    scorer = (PlainScorer(model) if shared is None else RequestScorer(model, shared)).eval()
+    args: tuple = (example.dense, example.ids, example.mask())
+    names = INPUTS if shared is None else REQUEST_INPUTS
+    axes = {n: "batch" for n in names} | ({"first": "requests"} if shared is not None else {})
+    if shared is not None:  # two requests in the example, so neither axis is traced as a constant
+        half = len(example.dense) // 2
+        args += tuple(torch.from_numpy(a) for a in request_groups([half, len(example.dense) - half]))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", category=DeprecationWarning)  # the torchscript exporter's notice
         if exporter == "torchscript":
-            shapes: dict = {"dynamo": False, "dynamic_axes": {n: {0: "batch"} for n in (*INPUTS, OUTPUT)}}
+            dyn = {n: {0: a} for n, a in axes.items()} | {OUTPUT: {0: "batch"}}
+            shapes: dict = {"dynamo": False, "dynamic_axes": dyn}
         else:
-            batch = torch.export.Dim("batch", min=1)
+            dims = {a: torch.export.Dim(a, min=1) for a in set(axes.values())}
             shapes = {
                 "dynamo": True,
-                "dynamic_shapes": {n: {0: batch} for n in INPUTS},
+                "dynamic_shapes": {n: {0: dims[a]} for n, a in axes.items()},
                 "external_data": False,
             }
         torch.onnx.export(
             scorer,
             args,
             str(path),
-            input_names=list(INPUTS),
+            input_names=list(names),
             output_names=[OUTPUT],
             opset_version=opset,
             verbose=False,
@@ -62,7 +79,7 @@ def export_onnx(
         )
     proto = onnx.load(str(path))
     onnx.checker.check_model(proto)
-    assert_static_graph(proto, path)
+    assert_static_graph(proto, path, names)
     return proto
 
 
@@ -70,15 +87,15 @@ def op_counts(proto: onnx.ModelProto) -> dict[str, int]:
     return dict(sorted(collections.Counter(n.op_type for n in proto.graph.node).items()))
 
 
-def assert_static_graph(proto: onnx.ModelProto, path: Path) -> None:
+def assert_static_graph(proto: onnx.ModelProto, path: Path, inputs: tuple[str, ...] = INPUTS) -> None:
     """No control flow: a Loop per EmbeddingBag is what makes naive DLRM exports slow."""
     bad = {op: n for op, n in op_counts(proto).items() if op in CONTROL_FLOW}
     if bad:
         raise StepError(f"accelerate: exported graph {path} contains control-flow ops {bad}; expected none")
     names = [i.name for i in proto.graph.input]
-    if names != list(INPUTS) or [o.name for o in proto.graph.output] != [OUTPUT]:
+    if names != list(inputs) or [o.name for o in proto.graph.output] != [OUTPUT]:
         raise StepError(
-            f"accelerate: exported graph {path} has inputs {names}; expected {list(INPUTS)} -> {OUTPUT}"
+            f"accelerate: exported graph {path} has inputs {names}; expected {list(inputs)} -> {OUTPUT}"
         )
 
 
@@ -101,6 +118,18 @@ def random_batch(model: RankingModel, rows: int, max_len: int, seed: int) -> Bat
         ids[:, i, :] = np.where(pos, rng.integers(0, t.cardinality, size=(rows, max_len)), 0)
         mask[:, i, :] = pos
     return dense, ids, mask
+
+
+def request_parity(request, plain, batches: dict[str, Batch], shared: list[int]) -> dict[str, float]:
+    """max |p_request - p_plain| per named batch, each cut into requests of uneven sizes (one of a
+    single row); request(dense, ids, mask, sizes) and plain(dense, ids, mask) -> [B] probabilities."""
+    out = {}
+    for k, b in batches.items():
+        n = len(b[0])
+        sizes = [1, n // 3, n - 1 - n // 3] if n > 2 else [n]
+        rows = as_requests(b, shared, sizes)
+        out[k] = float(np.abs(request(*rows, sizes) - plain(*rows)).max())
+    return out
 
 
 @torch.inference_mode()

@@ -149,7 +149,12 @@ def quantize(fp32: Path, out: Path, qc: QuantizeConfig, calib: Split | None, wor
         quantize_static(
             str(src),
             str(out),
-            CalibrationRows(calib, qc.calibration_batches, qc.calibration_batch_size),
+            CalibrationRows(
+                calib,
+                qc.calibration_batches,
+                qc.calibration_batch_size,
+                request="first" in {i.name for i in proto.graph.input},
+            ),
             quant_format=QuantFormat.QDQ,
             op_types_to_quantize=list(qc.op_types),
             per_channel=qc.per_channel,
@@ -223,9 +228,11 @@ def census(proto: onnx.ModelProto) -> dict[str, int]:
 
 
 class CalibrationRows:
-    """onnxruntime CalibrationDataReader over the first batches of a split."""
+    """onnxruntime CalibrationDataReader over the first batches of a split; `request`: for a request graph
+    (every row its own request, so the shared columns are calibrated on as many users as the plain graph's)."""
 
-    def __init__(self, split: Split, batches: int, batch_size: int):
+    def __init__(self, split: Split, batches: int, batch_size: int, request: bool = False):
+        self.request = request
         self.parts = [
             split.take(slice(i * batch_size, (i + 1) * batch_size))
             for i in range(batches)
@@ -237,7 +244,10 @@ class CalibrationRows:
         p = next(self.it, None)
         if p is None:
             return None
-        return {"dense": p.dense.numpy(), "ids": p.ids.numpy(), "mask": p.mask().numpy()}
+        feeds = {"dense": p.dense.numpy(), "ids": p.ids.numpy(), "mask": p.mask().numpy()}
+        if self.request:
+            feeds["first"] = feeds["owner"] = np.arange(len(p.dense), dtype=np.int64)
+        return feeds
 
     def rewind(self) -> None:
         self.it = iter(self.parts)

@@ -22,6 +22,7 @@ import shutil
 import time
 from dataclasses import dataclass
 from enum import Enum
+from pathlib import Path
 from typing import Any
 
 import onnx
@@ -35,7 +36,7 @@ from reco.models.protocol import RankingModel, count_params
 from reco.runtime import load_scorer, ort_scorer
 from reco.runtime import torchrec_quant as qmodel
 from reco.runtime.rowwise import Precision, QTable, unsupported
-from reco.steps.accelerate import Exporter
+from reco.steps.accelerate import Exporter, build_request_graph
 from reco.steps.accelerate.export import export_onnx, max_abs_diff, random_batch, real_batch
 from reco.steps.accelerate.quantize import QuantizeConfig, quantize
 from reco.steps.accelerate.tuning import TuneConfig, tune_into
@@ -238,9 +239,9 @@ def build_onnx(
         onnx.save(emb, str(work / "emb.onnx"))
         parity = check_parity(ort_scorer(work / "emb.onnx", {}), ref, batches, cfg, "onnxruntime")
         report: dict = {"gathers_rewritten": gathers, "parity_max_abs": parity}
+        calib = data.train if cfg.quantize is not None and cfg.quantize.static else None
         if cfg.dense_int8:
             assert cfg.quantize is not None  # check()
-            calib = data.train if cfg.quantize.static else None
             q = quantize(fp32, work / "int8.onnx", cfg.quantize, calib, work)
             proto = onnx.load(str(work / "int8.onnx"))
             replace_tables(proto, floats, tables)
@@ -252,6 +253,21 @@ def build_onnx(
             }
         else:
             shutil.copyfile(work / "emb.onnx", final)
+        if shared := data.schema.shared_columns:
+
+            def transform(src: Path, out: Path) -> None:  # what made model.onnx, on the request graph
+                if cfg.dense_int8:
+                    assert cfg.quantize is not None  # check()
+                    quantize(src, work / "request_int8.onnx", cfg.quantize, calib, work)
+                    src = work / "request_int8.onnx"
+                proto = onnx.load(str(src))
+                replace_tables(proto, floats, tables)
+                onnx.checker.check_model(proto)
+                onnx.save(proto, str(out))
+
+            report["request_parity_max_abs"] = build_request_graph(
+                v, model, data, cfg.opset, cfg.exporter.value, batches, cfg.parity_tol, transform, shared
+            )
     finally:
         shutil.rmtree(work, ignore_errors=True)
     v.add_artifact("onnx", "model.onnx")
