@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import io
 import time
 from dataclasses import dataclass
@@ -61,6 +62,28 @@ def score_metrics(split: Split, probs: np.ndarray) -> dict[str, float]:
     if split.oracle is not None:
         m["oracle_auc"] = auc(labels, split.oracle.numpy())
     return m
+
+
+@functools.cache
+def gemm_peak_gflops(size: int = 512, calls: int = 30) -> float:
+    """This machine's one-thread fp32 matmul throughput (best of `calls` size^3 products): the ceiling a
+    model's dense layers can reach, so flops_per_candidate x candidates / it is the call's FLOP floor."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        a, b = torch.randn(size, size), torch.randn(size, size)
+        for _ in range(3):
+            torch.mm(a, b)
+        best = float("inf")
+        for _ in range(calls):
+            t = time.perf_counter()
+            torch.mm(a, b)
+            best = min(best, time.perf_counter() - t)
+    finally:
+        torch.set_num_threads(threads)
+    return 2 * size**3 / best / 1e9
 
 
 def rank_latency(

@@ -30,7 +30,8 @@ from reco.data.schema import Dataset
 from reco.experiment import ExperimentConfig, RunContext
 from reco.graph import Node, cache_key
 from reco.loadtest.servings import DEFAULT, cross
-from reco.measure import load_scores, predict, rank_latency, save_scores, score_metrics
+from reco.measure import gemm_peak_gflops, load_scores, predict, rank_latency, save_scores, score_metrics
+from reco.models.protocol import as_requests
 from reco.profile import profile_rank
 from reco.runtime import load_scorer
 from reco.serve.config import RetrievalKind, ServeConfig
@@ -218,6 +219,10 @@ def build_all(
                         shared=shared,
                     )
                 )
+                # What the call would take if its dense layers ran at this machine's fp32 GEMM peak.
+                v.metrics["rank_floor_ms"] = (
+                    v.flops_per_candidate * exp.serve.n_candidates / gemm_peak_gflops() / 1e6
+                )
                 topk.measure(v)
                 v.mlflow_run_id = run_id
                 v.save()
@@ -285,11 +290,16 @@ def profile_all(
     idx = np.random.default_rng(exp.seed).integers(0, len(data.val), size=n)
     part = data.val.take(idx)
     block = (part.dense.numpy(), part.ids.numpy(), part.mask().numpy())
+    shared = data.schema.shared_columns if exp.serve.user_once else None
+    if shared:  # one request: its candidates share its user and context
+        block = as_requests(block, shared, [n])
     for b in built:
         if b.variant is None:
             continue
         try:
-            p = profile_rank(b.variant, block, out_dir / b.name, c, threads=exp.serve.intra_op_threads)
+            p = profile_rank(
+                b.variant, block, out_dir / b.name, c, threads=exp.serve.intra_op_threads, shared=shared
+            )
         except Exception as e:  # a profile is a diagnostic: it must not fail the variant
             print(f"  {b.name}: profile failed: {type(e).__name__}: {e}", flush=True)
             tracker.log(b.run_id, tags={"profile_error": f"{type(e).__name__}: {e}"[:5000]})

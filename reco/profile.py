@@ -7,8 +7,9 @@ a PyTorch profiler Chrome trace (torch) or an ONNX Runtime profile (onnxruntime)
 chrome://tracing or Perfetto.
 
 How stages are found, without changing the model:
-- torch: profiler ranges around `forward_plain`, `head` and each MLP (instance-level wrappers and module
-  hooks); embedding = forward_plain - head, interaction = head - MLPs, other = call - forward_plain.
+- torch: profiler ranges around `embed_plain`, `head` and each MLP (instance-level wrappers and module
+  hooks); embedding = embed_plain, interaction = head - MLPs, other = call - embed_plain - head (in the
+  request form: broadcasting the request's embeddings to its candidates, the sigmoid).
 - onnxruntime: the session's optimized graph (the one whose nodes the profile names): a node whose inputs
   do not depend on `dense` is embedding; a node inside an MLP's module scope (`/bottom/`, `/top/`, as
   torch.onnx names nodes) is mlp; the final Sigmoid and nodes the profile names but the graph lacks are
@@ -56,27 +57,39 @@ class RankProfile:
 Block = tuple[np.ndarray, np.ndarray, np.ndarray]  # dense [B, D] f32, ids [B, F, L] i64, mask [B, F, L] f32
 
 
-def profile_rank(v: Variant, block: Block, out_dir: Path, c: ProfileConfig, threads: int = 1) -> RankProfile:
+def profile_rank(
+    v: Variant,
+    block: Block,
+    out_dir: Path,
+    c: ProfileConfig,
+    threads: int = 1,
+    shared: list[int] | None = None,
+) -> RankProfile:
     """Profile `c.calls` ranking calls of `v` on `block` (one request's candidates); write the trace to out_dir.
+    With the schema's `shared` columns the call is the request form the service runs (user and context
+    embedded once: reco.runtime), else per candidate.
 
     Returns:
         the per-call total and stage split, and the trace file.
     """
     out_dir.mkdir(parents=True, exist_ok=True)
     if v.backend == "onnxruntime":
-        return _ort(v, block, out_dir, c, threads)
+        return _ort(v, block, out_dir, c, threads, shared)
     if v.backend == "torch":
-        return _torch(v, block, out_dir, c, threads)
+        return _torch(v, block, out_dir, c, threads, shared)
     from reco.runtime import load_scorer
 
-    return _torch_opaque(load_scorer(v, threads), block, out_dir, c)
+    scorer = load_scorer(v, threads, shared)
+    return _torch_opaque(lambda *b: scorer(*b, [len(b[0])]), block, out_dir, c)
 
 
-def _torch(v: Variant, block: Block, out_dir: Path, c: ProfileConfig, threads: int) -> RankProfile:
+def _torch(
+    v: Variant, block: Block, out_dir: Path, c: ProfileConfig, threads: int, shared: list[int] | None
+) -> RankProfile:
     from torch.autograd.profiler import record_function
     from torch.profiler import ProfilerActivity, profile
 
-    from reco.models.protocol import PlainScorer
+    from reco.models.protocol import PlainScorer, RequestScorer, request_groups
 
     torch.set_num_threads(threads)
     model = v.load_torch().eval()
@@ -97,15 +110,19 @@ def _torch(v: Variant, block: Block, out_dir: Path, c: ProfileConfig, threads: i
 
         return wrapped
 
-    # Instance attributes shadow the class's methods; forward_plain calls self.head.
-    model.forward_plain = ranged("reco::forward_plain", model.forward_plain)
+    # Instance attributes shadow the class's methods; both scorers call self.embed_plain and self.head.
+    model.embed_plain = ranged("reco::embed_plain", model.embed_plain)
     model.head = ranged("reco::head", model.head)
     mlp_names = list(model.mlps())
     for name, m in model.mlps().items():
         m.register_forward_pre_hook(lambda _m, _i, n=name: enter(f"reco::mlp.{n}"))
         m.register_forward_hook(leave)
-    scorer = PlainScorer(model).eval()
     args = tuple(torch.from_numpy(a) for a in block)
+    if shared:
+        scorer = RequestScorer(model, shared).eval()
+        args += tuple(torch.from_numpy(a) for a in request_groups([len(block[0])]))
+    else:
+        scorer = PlainScorer(model).eval()
     with torch.inference_mode():
         for _ in range(c.warmup):
             scorer(*args)
@@ -120,8 +137,8 @@ def _torch(v: Variant, block: Block, out_dir: Path, c: ProfileConfig, threads: i
         if e.name.startswith("reco::"):
             ms[e.name] = ms.get(e.name, 0.0) + e.cpu_time_total / 1000 / c.calls
     mlp = sum(ms.get(f"reco::mlp.{n}", 0.0) for n in mlp_names)
-    head, fwd, call = ms["reco::head"], ms["reco::forward_plain"], ms["reco::rank"]
-    stages = {"embedding": fwd - head, "interaction": head - mlp, "mlp": mlp, "other": call - fwd}
+    head, emb, call = ms["reco::head"], ms["reco::embed_plain"], ms["reco::rank"]
+    stages = {"embedding": emb, "interaction": head - mlp, "mlp": mlp, "other": call - emb - head}
     trace = out_dir / "rank_trace.json"
     prof.export_chrome_trace(str(trace))
     return RankProfile(total, stages, trace)
@@ -142,16 +159,25 @@ def _torch_opaque(scorer, block: Block, out_dir: Path, c: ProfileConfig) -> Rank
     return RankProfile(total, {}, trace)
 
 
-def _ort(v: Variant, block: Block, out_dir: Path, c: ProfileConfig, threads: int) -> RankProfile:
+def _ort(
+    v: Variant, block: Block, out_dir: Path, c: ProfileConfig, threads: int, shared: list[int] | None
+) -> RankProfile:
     import onnxruntime as ort
+
+    from reco.models.protocol import request_groups
+    from reco.runtime import REQUEST_ROLE
 
     so = ort_session_options(v.runtime.get("ort", {}), threads)
     optimized = out_dir / "optimized.onnx"
     so.optimized_model_filepath = str(optimized)
     so.enable_profiling = True
     so.profile_file_prefix = str(out_dir / "ort_profile")
-    sess = ort.InferenceSession(str(v.verify("onnx")), so, providers=["CPUExecutionProvider"])
+    request = bool(shared) and REQUEST_ROLE in v.artifacts
+    graph = v.verify(REQUEST_ROLE if request else "onnx")
+    sess = ort.InferenceSession(str(graph), so, providers=["CPUExecutionProvider"])
     feeds = dict(zip(("dense", "ids", "mask"), block, strict=True))
+    if request:
+        feeds["first"], feeds["owner"] = request_groups([len(block[0])])
     for _ in range(c.warmup):
         sess.run(None, feeds)
     t0 = time.perf_counter()

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from test_steps import load_step_config
 
+from reco.models.protocol import as_requests
 from reco.profile import STAGES, ProfileConfig, _ort_node_stages, profile_rank
 from reco.steps import StepRun, accelerate
 
@@ -34,16 +35,24 @@ def _check(p, total_share: float) -> None:
     assert sum(p.stages_ms.values()) == pytest.approx(p.total_ms, rel=total_share)
 
 
-def test_torch_profile_splits_the_call_and_writes_a_chrome_trace(parent, block, tmp_path):
-    p = profile_rank(parent, block, tmp_path, CFG)
+@pytest.mark.parametrize("once", [False, True], ids=["per_candidate", "user_once"])
+def test_torch_profile_splits_the_call_and_writes_a_chrome_trace(once, parent, block, data, tmp_path):
+    shared = data.schema.shared_columns if once else None
+    p = profile_rank(
+        parent, as_requests(block, shared, [200]) if once else block, tmp_path, CFG, shared=shared
+    )
     _check(p, 0.5)
     names = {e["name"] for e in json.loads(p.trace.read_text())["traceEvents"]}
     assert {"reco::head", "reco::mlp.bottom", "reco::mlp.top", "aten::embedding"} <= names
 
 
-def test_ort_profile_splits_the_call_by_graph_position(onnx_variant, block, tmp_path):
+@pytest.mark.parametrize("once", [False, True], ids=["per_candidate", "user_once"])
+def test_ort_profile_splits_the_call_by_graph_position(once, onnx_variant, block, data, tmp_path):
     assert onnx_variant.backend == "onnxruntime"
-    p = profile_rank(onnx_variant, block, tmp_path, CFG)
+    shared = data.schema.shared_columns if once else None
+    p = profile_rank(
+        onnx_variant, as_requests(block, shared, [200]) if once else block, tmp_path, CFG, shared=shared
+    )
     _check(p, 0.05)  # other is the remainder by construction here
     events = json.loads(p.trace.read_text())
     assert any(e.get("cat") == "Node" for e in events)

@@ -221,7 +221,7 @@ def test_requests_stuck_behind_a_slow_model_call_are_shed_not_queued(servers, na
 def test_direct_ranker_does_not_score_a_block_past_its_deadline():
     calls = []
 
-    def scorer(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def scorer(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, sizes=None) -> np.ndarray:
         calls.append(len(dense))
         return np.zeros(len(dense), dtype=np.float32)
 

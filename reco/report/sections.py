@@ -362,8 +362,9 @@ def stages(figs: list[VariantFigures]) -> list[str]:
 
 
 def rank_profile(figs: list[VariantFigures]) -> list[str]:
-    """The profiled ranking call of each variant split into model stages (reco.profile)."""
-    rows = []
+    """The profiled ranking call of each variant split into model stages (reco.profile), beside its
+    in-process rank p50 and the call's FLOP floor on this machine."""
+    rows, peak = [], None
     for f in figs:
         m = f.result.variant.metrics
         total = m.get("profile_rank_ms")
@@ -375,18 +376,29 @@ def rank_profile(figs: list[VariantFigures]) -> list[str]:
             else "–"
             for s in STAGES
         ]
-        rows.append([f"`{f.name}`", f.result.variant.backend, num(total), *cells])
+        p50, floor = m.get("rank_p50_ms"), m.get("rank_floor_ms")
+        times = f"{p50 / floor:.1f}×" if p50 and floor else "–"
+        peak = m.get("gemm_peak_gflops", peak)
+        rows.append(
+            [f"`{f.name}`", f.result.variant.backend, num(total), *cells, num(p50), num(floor), times]
+        )
     if not rows:
         return ["Not profiled (profile.enabled=false)."]
     return [
         "One request's ranking call (serve.n_candidates candidates, one thread) under the runtime's profiler, "
-        "mean ms per call (share of the call). embedding = id mapping, table gathers and pooling; "
-        "interaction = the model's head besides its MLPs (DLRM's pairwise dots, DCN's cross net); "
-        "mlp = bottom and top MLPs; other = the rest of the call (sigmoid, runtime overhead). Profiling "
-        "adds overhead, so the call is slower than the in-process rank p50. The traces are in each "
+        "mean ms per call (share of the call), in the form the service runs (serve.user_once: the user's "
+        "and the context's embeddings computed once per request). embedding = id mapping, table gathers and "
+        "pooling; interaction = the model's head besides its MLPs (DLRM's pairwise dots, DCN's cross net); "
+        "mlp = bottom and top MLPs; other = the rest of the call (broadcasting the request's embeddings, "
+        "sigmoid, runtime overhead). Profiling adds overhead, so the call is slower than the in-process rank "
+        "p50. FLOP floor = the model's FLOPs per candidate × candidates / this machine's one-thread fp32 "
+        f"GEMM peak ({num(peak)} GFLOP/s, a 512³ matmul; reco.measure.gemm_peak_gflops): the call's time if "
+        "every FLOP ran at that peak (an INT8 graph's matmuls can beat it). The traces are in each "
         "variant's MLflow run under `profile/` (chrome://tracing or Perfetto).",
         "",
-        *table(["variant", "backend", "call ms", *STAGES], rows),
+        *table(
+            ["variant", "backend", "call ms", *STAGES, "rank p50 ms", "FLOP floor ms", "p50 / floor"], rows
+        ),
     ]
 
 

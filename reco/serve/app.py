@@ -200,7 +200,13 @@ class RecoService:
         at the gate at t1g)."""
         cfg = self.cfg
         urow = self.store.user_row(req.user_id)
-        items = candidate_items(self.store, urow, req, cfg.n_candidates)
+        if self.store.retriever is not None and req.candidates is None:
+            # A user-tower forward and an index search: CPU work, so on the model's threads, never on
+            # the event loop, where it would hold up every other request's I/O meanwhile.
+            loop = asyncio.get_running_loop()
+            items = await loop.run_in_executor(self.executor, self.store.candidates, urow, cfg.n_candidates)
+        else:
+            items = candidate_items(self.store, urow, req, cfg.n_candidates)
         t2 = time.perf_counter()
         if self.online is None:
             block = self.store.assemble(urow, req, items)
