@@ -11,7 +11,7 @@ from reco.config import ConfigError, typed
 from reco.graph import plan
 from reco.loadtest.config import LoadtestConfig, ServingConfig
 from reco.loadtest.servings import cross
-from reco.serve.config import ServeBackend, serve_config
+from reco.serve.config import FeatureSource, ServeBackend, serve_config
 from reco.steps import steps
 
 
@@ -59,6 +59,19 @@ def test_serving_backends_crosses_the_student_with_four_servings(parent):
     row = next(r for r in rows if r.label == "distilled_onnx_int8_batched").as_variant()
     assert row.name == "distilled_onnx_int8_batched" and row.parent == parent.name
     assert row.sha256 == parent.sha256 and row.dir == parent.dir
+
+
+def test_request_path_serves_the_student_per_candidate_and_from_redis(parent):
+    rows, by, serve = _rows("request_path", parent)
+    assert [r.label for r in rows if r.variant.name == parent.name and "int8" in r.label] == [
+        "distilled_onnx_int8", "distilled_onnx_int8_per_candidate", "distilled_onnx_int8_redis",
+    ]  # fmt: skip
+    base = by["distilled_onnx_int8"]
+    assert base.user_once and base.features == FeatureSource.memory and not base.batching.enabled
+    assert by["distilled_onnx_int8_per_candidate"] == dataclasses.replace(base, user_once=False)
+    assert by["distilled_onnx_int8_redis"] == dataclasses.replace(base, features=FeatureSource.redis)
+    with pytest.raises(ConfigError, match=r"servings.x: features: Invalid value .postgres., expected one of \[memory, redis\]"):
+        typed({"features": "postgres"}, ServingConfig, "loadtest.study.servings.x")
 
 
 def test_a_serving_states_only_what_differs_and_bad_values_name_the_key():

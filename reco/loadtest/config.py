@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import MISSING
 
 from reco.config import ConfigError, typed
-from reco.serve.config import ServeBackend
+from reco.serve.config import FeatureSource, ServeBackend
 
 
 class LoadMode(StrEnum):
@@ -87,6 +87,8 @@ class ServingConfig:
     backend: ServeBackend = ServeBackend.reco  # reco's server, or Triton Inference Server (PyTriton)
     batching: bool = False  # the server's dynamic batcher on (serve.batching's window and size)
     instances: int | None = None  # backend=triton: model instances (null: serve.triton.instances)
+    features: FeatureSource | None = None  # memory | redis (null: serve.features): what the online store costs
+    user_once: bool | None = None  # (null: serve.user_once) false: per candidate, what user_once buys
     variants: list[str] | None = None  # the variants served this way; null: every variant of the study
 
     def check(self, where: str) -> None:

@@ -30,13 +30,21 @@ class Served:
     serving: ServingConfig
 
     def settings(self, serve: ServeConfig) -> ServeConfig:
-        """`serve` with this serving applied (backend, batcher on/off, Triton instances)."""
+        """`serve` with this serving applied (backend, batcher on/off, Triton instances, feature store,
+        user once per request)."""
         s = self.serving
         triton = serve.triton
         if s.instances is not None:
             triton = dataclasses.replace(triton, instances=s.instances)
         batching = dataclasses.replace(serve.batching, enabled=s.batching)
-        return dataclasses.replace(serve, backend=s.backend, batching=batching, triton=triton)
+        return dataclasses.replace(
+            serve,
+            backend=s.backend,
+            batching=batching,
+            triton=triton,
+            features=serve.features if s.features is None else s.features,
+            user_once=serve.user_once if s.user_once is None else s.user_once,
+        )
 
     def as_variant(self) -> Variant:
         """The row's record for the report: the variant itself, or for another serving a copy named
