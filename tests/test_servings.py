@@ -70,7 +70,10 @@ def test_request_path_serves_the_student_per_candidate_and_from_redis(parent):
     assert base.user_once and base.features == FeatureSource.memory and not base.batching.enabled
     assert by["distilled_onnx_int8_per_candidate"] == dataclasses.replace(base, user_once=False)
     assert by["distilled_onnx_int8_redis"] == dataclasses.replace(base, features=FeatureSource.redis)
-    with pytest.raises(ConfigError, match=r"servings.x: features: Invalid value .postgres., expected one of \[memory, redis\]"):
+    with pytest.raises(
+        ConfigError,
+        match=r"servings.x: features: Invalid value .postgres., expected one of \[memory, redis\]",
+    ):
         typed({"features": "postgres"}, ServingConfig, "loadtest.study.servings.x")
 
 

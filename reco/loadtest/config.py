@@ -87,7 +87,9 @@ class ServingConfig:
     backend: ServeBackend = ServeBackend.reco  # reco's server, or Triton Inference Server (PyTriton)
     batching: bool = False  # the server's dynamic batcher on (serve.batching's window and size)
     instances: int | None = None  # backend=triton: model instances (null: serve.triton.instances)
-    features: FeatureSource | None = None  # memory | redis (null: serve.features): what the online store costs
+    features: FeatureSource | None = (
+        None  # memory | redis (null: serve.features): what the online store costs
+    )
     user_once: bool | None = None  # (null: serve.user_once) false: per candidate, what user_once buys
     variants: list[str] | None = None  # the variants served this way; null: every variant of the study
 
