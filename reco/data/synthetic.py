@@ -84,6 +84,22 @@ def simulate(cfg: SyntheticConfig) -> Simulation:
     return Simulation(ds, terms, offset, users, items)
 
 
+def planted_catalogue(cfg: SyntheticConfig, n_queries: int) -> tuple[np.ndarray, np.ndarray]:
+    """The planted click model's taste geometry over a catalogue of `cfg.n_items` items, for index
+    benchmarks at sizes a click log of this machine cannot hold (a 1M-item catalogue would need ~10M rows
+    for most items to be seen): item vectors [n_items, k] = 2 vec + cat_vec (the model's user x item and
+    user x category terms, so items cluster by category as they do) and `n_queries` user taste vectors
+    [q, k], both L2-normalised as a two-tower's are (the item bias, price, hour and segment terms are not
+    a similarity and are left out). float32; the same config gives the same vectors.
+    """
+    rng = np.random.default_rng(cfg.seed)
+    it = _items(cfg, rng)
+    items = 2.0 * it["vec"] + it["cat_vec"][it["cat"]]
+    users = rng.normal(0, 1 / np.sqrt(cfg.latent_dim), size=(n_queries, cfg.latent_dim))
+    unit = [(x / np.linalg.norm(x, axis=1, keepdims=True)).astype(np.float32) for x in (items, users)]
+    return unit[0], unit[1]
+
+
 def _items(cfg: SyntheticConfig, rng: np.random.Generator) -> dict[str, np.ndarray]:
     """Items: category, brand, price, popularity, latent factors ([n_items] arrays; cat_vec [n_cat, k])."""
     k, n_i, n_c = cfg.latent_dim, cfg.n_items, cfg.n_categories
