@@ -331,6 +331,9 @@ def stages(figs: list[VariantFigures]) -> list[str]:
                 short(lat.quantiles["p99"]),
                 num(st.get("server_total_p99_ms")),
                 num(out.get("outside_handler_p99_ms")),
+                num(st.get("server_retrieval_p99_ms")),
+                num(st.get("server_features_p99_ms")),
+                num(st.get("server_queue_p99_ms")),
                 num(st.get("server_rank_p99_ms")),
                 num(st.get("cpu_rank_p99_ms")),
             ]
@@ -345,13 +348,19 @@ def stages(figs: list[VariantFigures]) -> list[str]:
         "e2e p99",
         "server total p99",
         "outside p99",
+        "retrieval p99",
+        "features p99",
+        "queue p99",
         "rank p99",
         "rank CPU p99",
     ]
     return [
         "The server's `total` (Server-Timing and Prometheus) runs from handler entry to just before the "
         "response body is written; accept, HTTP parsing, event-loop backlog, writing the body and the "
-        "network are **outside the handler** = client e2e − server total (ms). Server quantiles come from "
+        "network are **outside the handler** = client e2e − server total (ms). Inside it: `retrieval` (the "
+        "candidates: heuristic lists, or the two-tower's user vector and its index search), `features` (the "
+        "user's and candidates' feature rows: in-process tables, or one Redis MGET), `queue` (waiting for "
+        "the admission gate and the model's thread), `rank` (the model call and top-k). Server quantiles come from "
         "Prometheus buckets (interpolated), and a difference of p99s is only indicative. `rank CPU` is the "
         "CPU time of the thread that made the model call (the whole call at one intra-op thread): beside "
         "the rank stage's wall time it tells a slower CPU (both grow: contention for memory or caches, a "
