@@ -24,6 +24,7 @@ from reco.loadtest.config import LoadtestConfig
 from reco.loadtest.servings import label, pairs
 from reco.measure import RankLatencyConfig
 from reco.profile import ProfileConfig
+from reco.retrieval.front import FrontConfig
 from reco.retrieval.two_tower import TwoTowerConfig
 from reco.serve.config import ServeConfig
 from reco.serve.quality import QualityConfig
@@ -64,6 +65,7 @@ class ExperimentConfig:
     profile: ProfileConfig
     quality: QualityConfig
     two_tower: TwoTowerConfig  # `retrieval.two_tower`: trained when serve.retrieval.kind=two_tower
+    front: FrontConfig  # `retrieval.front`: the indexes measured beside that stage for the report
     gate: GateConfig
     targets: dict[str, Any]  # the preset's goals, checked in the report (reco.report.targets)
     headline: str | None  # the row the headline targets are judged on; None: the best is selected
@@ -91,6 +93,7 @@ def experiment_config(cfg: DictConfig) -> ExperimentConfig:
         profile=typed(resolved["profile"], ProfileConfig, "profile"),
         quality=typed(resolved["quality"], QualityConfig, "quality"),
         two_tower=typed(resolved["retrieval"]["two_tower"], TwoTowerConfig, "retrieval.two_tower"),
+        front=typed(resolved["retrieval"]["front"], FrontConfig, "retrieval.front"),
         gate=typed(resolved["gate"], GateConfig, "gate"),
         targets=dict(resolved.get("targets") or {}),
         headline=None,

@@ -371,18 +371,44 @@ class TopK:
         return np.load(v.verify("topk"), allow_pickle=False)
 
 
+def _stage_dir(exp: ExperimentConfig, data: Dataset) -> Path:
+    key = json.dumps([asdict(exp.two_tower), data.fingerprint, exp.seed])
+    return exp.cache_dir / "retrieval" / f"two_tower-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+
+
+def retrieval_label(serve: ServeConfig) -> str:
+    """How the study's servers found their candidates, for the report."""
+    r = serve.retrieval
+    if r.kind == RetrievalKind.two_tower:
+        return f"two-tower ({r.index.label})"
+    groups = (
+        f"popular items of the user's {r.user_feature} ({r.item_feature}), then " if r.user_feature else ""
+    )
+    return f"heuristic: {groups}global popularity"
+
+
+def front_file(exp: ExperimentConfig) -> Path | None:
+    """Where the report's retrieval front of the served two-tower stage is kept (None: no such stage, or
+    one the pipeline did not train: the front is measured beside the stages it owns)."""
+    r = exp.serve.retrieval
+    if r.kind != RetrievalKind.two_tower or not r.artifact or not exp.front.queries:
+        return None
+    key = json.dumps([asdict(exp.front), asdict(r.index), exp.serve.n_candidates, exp.seed])
+    return Path(r.artifact) / f"front-{hashlib.sha256(key.encode()).hexdigest()[:16]}.json"
+
+
 def with_retrieval(exp: ExperimentConfig, data: Dataset) -> ServeConfig:
     """exp.serve, with serve.retrieval.artifact set to a trained two-tower stage when the servers need one
     (kind=two_tower, no artifact given): trained from `retrieval.two_tower` once per settings and data,
-    kept in the cache under a claim, so parallel jobs train it once."""
+    kept in the cache under a claim, so parallel jobs train it once. Its front (`retrieval.front`) is
+    measured once beside it for the report."""
     r = exp.serve.retrieval
-    if r.kind != RetrievalKind.two_tower or r.artifact:
+    if r.kind != RetrievalKind.two_tower or r.artifact:  # a stage of the user's own is served as it is
         return exp.serve
     from reco.retrieval.artifact import MANIFEST, save_artifact
     from reco.retrieval.two_tower import SideRows, encode, train_two_tower
 
-    key = json.dumps([asdict(exp.two_tower), data.fingerprint, exp.seed])
-    out = exp.cache_dir / "retrieval" / f"two_tower-{hashlib.sha256(key.encode()).hexdigest()[:16]}"
+    out = _stage_dir(exp, data)
     with claim(out, f"retrieval stage ({out})"):
         if (out / MANIFEST).exists():
             print(f"\n[retrieval] reusing the trained two-tower stage {out}", flush=True)
@@ -392,7 +418,43 @@ def with_retrieval(exp: ExperimentConfig, data: Dataset) -> ServeConfig:
             item_ids, ids, mask, dense = FeatureStore(data, None).item_catalogue()
             vecs = encode(model.item, SideRows.from_arrays(ids, mask, dense))
             save_artifact(out, model, exp.two_tower, item_ids, vecs, data.fingerprint)
-    return dataclasses.replace(exp.serve, retrieval=dataclasses.replace(r, artifact=str(out)))
+        serve = dataclasses.replace(exp.serve, retrieval=dataclasses.replace(r, artifact=str(out)))
+        front = front_file(dataclasses.replace(exp, serve=serve))
+        if front is not None and not front.exists():
+            _measure_front(exp, serve, data, front)
+    return serve
+
+
+def _measure_front(exp: ExperimentConfig, serve: ServeConfig, data: Dataset, path: Path) -> None:
+    """The served stage's index front over `retrieval.front.queries` validation users -> `path` (JSON)."""
+    import torch
+
+    from reco.retrieval.ann import IndexSpec
+    from reco.retrieval.artifact import load_artifact
+    from reco.retrieval.front import front_table, measure_front
+    from reco.retrieval.two_tower import encode, side_rows
+
+    art = load_artifact(serve.retrieval.artifact, data.schema, data.fingerprint)
+    s, va = data.schema, data.val
+    _, first = np.unique(va.ids[:, s.index(s.user_key), 0].numpy(), return_index=True)
+    pick = np.random.default_rng(exp.seed).permutation(first)[: exp.front.queries]
+    queries = encode(art.model.user, side_rows(s, va, "user", torch.from_numpy(pick)))
+    served, n = serve.retrieval.index, min(serve.n_candidates, len(art.item_ids))
+    specs = [IndexSpec("flat"), *([served] if served.kind != "flat" else []), *exp.front.indexes]
+    specs = [sp for i, sp in enumerate(specs) if sp not in specs[:i]]
+    print(
+        f"[retrieval] the index front: {len(specs)} indexes, {len(queries)} validation users, N={n}",
+        flush=True,
+    )
+    rows = measure_front(specs, art.item_vectors, queries, n, threads=1)
+    blob = {
+        "items": len(art.item_ids),
+        "dim": int(art.item_vectors.shape[1]),
+        "queries": len(queries),
+        "n": n,
+        "rows": front_table(rows, served),
+    }
+    atomic_write(path, json.dumps(blob, indent=1))
 
 
 def measure_accuracy(v: Variant, data: Dataset, threads: int) -> None:
@@ -471,6 +533,8 @@ def write_study_report(
         commit=tags["git.commit"],
         targets=exp.targets,
         headline=exp.headline,
+        retrieval=retrieval_label(exp.serve),
+        front=json.loads(f.read_text()) if (f := front_file(exp)) is not None and f.exists() else None,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = write_report(results, ctx, out_dir)

@@ -11,6 +11,7 @@ import numpy as np
 import onnx
 import pytest
 import torch
+from test_steps import accel_cfg
 
 from reco.models.dcn import DCN, DCNConfig
 from reco.models.protocol import PlainScorer, RequestScorer, as_requests, request_groups
@@ -19,7 +20,6 @@ from reco.serve.batcher import DynamicBatcher
 from reco.steps import StepRun, accelerate
 from reco.steps.accelerate.export import random_batch, real_batch
 from reco.variant import ArtifactError, Variant
-from tests.test_steps import accel_cfg
 
 SIZES = [1, 37, 0, 200, 62]  # uneven requests, one of a single candidate and one of none
 

@@ -72,6 +72,8 @@ class StudyContext:
     # the variant the headline targets are judged on (reco.report.targets); None: the best is selected
     headline: str | None = None
     max_ndcg_drop: float | None = None  # quality gate: relative ΔNDCG@k limit as a fraction; None: off
+    retrieval: str = ""  # the candidates' source as served (FeatureStore.retrieval_name's wording)
+    front: dict | None = None  # the served two-tower stage's index front (reco.pipeline._measure_front)
 
     @property
     def slo_p99_ms(self) -> float | None:

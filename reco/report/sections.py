@@ -12,7 +12,7 @@ from reco.report.figures import KINDS, SLO_FACTORS, VariantFigures
 from reco.report.fmt import DASH, bracket, est, num, one_line, scaled, short, spread, table, vs_base
 from reco.report.gate import Gate
 from reco.report.metrics import outside_handler
-from reco.stats import Verdict
+from reco.stats import Estimate, Verdict
 
 KIND_LABEL = {"unloaded": "unloaded", "common": "at the common load", "equal_util": "at equal utilisation"}
 
@@ -367,6 +367,41 @@ def stages(figs: list[VariantFigures]) -> list[str]:
         "lower clock) from a call that waited for one (only the wall time grows).",
         "",
         *table(header, rows),
+    ]
+
+
+def retrieval(ctx: StudyContext) -> list[str]:
+    """Where the candidates came from and, for a two-tower stage, its index front."""
+    head = f"Candidates: {ctx.retrieval or 'not recorded'} (serve.retrieval)."
+    f = ctx.front
+    if f is None:
+        return [
+            head + " The two-tower stage and its FAISS front (serve.retrieval.kind=two_tower): "
+            "experiments/retrieval/README.md in the reco repository; a 1M-item catalogue: "
+            "experiments/ann_catalogue/README.md."
+        ]
+
+    def e(d: dict, spec: str, unit: str = "") -> str:
+        return Estimate(d["value"], d["lo"], d["hi"], d["n"]).fmt(spec, unit)
+
+    rows = [
+        [
+            r["index"] + (" **(served)**" if r["served"] else ""),
+            e(r["recall"], ".3f"),
+            e(r["p50_ms"], ".3f"),
+            e(r["p99_ms"], ".3f"),
+            e(r["speedup"], ".2f", "×"),
+            f"{r['build_s']:.1f}",
+        ]
+        for r in f["rows"]
+    ]
+    return [
+        head + f" The index front over the stage's {f['items']:,} item vectors ({f['dim']} dims), "
+        f"{f['queries']:,} validation users as queries, N = {f['n']} candidates: recall@N against the exact "
+        "search (bootstrap CI over users), one query per call on one FAISS thread (order-statistic CIs), "
+        "the speed-up of the p50 against the exact search's (retrieval.front; reco/retrieval/front.py).",
+        "",
+        *table(["index", "recall@N vs exact", "p50 ms", "p99 ms", "speed-up p50", "build s"], rows),
     ]
 
 

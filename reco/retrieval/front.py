@@ -10,14 +10,30 @@ speed-up against the exact search's p50 with the MOVER interval of the two (reco
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass, field
 
 import numpy as np
+from omegaconf import MISSING
 
+from reco.config import ConfigError
 from reco.retrieval.ann import IndexSpec, build, search
 from reco.stats import Estimate, quantile_ci
 from reco.stats.dependent import ratio_ci
 from reco.stats.topk import mean_ci, overlap_at_k
+
+
+@dataclass
+class FrontConfig:
+    """`retrieval.front` (conf/config.yaml): the indexes measured beside a trained two-tower stage."""
+
+    queries: int = MISSING  # validation users whose vectors query every index (0: no front)
+    indexes: list[IndexSpec] = field(default_factory=list)  # besides the exact search and the served one
+
+    def check(self, where: str) -> None:
+        if self.queries < 0:
+            raise ConfigError(f"{where}.queries: expected >= 0, got {self.queries}")
+        for i, spec in enumerate(self.indexes):
+            spec.check(f"{where}.indexes[{i}]")
 
 
 @dataclass(frozen=True)
@@ -76,3 +92,24 @@ def measure_front(
             )
         )
     return out
+
+
+def front_table(rows: list[FrontRow], served: IndexSpec) -> list[dict]:
+    """JSON-able rows (each figure as value, lo, hi, n) for the report; `served` marks the serving index."""
+
+    def est(e: Estimate) -> dict:
+        return {"value": e.value, "lo": e.lo, "hi": e.hi, "n": e.n}
+
+    return [
+        {
+            "index": r.spec.label,
+            "spec": asdict(r.spec),
+            "served": r.spec == served,
+            "recall": est(r.recall),
+            "p50_ms": est(r.p50_ms),
+            "p99_ms": est(r.p99_ms),
+            "speedup": est(r.speedup),
+            "build_s": r.build_s,
+        }
+        for r in rows
+    ]
