@@ -22,7 +22,7 @@ import time
 
 from reco.data.synthetic import SyntheticConfig, planted_catalogue
 from reco.retrieval.ann import IndexSpec
-from reco.retrieval.front import measure_front
+from reco.retrieval.front import front_lines, measure_front
 
 
 def specs(n_items: int) -> list[IndexSpec]:
@@ -59,15 +59,7 @@ def main(argv: list[str] | None = None) -> int:
         flush=True,
     )
     rows = measure_front(specs(len(items)), items, queries, args.n, args.threads)
-    print(
-        "\n| index | recall@N vs exact [CI] | p50 ms [CI] | p99 ms [CI] | speed-up p50 vs exact [CI] | build s |"
-    )
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r.spec.label} | {r.recall.fmt('.3f')} | {r.p50_ms.fmt('.3f')} | {r.p99_ms.fmt('.3f')} | "
-            f"{r.speedup.fmt('.2f', '×')} | {r.build_s:.1f} |"
-        )
+    print("", *front_lines(rows), sep="\n")
     return 0
 
 

@@ -94,6 +94,19 @@ def measure_front(
     return out
 
 
+def front_lines(rows: list[FrontRow]) -> list[str]:
+    """The front as a markdown table (what the benchmarks print)."""
+    out = [
+        "| index | recall@N vs exact [CI] | p50 ms [CI] | p99 ms [CI] | speed-up p50 vs exact [CI] | build s |",
+        "|---|---|---|---|---|---|",
+    ]
+    return out + [
+        f"| {r.spec.label} | {r.recall.fmt('.3f')} | {r.p50_ms.fmt('.3f')} | {r.p99_ms.fmt('.3f')} | "
+        f"{r.speedup.fmt('.2f', '×')} | {r.build_s:.1f} |"
+        for r in rows
+    ]
+
+
 def front_table(rows: list[FrontRow], served: IndexSpec) -> list[dict]:
     """JSON-able rows (each figure as value, lo, hi, n) for the report; `served` marks the serving index."""
 
