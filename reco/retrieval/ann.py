@@ -100,6 +100,14 @@ def build(spec: IndexSpec, vectors: np.ndarray, seed: int = 0):
     return index
 
 
+def tune(index, spec: IndexSpec) -> None:
+    """Set `spec`'s search-time settings (nprobe, efSearch) on an index built with its structure."""
+    if spec.kind == "hnsw":
+        index.hnsw.efSearch = spec.ef_search
+    elif spec.kind in ("ivf_flat", "ivf_pq"):
+        index.nprobe = spec.nprobe
+
+
 def search(index, queries: np.ndarray, n: int) -> np.ndarray:
     """The n best rows per query [q, n] int64 (-1 where the index found fewer)."""
     _, rows = index.search(np.ascontiguousarray(queries, dtype=np.float32), n)
