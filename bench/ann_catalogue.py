@@ -2,6 +2,7 @@
 
     python -m bench.ann_catalogue                                   # 1,000,000 items x 32 dims, N = 500
     python -m bench.ann_catalogue --items 200000 --queries 300      # quicker
+    python -m bench.ann_catalogue --kinds ivf_flat                  # one kind (beside the exact search)
 
 The served catalogue of the default data has ~99k items, where the exact search takes about a millisecond
 and no index reached recall@500 >= 0.95 (experiments/retrieval/README.md). A click log big enough for a
@@ -45,6 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=500, help="candidates per request (serve.n_candidates)")
     p.add_argument("--threads", type=int, default=1, help="FAISS threads per query (the server's)")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--kinds", nargs="+", help="only these index kinds (flat is always measured)")
     args = p.parse_args(argv)
     cfg = SyntheticConfig(
         n_rows=0, n_users=0, n_items=args.items, n_categories=500, n_brands=20000,
@@ -57,7 +59,8 @@ def main(argv: list[str] | None = None) -> int:
         f"{len(queries):,} queries, N={args.n}, {args.threads} FAISS thread(s); building and timing each index...",
         flush=True,
     )
-    rows = measure_front(specs(len(items)), items, queries, args.n, args.threads)
+    grid = [s for s in specs(len(items)) if s.kind == "flat" or not args.kinds or s.kind in args.kinds]
+    rows = measure_front(grid, items, queries, args.n, args.threads)
     print("", *front_lines(rows), sep="\n")
     return 0
 
