@@ -11,7 +11,15 @@ from reco.cli.compose import compose
 from reco.config import ConfigError, typed
 from reco.retrieval.ann import IndexSpec, build, search
 from reco.retrieval.front import measure_front, recall_at_n
-from reco.retrieval.two_tower import TwoTowerConfig, encode, side_rows, train_two_tower
+from reco.retrieval.two_tower import (
+    TwoTowerConfig,
+    batch_logits,
+    catalogue_rows,
+    encode,
+    sample_uniform,
+    side_rows,
+    train_two_tower,
+)
 
 
 def clustered(n: int, d: int = 16, seed: int = 0) -> np.ndarray:
@@ -97,6 +105,104 @@ def test_two_tower_learns_who_clicks_what(tiny_data):
     shuffled = i[np.random.default_rng(0).permutation(len(i))]
     # On held-out positives, a user's vector is closer to the item it clicked than to another user's item.
     assert (u * i).sum(1).mean() > (u * shuffled).sum(1).mean() + 0.05
+
+
+def test_a_negative_count_of_uniform_negatives_names_its_key():
+    with pytest.raises(ConfigError, match=r"retrieval.two_tower.uniform_negatives: expected >= 0.*got -1"):
+        typed(
+            compose(["retrieval.two_tower.uniform_negatives=-1"]).retrieval.two_tower,
+            TwoTowerConfig,
+            "retrieval.two_tower",
+        )
+    with pytest.raises(ConfigError, match=r"retrieval.two_tower: logq: .*not a valid bool"):
+        typed(
+            compose(["retrieval.two_tower.logq=sometimes"]).retrieval.two_tower,
+            TwoTowerConfig,
+            "retrieval.two_tower",
+        )
+
+
+def test_uniform_negatives_come_from_the_whole_catalogue(tiny_data):
+    s, tr = tiny_data.schema, tiny_data.train
+    ids, rows = catalogue_rows(s, tr)
+    col = tr.ids[:, s.index(s.item_key), 0]
+    assert ids.tolist() == sorted(set(col.tolist()) - {0})
+    assert (col[rows] == ids).all()  # each item's own row ...
+    for item, row in list(zip(ids.tolist(), rows.tolist(), strict=True))[:50]:
+        assert row == int(torch.nonzero(col == item).max())  # ... its latest one
+    drawn = ids[sample_uniform(ids, 20_000, torch.Generator().manual_seed(0))]
+    clicked = set(col[tr.labels > 0.5].tolist())
+    assert set(drawn.tolist()) <= set(ids.tolist())
+    # Uniform, not by popularity: items nobody clicked in train are drawn too, in proportion to their number.
+    never = ~torch.isin(drawn, torch.tensor(sorted(clicked)))
+    share = (~torch.isin(ids, torch.tensor(sorted(clicked)))).float().mean()
+    assert never.float().mean() == pytest.approx(float(share), abs=0.02) and share > 0.05
+
+
+def test_a_sampled_negative_equal_to_the_positive_is_not_a_negative():
+    torch.manual_seed(0)
+    user, item, neg = (torch.nn.functional.normalize(torch.randn(n, 8), dim=1) for n in (3, 3, 4))
+    pos_ids, neg_ids = torch.tensor([5, 6, 5]), torch.tensor([6, 9, 5, 7])
+    logits = batch_logits(user, item, pos_ids, neg, neg_ids, None, 0.1)
+    masked = torch.isinf(logits)
+    want = torch.zeros(3, 7, dtype=torch.bool)
+    want[0, 2] = want[2, 0] = True  # rows 0 and 2 share item 5: not each other's negative
+    want[0, 5] = want[2, 5] = want[1, 3] = True  # the drawn 5 for rows 0 and 2, the drawn 6 for row 1
+    assert masked.tolist() == want.tolist()
+    assert torch.isfinite(logits.diagonal()).all()
+
+
+def test_the_logq_correction_is_the_mixture_the_candidates_were_drawn_from():
+    torch.manual_seed(0)
+    user, item, neg = (torch.nn.functional.normalize(torch.randn(n, 8), dim=1) for n in (4, 4, 2))
+    pos_ids, neg_ids = torch.tensor([1, 2, 3, 4]), torch.tensor([7, 8])
+    q = torch.tensor([0.0, 0.4, 0.3, 0.2, 0.1, 0, 0, 0, 0])
+    target = torch.arange(4)
+    plain = batch_logits(user, item, pos_ids, None, None, None, 0.05)
+    # In-batch only: log(B q) differs from log q by a constant per row, which the softmax ignores.
+    by_q = nn_ce(batch_logits(user, item, pos_ids, None, None, torch.log(q), 0.05), target)
+    assert by_q == pytest.approx(
+        nn_ce(batch_logits(user, item, pos_ids, None, None, torch.log(4 * q), 0.05), target)
+    )
+    assert by_q != pytest.approx(nn_ce(plain, target))  # the correction changes the loss
+    mixed = torch.log(4 * q + 2 / 8)
+    got = batch_logits(user, item, pos_ids, neg, neg_ids, mixed, 0.05)
+    want = torch.cat([user @ item.T, user @ neg.T], 1) / 0.05 - mixed[torch.cat([pos_ids, neg_ids])]
+    torch.testing.assert_close(got, want)
+
+
+def nn_ce(logits: torch.Tensor, target: torch.Tensor) -> float:
+    return float(torch.nn.functional.cross_entropy(logits, target))
+
+
+def test_two_tower_trains_with_uniform_negatives_and_without_logq(tiny_data):
+    cfg = typed(
+        compose(
+            ["retrieval.two_tower.uniform_negatives=128", "retrieval.two_tower.logq=false"]
+        ).retrieval.two_tower,
+        TwoTowerConfig,
+        "retrieval.two_tower",
+    )
+    cfg.epochs, cfg.batch_size = 3, 256
+    _, report = train_two_tower(tiny_data, cfg, seed=0, say=lambda _: None)
+    assert len(report.loss) == 3 and report.loss[-1] < report.loss[0]
+
+
+def test_validation_requests_are_drawn_from_the_val_split(tiny_data):
+    from reco.serve.quality import quality_requests
+
+    s, va = tiny_data.schema, tiny_data.val
+    reqs = quality_requests(tiny_data, 50, seed=1, split="val")
+    assert len(reqs.users) == 50
+    users = va.ids[:, s.index(s.user_key), 0].numpy()
+    items = va.ids[:, s.index(s.item_key), 0].numpy()
+    pos = va.labels.numpy() > 0.5
+    assert (users[reqs.rows] == reqs.users).all() and pos[reqs.rows].all()
+    for u, rel in zip(reqs.users, reqs.relevant, strict=True):
+        assert sorted(rel.tolist()) == sorted(items[pos & (users == u)].tolist())
+    assert quality_requests(tiny_data, 50, seed=1).rows.tolist() != reqs.rows.tolist()  # test by default
+    with pytest.raises(ValueError, match=r"split 'train': expected one of \('val', 'test'\)"):
+        quality_requests(tiny_data, 50, seed=1, split="train")
 
 
 @pytest.fixture(scope="module")
