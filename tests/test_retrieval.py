@@ -171,6 +171,41 @@ def test_the_logq_correction_is_the_mixture_the_candidates_were_drawn_from():
     torch.testing.assert_close(got, want)
 
 
+def test_a_dropped_feature_is_not_read_and_an_unknown_one_is_refused(tiny_data):
+    from reco.retrieval.two_tower import TwoTower
+
+    def config(*overrides):
+        tt = compose([f"retrieval.two_tower.{o}" for o in overrides]).retrieval.two_tower
+        return typed(tt, TwoTowerConfig, "retrieval.two_tower")
+
+    s = tiny_data.schema
+    torch.manual_seed(0)
+    model = TwoTower(s, config("drop_features=[user_id,item_pop]"))
+    assert model.user.features == ["user_segment", "user_recent_categories"]
+    assert not any("user_id" in k for k in model.user.state_dict())
+    pos = torch.nonzero(tiny_data.val.labels > 0.5).flatten()[:64]
+    u, i = side_rows(s, tiny_data.val, "user", pos), side_rows(s, tiny_data.val, "item", pos)
+    other_user, other_pop = u.ids.clone(), i.dense.clone()
+    other_user[:, 0] = 1  # every row the same user id
+    other_pop[:, s_dense_pos(s, "item", "item_pop")] = 9.0
+    torch.testing.assert_close(
+        model.user(other_user, u.lengths, u.dense), model.user(u.ids, u.lengths, u.dense)
+    )
+    torch.testing.assert_close(model.item(i.ids, i.lengths, other_pop), model.item(i.ids, i.lengths, i.dense))
+    full = TwoTower(s, config())
+    assert not torch.allclose(full.user(other_user, u.lengths, u.dense), full.user(u.ids, u.lengths, u.dense))
+    with pytest.raises(
+        ConfigError, match=r"retrieval.two_tower.drop_features: \['userid'\] are not features"
+    ):
+        TwoTower(s, config("drop_features=[userid]"))
+    with pytest.raises(ConfigError, match=r"item tower has no item-side sparse feature left"):
+        TwoTower(s, config("drop_features=[item_id,category,brand]"))
+
+
+def s_dense_pos(schema, side: str, name: str) -> int:
+    return [f.name for f in schema.dense if f.side == side].index(name)
+
+
 def nn_ce(logits: torch.Tensor, target: torch.Tensor) -> float:
     return float(torch.nn.functional.cross_entropy(logits, target))
 

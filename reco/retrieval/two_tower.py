@@ -52,6 +52,7 @@ class TwoTowerConfig:
     max_rows: int | None = MISSING  # positive rows per epoch (a random subset when fewer); null: all
     logq: bool = MISSING  # the sampled softmax's popularity correction (module docstring)
     uniform_negatives: int = MISSING  # catalogue items drawn uniformly per batch as extra negatives; 0: none
+    drop_features: list[str] = field(default_factory=list)  # schema features (sparse or dense) no tower reads
 
     def check(self, where: str) -> None:
         if self.uniform_negatives < 0:
@@ -78,16 +79,24 @@ def side_columns(schema: Schema, side: str) -> tuple[list[int], list[int]]:
 
 
 class Tower(nn.Module):
-    """One side's features -> an L2-normalised vector [B, out_dim]."""
+    """One side's features (but `drop_features`) -> an L2-normalised vector [B, out_dim]."""
 
     def __init__(self, name: str, schema: Schema, side: str, cfg: TwoTowerConfig) -> None:
         from torchrec.modules.embedding_configs import EmbeddingBagConfig, PoolingType
         from torchrec.modules.embedding_modules import EmbeddingBagCollection
 
         super().__init__()
-        cols, dense_cols = side_columns(schema, side)
+        all_cols, all_dense = side_columns(schema, side)
+        drop = set(cfg.drop_features)
+        # Positions within the side's columns (what side_rows hands the tower), of the features it reads.
+        self.keep = [k for k, i in enumerate(all_cols) if schema.sparse[i].name not in drop]
+        self.keep_dense = [k for k, i in enumerate(all_dense) if schema.dense[i].name not in drop]
+        cols = [all_cols[k] for k in self.keep]
         if not cols:
-            raise ConfigError(f"retrieval: the schema has no {side}-side sparse feature for the {name} tower")
+            raise ConfigError(
+                f"retrieval: the {name} tower has no {side}-side sparse feature left (the schema's, but "
+                f"retrieval.two_tower.drop_features={sorted(drop)})"
+            )
         self.features = [f"{name}_{schema.sparse[i].name}" for i in cols]
         self.ebc = EmbeddingBagCollection(
             tables=[
@@ -102,7 +111,7 @@ class Tower(nn.Module):
             ],
             device=torch.device("cpu"),
         )
-        sizes = [len(cols) * cfg.embedding_dim + len(dense_cols), *cfg.hidden, cfg.out_dim]
+        sizes = [len(cols) * cfg.embedding_dim + len(self.keep_dense), *cfg.hidden, cfg.out_dim]
         layers: list[nn.Module] = []
         for k, (a, b) in enumerate(zip(sizes[:-1], sizes[1:], strict=True)):
             layers.append(nn.Linear(a, b))
@@ -111,7 +120,9 @@ class Tower(nn.Module):
         self.mlp = nn.Sequential(*layers)
 
     def forward(self, ids: torch.Tensor, lengths: torch.Tensor, dense: torch.Tensor) -> torch.Tensor:
-        """ids [B, Fs, L] int64, lengths [B, Fs], dense [B, Ds] -> [B, out_dim], unit length."""
+        """ids [B, Fs, L] int64, lengths [B, Fs], dense [B, Ds] (all the side's columns) -> [B, out_dim],
+        unit length."""
+        ids, lengths, dense = ids[:, self.keep], lengths[:, self.keep], dense[:, self.keep_dense]
         pooled = self.ebc(to_kjt(ids, lengths, self.features)).to_dict()
         x = torch.cat([pooled[f] for f in self.features] + [dense], 1)
         return nn.functional.normalize(self.mlp(x), dim=1)
@@ -120,6 +131,13 @@ class Tower(nn.Module):
 class TwoTower(nn.Module):
     def __init__(self, schema: Schema, cfg: TwoTowerConfig) -> None:
         super().__init__()
+        names = {f.name for f in schema.sparse} | {f.name for f in schema.dense}
+        unknown = sorted(set(cfg.drop_features) - names)
+        if unknown:
+            raise ConfigError(
+                f"retrieval.two_tower.drop_features: {unknown} are not features of the schema; expected some "
+                f"of {sorted(names)}"
+            )
         self.user = Tower("user", schema, "user", cfg)
         self.item = Tower("item", schema, "item", cfg)
 
