@@ -192,7 +192,7 @@ def test_a_dropped_feature_is_not_read_and_an_unknown_one_is_refused(tiny_data):
         model.user(other_user, u.lengths, u.dense), model.user(u.ids, u.lengths, u.dense)
     )
     torch.testing.assert_close(model.item(i.ids, i.lengths, other_pop), model.item(i.ids, i.lengths, i.dense))
-    full = TwoTower(s, config())
+    full = TwoTower(s, config("drop_features=[]"))
     assert not torch.allclose(full.user(other_user, u.lengths, u.dense), full.user(u.ids, u.lengths, u.dense))
     with pytest.raises(
         ConfigError, match=r"retrieval.two_tower.drop_features: \['userid'\] are not features"
@@ -262,7 +262,8 @@ def test_a_saved_stage_is_checked_on_load(stage, tiny_data, tmp_path):
     from reco.variant import ArtifactError
 
     art = load_artifact(stage.retrieval.artifact, tiny_data.schema, tiny_data.fingerprint)
-    assert art.item_vectors.shape == (len(art.item_ids), 32) and (art.item_ids > 0).all()
+    out_dim = compose([]).retrieval.two_tower.out_dim
+    assert art.item_vectors.shape == (len(art.item_ids), out_dim) and (art.item_ids > 0).all()
     with pytest.raises(ArtifactError, match="trained on data .* served with other"):
         load_artifact(stage.retrieval.artifact, tiny_data.schema, "other")
     bad = tmp_path / "bad"
