@@ -21,6 +21,10 @@ anyone's top-N; the uniform ones reach the whole catalogue. With logQ on, every 
 corrected by the log of the mixture it was drawn from: B in-batch slots drawn by popularity q and M uniform
 slots, log(B q(item) + M / n_catalogue) (with M = 0 this is log q plus a constant, which the softmax
 ignores). A sampled item equal to the row's own positive is masked out like an in-batch copy.
+
+`drop_features`: schema features neither tower reads. An id seen in one or two clicks (the median user
+and item of the default data) gets an embedding that memorises those clicks; without the ids the towers
+generalise from what users and items share (categories, brand, price, popularity).
 """
 
 from __future__ import annotations
@@ -40,7 +44,8 @@ from reco.data.schema import Dataset, Schema, to_kjt
 
 @dataclass
 class TwoTowerConfig:
-    """`retrieval.two_tower` (conf/retrieval/default.yaml)."""
+    """`retrieval.two_tower` (conf/config.yaml; its defaults were chosen on validation with
+    `python -m bench.two_tower_sweep`, experiments/retrieval/README.md)."""
 
     embedding_dim: int = MISSING  # every table's width
     hidden: list[int] = field(default_factory=list)  # each tower's hidden layer widths
