@@ -3,6 +3,8 @@ users' positives among the N=500 candidates, two-tower exact top-N vs the heuris
 
     python -m bench.two_tower_sweep --dataset .cache/data/<data>.pt                       # the default grid
     python -m bench.two_tower_sweep --dataset ... --setting "" --setting "epochs=3 temperature=0.1"
+    python -m bench.two_tower_sweep --dataset ... --users 2000 --setting "" \
+        --setting "embedding_dim=32 hidden=[64] out_dim=32 epochs=2 drop_features=[]"  # issue 30's choice
 
 A setting is space-separated `retrieval.two_tower` overrides on top of conf/config.yaml ("" is the
 defaults); the first setting is the reference the others are compared with. The requests are up to
@@ -31,13 +33,14 @@ from reco.serve.features import FeatureStore
 from reco.serve.quality import quality_requests
 from reco.stats.topk import mean_ci
 
-DEFAULT_GRID = [  # one lever at a time from the defaults, then the promising ones together
+DEFAULT_GRID = [  # the defaults (chosen with this tool, experiments/retrieval/README.md), then one lever each
     "",
-    "logq=false",
-    "temperature=0.1",
-    "temperature=0.2",
+    "embedding_dim=32 hidden=[64] out_dim=32 epochs=2 drop_features=[]",  # the defaults before issue 30
+    "drop_features=[]",
+    "epochs=8",
     "uniform_negatives=1024",
-    "epochs=4",
+    "temperature=0.1",
+    "logq=false",
 ]
 
 
