@@ -11,7 +11,15 @@ from reco.cli.compose import compose
 from reco.config import ConfigError, typed
 from reco.retrieval.ann import IndexSpec, build, search
 from reco.retrieval.front import measure_front, recall_at_n
-from reco.retrieval.two_tower import TwoTowerConfig, encode, side_rows, train_two_tower
+from reco.retrieval.two_tower import (
+    TwoTowerConfig,
+    batch_logits,
+    catalogue_rows,
+    encode,
+    sample_uniform,
+    side_rows,
+    train_two_tower,
+)
 
 
 def clustered(n: int, d: int = 16, seed: int = 0) -> np.ndarray:
@@ -99,6 +107,139 @@ def test_two_tower_learns_who_clicks_what(tiny_data):
     assert (u * i).sum(1).mean() > (u * shuffled).sum(1).mean() + 0.05
 
 
+def test_a_negative_count_of_uniform_negatives_names_its_key():
+    with pytest.raises(ConfigError, match=r"retrieval.two_tower.uniform_negatives: expected >= 0.*got -1"):
+        typed(
+            compose(["retrieval.two_tower.uniform_negatives=-1"]).retrieval.two_tower,
+            TwoTowerConfig,
+            "retrieval.two_tower",
+        )
+    with pytest.raises(ConfigError, match=r"retrieval.two_tower: logq: .*not a valid bool"):
+        typed(
+            compose(["retrieval.two_tower.logq=sometimes"]).retrieval.two_tower,
+            TwoTowerConfig,
+            "retrieval.two_tower",
+        )
+
+
+def test_uniform_negatives_come_from_the_whole_catalogue(tiny_data):
+    s, tr = tiny_data.schema, tiny_data.train
+    ids, rows = catalogue_rows(s, tr)
+    col = tr.ids[:, s.index(s.item_key), 0]
+    assert ids.tolist() == sorted(set(col.tolist()) - {0})
+    assert (col[rows] == ids).all()  # each item's own row ...
+    for item, row in list(zip(ids.tolist(), rows.tolist(), strict=True))[:50]:
+        assert row == int(torch.nonzero(col == item).max())  # ... its latest one
+    drawn = ids[sample_uniform(ids, 20_000, torch.Generator().manual_seed(0))]
+    clicked = set(col[tr.labels > 0.5].tolist())
+    assert set(drawn.tolist()) <= set(ids.tolist())
+    # Uniform, not by popularity: items nobody clicked in train are drawn too, in proportion to their number.
+    never = ~torch.isin(drawn, torch.tensor(sorted(clicked)))
+    share = (~torch.isin(ids, torch.tensor(sorted(clicked)))).float().mean()
+    assert never.float().mean() == pytest.approx(float(share), abs=0.02) and share > 0.05
+
+
+def test_a_sampled_negative_equal_to_the_positive_is_not_a_negative():
+    torch.manual_seed(0)
+    user, item, neg = (torch.nn.functional.normalize(torch.randn(n, 8), dim=1) for n in (3, 3, 4))
+    pos_ids, neg_ids = torch.tensor([5, 6, 5]), torch.tensor([6, 9, 5, 7])
+    logits = batch_logits(user, item, pos_ids, neg, neg_ids, None, 0.1)
+    masked = torch.isinf(logits)
+    want = torch.zeros(3, 7, dtype=torch.bool)
+    want[0, 2] = want[2, 0] = True  # rows 0 and 2 share item 5: not each other's negative
+    want[0, 5] = want[2, 5] = want[1, 3] = True  # the drawn 5 for rows 0 and 2, the drawn 6 for row 1
+    assert masked.tolist() == want.tolist()
+    assert torch.isfinite(logits.diagonal()).all()
+
+
+def test_the_logq_correction_is_the_mixture_the_candidates_were_drawn_from():
+    torch.manual_seed(0)
+    user, item, neg = (torch.nn.functional.normalize(torch.randn(n, 8), dim=1) for n in (4, 4, 2))
+    pos_ids, neg_ids = torch.tensor([1, 2, 3, 4]), torch.tensor([7, 8])
+    q = torch.tensor([0.0, 0.4, 0.3, 0.2, 0.1, 0, 0, 0, 0])
+    target = torch.arange(4)
+    plain = batch_logits(user, item, pos_ids, None, None, None, 0.05)
+    # In-batch only: log(B q) differs from log q by a constant per row, which the softmax ignores.
+    by_q = nn_ce(batch_logits(user, item, pos_ids, None, None, torch.log(q), 0.05), target)
+    assert by_q == pytest.approx(
+        nn_ce(batch_logits(user, item, pos_ids, None, None, torch.log(4 * q), 0.05), target)
+    )
+    assert by_q != pytest.approx(nn_ce(plain, target))  # the correction changes the loss
+    mixed = torch.log(4 * q + 2 / 8)
+    got = batch_logits(user, item, pos_ids, neg, neg_ids, mixed, 0.05)
+    want = torch.cat([user @ item.T, user @ neg.T], 1) / 0.05 - mixed[torch.cat([pos_ids, neg_ids])]
+    torch.testing.assert_close(got, want)
+
+
+def test_a_dropped_feature_is_not_read_and_an_unknown_one_is_refused(tiny_data):
+    from reco.retrieval.two_tower import TwoTower
+
+    def config(*overrides):
+        tt = compose([f"retrieval.two_tower.{o}" for o in overrides]).retrieval.two_tower
+        return typed(tt, TwoTowerConfig, "retrieval.two_tower")
+
+    s = tiny_data.schema
+    torch.manual_seed(0)
+    model = TwoTower(s, config("drop_features=[user_id,item_pop]"))
+    assert model.user.features == ["user_segment", "user_recent_categories"]
+    assert not any("user_id" in k for k in model.user.state_dict())
+    pos = torch.nonzero(tiny_data.val.labels > 0.5).flatten()[:64]
+    u, i = side_rows(s, tiny_data.val, "user", pos), side_rows(s, tiny_data.val, "item", pos)
+    other_user, other_pop = u.ids.clone(), i.dense.clone()
+    other_user[:, 0] = 1  # every row the same user id
+    other_pop[:, s_dense_pos(s, "item", "item_pop")] = 9.0
+    torch.testing.assert_close(
+        model.user(other_user, u.lengths, u.dense), model.user(u.ids, u.lengths, u.dense)
+    )
+    torch.testing.assert_close(model.item(i.ids, i.lengths, other_pop), model.item(i.ids, i.lengths, i.dense))
+    full = TwoTower(s, config("drop_features=[]"))
+    assert not torch.allclose(full.user(other_user, u.lengths, u.dense), full.user(u.ids, u.lengths, u.dense))
+    with pytest.raises(
+        ConfigError, match=r"retrieval.two_tower.drop_features: \['userid'\] are not features"
+    ):
+        TwoTower(s, config("drop_features=[userid]"))
+    with pytest.raises(ConfigError, match=r"item tower has no item-side sparse feature left"):
+        TwoTower(s, config("drop_features=[item_id,category,brand]"))
+
+
+def s_dense_pos(schema, side: str, name: str) -> int:
+    return [f.name for f in schema.dense if f.side == side].index(name)
+
+
+def nn_ce(logits: torch.Tensor, target: torch.Tensor) -> float:
+    return float(torch.nn.functional.cross_entropy(logits, target))
+
+
+def test_two_tower_trains_with_uniform_negatives_and_without_logq(tiny_data):
+    cfg = typed(
+        compose(
+            ["retrieval.two_tower.uniform_negatives=128", "retrieval.two_tower.logq=false"]
+        ).retrieval.two_tower,
+        TwoTowerConfig,
+        "retrieval.two_tower",
+    )
+    cfg.epochs, cfg.batch_size = 3, 256
+    _, report = train_two_tower(tiny_data, cfg, seed=0, say=lambda _: None)
+    assert len(report.loss) == 3 and report.loss[-1] < report.loss[0]
+
+
+def test_validation_requests_are_drawn_from_the_val_split(tiny_data):
+    from reco.serve.quality import quality_requests
+
+    s, va = tiny_data.schema, tiny_data.val
+    reqs = quality_requests(tiny_data, 50, seed=1, split="val")
+    assert len(reqs.users) == 50
+    users = va.ids[:, s.index(s.user_key), 0].numpy()
+    items = va.ids[:, s.index(s.item_key), 0].numpy()
+    pos = va.labels.numpy() > 0.5
+    assert (users[reqs.rows] == reqs.users).all() and pos[reqs.rows].all()
+    for u, rel in zip(reqs.users, reqs.relevant, strict=True):
+        assert sorted(rel.tolist()) == sorted(items[pos & (users == u)].tolist())
+    assert quality_requests(tiny_data, 50, seed=1).rows.tolist() != reqs.rows.tolist()  # test by default
+    with pytest.raises(ValueError, match=r"split 'train': expected one of \('val', 'test'\)"):
+        quality_requests(tiny_data, 50, seed=1, split="train")
+
+
 @pytest.fixture(scope="module")
 def stage(tiny_data, tmp_path_factory):
     """A trained two-tower stage for the tiny data, as the pipeline makes it (with_retrieval)."""
@@ -121,7 +262,8 @@ def test_a_saved_stage_is_checked_on_load(stage, tiny_data, tmp_path):
     from reco.variant import ArtifactError
 
     art = load_artifact(stage.retrieval.artifact, tiny_data.schema, tiny_data.fingerprint)
-    assert art.item_vectors.shape == (len(art.item_ids), 32) and (art.item_ids > 0).all()
+    out_dim = compose([]).retrieval.two_tower.out_dim
+    assert art.item_vectors.shape == (len(art.item_ids), out_dim) and (art.item_ids > 0).all()
     with pytest.raises(ArtifactError, match="trained on data .* served with other"):
         load_artifact(stage.retrieval.artifact, tiny_data.schema, "other")
     bad = tmp_path / "bad"

@@ -44,8 +44,8 @@ class QualityRequests:
     """The requests every variant answers: one per user."""
 
     users: np.ndarray  # [U] user ids
-    rows: np.ndarray  # [U] the test row whose context the request carries
-    relevant: list[np.ndarray]  # per user: its positive test items
+    rows: np.ndarray  # [U] the row (of the split drawn from) whose context the request carries
+    relevant: list[np.ndarray]  # per user: its positive items in that split
 
 
 @dataclass(frozen=True)
@@ -55,10 +55,16 @@ class _Context:  # reco.serve.features.RequestContext from a test row
     context_dense: np.ndarray
 
 
-def quality_requests(data: Dataset, n_users: int, seed: int) -> QualityRequests:
-    """Up to `n_users` test users with a positive, drawn with `seed` (sorted by id, so a larger draw
-    with the same seed is not a reshuffle)."""
-    s, t = data.schema, data.test
+SPLITS = ("val", "test")
+
+
+def quality_requests(data: Dataset, n_users: int, seed: int, split: str = "test") -> QualityRequests:
+    """Up to `n_users` users with a positive in `split` (test; val to choose settings without looking at
+    test), drawn with `seed` (sorted by id, so a larger draw with the same seed is not a reshuffle); rows
+    and relevant items are that split's."""
+    if split not in SPLITS:
+        raise ValueError(f"quality_requests: split {split!r}: expected one of {SPLITS}")
+    s, t = data.schema, getattr(data, split)
     if s.user_key is None or s.item_key is None:
         return QualityRequests(np.empty(0, np.int64), np.empty(0, np.int64), [])
     users = t.ids[:, s.index(s.user_key), 0].numpy()
