@@ -27,7 +27,7 @@ from reco.cli.compose import compose
 from reco.config import typed
 from reco.data.schema import Dataset
 from reco.retrieval.ann import IndexSpec
-from reco.retrieval.front import measure_front
+from reco.retrieval.front import front_lines, measure_front
 from reco.retrieval.two_tower import SideRows, TwoTower, TwoTowerConfig, encode, side_rows, train_two_tower
 from reco.serve.config import serve_config
 from reco.serve.features import FeatureStore
@@ -103,15 +103,7 @@ def main(argv: list[str] | None = None) -> int:
         f"\n{len(item_ids):,} items x {item_vecs.shape[1]} dims, {len(queries):,} validation queries, N={args.n}"
     )
     rows = measure_front(DEFAULT_INDEXES, item_vecs, queries, args.n, args.threads)
-    print(
-        "\n| index | recall@N vs exact [CI] | p50 ms [CI] | p99 ms [CI] | speed-up p50 vs exact [CI] | build s |"
-    )
-    print("|---|---|---|---|---|---|")
-    for r in rows:
-        print(
-            f"| {r.spec.label} | {r.recall.fmt('.3f')} | {r.p50_ms.fmt('.3f')} | {r.p99_ms.fmt('.3f')} | "
-            f"{r.speedup.fmt('.2f', '×')} | {r.build_s:.1f} |"
-        )
+    print("", *front_lines(rows), sep="\n")
     # What the candidates are worth: the test positives they contain, two-tower exact vs the heuristic.
     reqs = quality_requests(data, args.queries, args.seed, split="test")
     got = candidate_recall(model, data, store, reqs, "test", args.n)
