@@ -3,11 +3,16 @@
 
 from __future__ import annotations
 
+import json
+from dataclasses import asdict
+from pathlib import Path
+
 import torch
 
 from reco.data.schema import Dataset
 from reco.models.protocol import ModelSettings, resolve
 from reco.steps.registry import StepError, StepRun, child_variant, register
+from reco.train.launch import train_distributed
 from reco.train.loop import train
 from reco.variant import Variant
 
@@ -18,6 +23,10 @@ def run(parent: Variant | None, data: Dataset, cfg: ModelSettings, ctx: StepRun)
 
     Args:
         cfg: the model's settings, typed by the schema of the class `cfg._target_` names.
+    With trainer.distributed.nproc > 1 the model trains over that many processes (TorchRec's
+    DistributedModelParallel, reco.train.launch); the variant is the same plain model, plus its sharding
+    plan (artifact `sharding_plan`, sharding_plan.json) and per-rank table bytes in its metrics.
+
     Returns:
         The baseline variant: torch weights, its learning curve, best_epoch and best_val_auc.
     """
@@ -29,9 +38,25 @@ def run(parent: Variant | None, data: Dataset, cfg: ModelSettings, ctx: StepRun)
         model = cls.from_settings(data.schema, cfg)
     except ValueError as e:
         raise StepError(f"train: model {cfg.name!r} ({cfg._target_}): {e}") from None
-    result = train(model, data, ctx.trainer, on_epoch=ctx.on_epoch, desc=ctx.name)
+    plan = None
+    if ctx.trainer.distributed.nproc > 1:
+        ckpt = ctx.trainer.checkpoint_dir or str(Path(ctx.out_dir) / "checkpoints")
+        dist = train_distributed(model, data, ctx.trainer, ckpt)
+        result, plan = dist.train, dist.plan
+        if ctx.on_epoch:  # the ranks cannot call back into this process: replay the curve
+            for epoch, row in enumerate(result.history):
+                ctx.on_epoch(epoch, row)
+    else:
+        result = train(model, data, ctx.trainer, on_epoch=ctx.on_epoch, desc=ctx.name)
     v = child_variant(None, data, cfg, ctx, "train", "torch")
     v.save_torch(model)
+    if plan is not None:
+        (v.path / "sharding_plan.json").write_text(json.dumps([asdict(r) for r in plan], indent=2))
+        v.add_artifact("sharding_plan", "sharding_plan.json")
+        ranks = sorted({k for r in plan for k in r.bytes_per_rank})
+        for k in ranks:
+            v.metrics[f"table_bytes_rank{k}"] = float(sum(r.bytes_per_rank.get(k, 0) for r in plan))
+        v.metrics["nproc"] = float(ctx.trainer.distributed.nproc)
     v.learning_curve = result.history
     v.metrics.update(
         best_epoch=float(result.best_epoch), best_val_auc=result.best_val_auc, train_seconds=result.seconds

@@ -19,9 +19,11 @@ from omegaconf import MISSING
 from torch import nn
 from tqdm import tqdm
 
+from reco.config import ConfigError
 from reco.data.schema import Dataset, Split
 from reco.models.protocol import PlainScorer, RankingModel
 from reco.train.metrics import classification_metrics
+from reco.train.sharding import DistributedConfig
 
 
 class Optimizer(Enum):
@@ -51,6 +53,26 @@ class TrainConfig:
     eval_rows: int | None = MISSING  # validation rows scored after each epoch (None: all)
     checkpoint_dir: str | None = MISSING  # best and last state_dicts are written here
     progress: bool = MISSING
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # nproc 1: this loop
+
+    def check(self, where: str) -> None:
+        d = self.distributed
+        if d.nproc == 1:
+            return
+        # The tables' optimizer runs inside the backward pass (TorchRec's in-backward optimizer, FBGEMM's
+        # fused kernel), whose CPU version takes SGD and Adagrad; AdamW it rejects ("Cannot cast AdamW to an
+        # EmbOptimType"), Adam too ("Optimizer adam is not supported in CPU mode").
+        if self.optimizer != Optimizer.adagrad:
+            raise ConfigError(
+                f"{where}.optimizer: {self.optimizer.name} cannot update sharded tables on CPU "
+                f"({where}.distributed.nproc={d.nproc}; FBGEMM's fused CPU kernels take SGD and Adagrad); "
+                f"expected adagrad"
+            )
+        if self.grad_accum != 1:
+            raise ConfigError(
+                f"{where}.grad_accum: expected 1 with {where}.distributed.nproc={d.nproc} (the tables' "
+                f"optimizer steps inside every backward pass), got {self.grad_accum}"
+            )
 
 
 @dataclass
@@ -76,12 +98,18 @@ def predict_torch(model: RankingModel, split: Split, batch_size: int = 8192) -> 
     return np.concatenate(out)
 
 
+OPTIMIZERS: dict[Optimizer, type[torch.optim.Optimizer]] = {
+    Optimizer.adamw: torch.optim.AdamW,
+    Optimizer.adagrad: torch.optim.Adagrad,
+}
+
+
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The embedding tables (`ebc.*`) without weight decay, the dense layers with trainer.weight_decay."""
     emb = [p for n, p in model.named_parameters() if n.startswith("ebc.")]
     dense = [p for n, p in model.named_parameters() if not n.startswith("ebc.")]
     groups = [{"params": emb, "weight_decay": 0.0}, {"params": dense, "weight_decay": cfg.weight_decay}]
-    cls = {Optimizer.adamw: torch.optim.AdamW, Optimizer.adagrad: torch.optim.Adagrad}[cfg.optimizer]
-    return cls(groups, lr=cfg.lr)
+    return OPTIMIZERS[cfg.optimizer](groups, lr=cfg.lr)
 
 
 def train(
