@@ -16,7 +16,7 @@ from reco.models.dlrm import DLRM, DLRMConfig
 from reco.stats import delong
 from reco.steps import StepRun
 from reco.steps import train as train_step
-from reco.train.distributed import BEST, FAULT_ENV, load_plain
+from reco.train.distributed import BEST, FAULT_ENV, load_plain, rank_rows
 from reco.train.launch import DistributedTrainingError, check_feedable, train_distributed
 from reco.train.loop import Optimizer, TrainConfig, predict_torch
 from reco.train.sharding import ShardingType, table_bytes
@@ -103,6 +103,13 @@ def test_rank_over_the_limit_is_named_by_the_ranks(data, tmp_path):
     cfg = dist_trainer(sharding_types=[ShardingType.table_wise], max_bytes_per_rank=limit)
     with pytest.raises(ConfigError, match=r"trainer.distributed.max_bytes_per_rank: rank \d holds"):
         train_distributed(fresh_model(data), data, cfg, tmp_path)
+
+
+def test_rank_shares_cover_an_epoch_once():
+    for n, world in ((6_000, 2), (10, 3), (7, 7)):
+        parts = [set(range(n)[rank_rows(n, r, world)]) for r in range(world)]
+        assert sum(len(p) for p in parts) == n - n % world == len(set().union(*parts))
+        assert len({len(p) for p in parts}) == 1  # equal shares: every rank runs the same steps
 
 
 def test_more_ranks_than_the_data_can_feed(data):

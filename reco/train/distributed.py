@@ -37,7 +37,7 @@ from reco.data.schema import Dataset, Split
 from reco.models.protocol import ArchConfig, RankingModel
 from reco.train.loop import OPTIMIZERS, TrainConfig, bce_loss
 from reco.train.metrics import classification_metrics
-from reco.train.sharding import TablePlacement, format_plan, placements, plan
+from reco.train.sharding import TablePlacement, placements, plan
 
 BEST = "dcp-best"
 # Test-only fault hook: "<rank>:<steps>" makes that rank exit (code 3) after that many training steps.
@@ -194,10 +194,6 @@ def _train(
     model = cls(arch)
     local_batch = cfg.batch_size // world
     sh = shard(model, cfg, local_batch)
-    if rank == 0 and cfg.progress:
-        print(
-            f"sharding plan ({world} ranks, {cfg.distributed.backend}):\n{format_plan(sh.plan)}", flush=True
-        )
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     val = data.val if cfg.eval_rows is None else data.val.take(slice(0, cfg.eval_rows))

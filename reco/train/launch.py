@@ -11,6 +11,7 @@ master_addr, hosted by this process.
 
 from __future__ import annotations
 
+import re
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -93,8 +94,8 @@ def config_error_in(err: Any) -> str | None:
     for f in err.failures.values():
         text = f.message.get("message", "") if isinstance(f.message, dict) else ""
         for line in reversed(text.strip().splitlines()):
-            if line.startswith("reco.config.ConfigError: "):
-                return line.removeprefix("reco.config.ConfigError: ")
+            if m := re.match(r"(?:reco\.config\.)?ConfigError: (.*)", line):
+                return m.group(1)
     return None
 
 
@@ -141,7 +142,7 @@ def train_distributed(
     load_plain(model, r.checkpoint)
     model.eval()
     if cfg.progress:
-        print(f"sharding plan ({d.nproc} ranks):\n{format_plan(r.plan)}", flush=True)
+        print(f"sharding plan ({d.nproc} ranks, {d.backend}):\n{format_plan(r.plan)}", flush=True)
     return DistributedResult(
         TrainResult(r.best_epoch, r.best_val_auc, r.history, r.seconds), r.plan, r.checkpoint, r.val_scores
     )

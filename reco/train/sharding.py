@@ -209,13 +209,13 @@ def check_limit(rows: list[TablePlacement], limit: int | None) -> None:
 def format_plan(rows: list[TablePlacement]) -> str:
     """The plan as a fixed-width table, one line per table, and the bytes each rank holds."""
     ranks = sorted({k for r in rows for k in r.bytes_per_rank})
-    head = f"{'table':<16} {'sharding type':<18} {'kernel':<8} {'bytes':>12} " + " ".join(
+    head = f"{'table':<20} {'sharding type':<18} {'kernel':<8} {'bytes':>12} " + " ".join(
         f"{'rank ' + str(k):>12}" for k in ranks
     )
     lines = [head]
     for r in rows:
         cells = " ".join(f"{r.bytes_per_rank.get(k, 0):>12,}" for k in ranks)
-        lines.append(f"{r.table:<16} {r.sharding_type:<18} {r.compute_kernel:<8} {r.bytes:>12,} {cells}")
+        lines.append(f"{r.table:<20} {r.sharding_type:<18} {r.compute_kernel:<8} {r.bytes:>12,} {cells}")
     totals = " ".join(f"{sum(r.bytes_per_rank.get(k, 0) for r in rows):>12,}" for k in ranks)
-    lines.append(f"{'total':<16} {'':<18} {'':<8} {sum(r.bytes for r in rows):>12,} {totals}")
+    lines.append(f"{'total':<20} {'':<18} {'':<8} {sum(r.bytes for r in rows):>12,} {totals}")
     return "\n".join(lines)
