@@ -182,7 +182,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--verbose", action="store_true", help="print the full error of a failing type")
     args = p.parse_args(argv)
     print(
-        f"torch {torch.__version__}, torchrec {torchrec.__version__}, gloo, {args.nproc} ranks, trainer.optimizer={args.optimizer}, stock sharder={args.stock_sharder}, uneven={args.uneven}, CPU: {cpu_model()}"
+        f"torch {torch.__version__}, torchrec {torchrec.__version__}, gloo, {args.nproc} ranks, "
+        f"trainer.optimizer={args.optimizer}, embedding_dim {args.dim}, stock sharder={args.stock_sharder}, "
+        f"uneven batches={args.uneven}, CPU: {cpu_model()} ({os.cpu_count()} cores)"
     )
     rows = []
     for st in args.types:
@@ -192,20 +194,21 @@ def main(argv: list[str] | None = None) -> int:
         rows.append((st, r))
         if args.verbose and not r["ok"]:
             print(r.get("full", ""))
-    print(
-        f"\n{'sharding type':<18} {'trains':<6} {'parity':>9} {'max bytes/rank':>14}  ranks per table / error"
-    )
+    ranks = range(args.nproc)
+    cols = " ".join(f"{'rank ' + str(k) + ' bytes':>13}" for k in ranks)
+    print(f"\n{'sharding type':<18} {'trains':<6} {'parity':>9} {cols}  ranks holding each table / error")
     for st, r in rows:
         if r["ok"]:
-            ranks = sorted({tuple(t["ranks"]) for t in r["plan"]})
-            worst = max(max(t["bytes_per_rank"].values()) for t in r["plan"])
-            print(f"{st:<18} {'yes':<6} {r['max_abs_diff']:>9.1e} {worst:>14,}  {ranks}")
+            held = sorted({tuple(t["ranks"]) for t in r["plan"]})
+            totals = " ".join(f"{sum(t['bytes_per_rank'].get(k, 0) for t in r['plan']):>13,}" for k in ranks)
+            print(f"{st:<18} {'yes':<6} {r['max_abs_diff']:>9.1e} {totals}  {held}")
         else:
-            print(f"{st:<18} {'NO':<6} {'':>9} {'':>14}  {r['error'][:160]}")
+            print(f"{st:<18} {'NO':<6} {'':>9} {' ' * 14 * len(ranks)} {r['error'][:160]}")
     print(
-        "\nparity: max |logit difference| on 128 validation rows, sharded model vs the plain DLRM loaded with"
+        f"\nparity: max |logit difference| on {args.batch} validation rows, sharded model vs the plain DLRM"
     )
-    print("its gathered weights (torch.distributed.checkpoint). Rerun: python -m bench.dmp_sharding")
+    print("loaded with its gathered weights (torch.distributed.checkpoint); bytes: the tables' weights each")
+    print("rank holds (a data_parallel table counts on every rank). Rerun: python -m bench.dmp_sharding")
     return 0 if all(r["ok"] for _, r in rows) else 1
 
 

@@ -112,6 +112,17 @@ def test_rank_shares_cover_an_epoch_once():
         assert len({len(p) for p in parts}) == 1  # equal shares: every rank runs the same steps
 
 
+def test_limit_is_met_by_splitting_every_table(data, tmp_path):
+    """A limit the planner's own choice may break but an even split meets: the plan it trains with keeps
+    every rank under the limit."""
+    sizes = table_bytes(fresh_model(data).ebc.embedding_bag_configs())
+    limit = int(sum(sizes.values()) / 2 * 1.05)
+    cfg = dataclasses.replace(dist_trainer(max_bytes_per_rank=limit), epochs=1)
+    res = train_distributed(fresh_model(data), data, cfg, tmp_path)
+    for rank in (0, 1):
+        assert 0 < sum(r.bytes_per_rank.get(rank, 0) for r in res.plan) <= limit
+
+
 def test_more_ranks_than_the_data_can_feed(data):
     cfg = dataclasses.replace(dist_trainer(), max_rows_per_epoch=500)
     with pytest.raises(ConfigError, match=r"trainer.distributed.nproc=2: an epoch has 500 train rows"):

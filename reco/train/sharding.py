@@ -103,10 +103,12 @@ def _dtype_bytes(data_type: Any) -> int:
     return torch.empty((), dtype=data_type_to_dtype(data_type)).element_size()
 
 
-def constraints(configs: list[Any], cfg: DistributedConfig, world: int) -> dict[str, Any]:
-    """Per-table ParameterConstraints: the allowed types; a table larger than max_bytes_per_rank may only
-    take the allowed types that split it (otherwise the planner, which does not know the limit, may place
-    it whole on one rank).
+def constraints(
+    configs: list[Any], cfg: DistributedConfig, world: int, split_all: bool = False
+) -> dict[str, Any]:
+    """Per-table ParameterConstraints: the allowed types; a table larger than max_bytes_per_rank (every
+    table with `split_all`) may only take the allowed types that split it, since the planner does not know
+    the limit and may place a table whole on one rank.
 
     Raises:
         ConfigError naming the table, its bytes and trainer.distributed.max_bytes_per_rank when no allowed
@@ -119,6 +121,8 @@ def constraints(configs: list[Any], cfg: DistributedConfig, world: int) -> dict[
     for name, size in table_bytes(configs).items():
         types = allowed
         limit = cfg.max_bytes_per_rank
+        if split_all and (split := [t for t in allowed if t in SPLITTING]):
+            types = split
         if limit is not None and size > limit:
             types = [t for t in allowed if t in SPLITTING]
             smallest = math.ceil(size / world)
@@ -149,14 +153,26 @@ def plan(
     from torchrec.distributed.planner import EmbeddingShardingPlanner, Topology
 
     configs = model.ebc.embedding_bag_configs()
-    planner = EmbeddingShardingPlanner(
-        topology=Topology(world_size=world, compute_device="cpu"),
-        batch_size=batch_size,
-        constraints=constraints(configs, cfg, world),
-        debug=False,
-    )
-    out = planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
-    check_limit(placements(out, configs, world), cfg.max_bytes_per_rank)
+
+    def planned(split_all: bool) -> ShardingPlan:
+        planner = EmbeddingShardingPlanner(
+            topology=Topology(world_size=world, compute_device="cpu"),
+            batch_size=batch_size,
+            constraints=constraints(configs, cfg, world, split_all),
+            debug=False,
+        )
+        return planner.collective_plan(model, sharders, dist.GroupMember.WORLD)
+
+    out = planned(split_all=False)
+    try:
+        check_limit(placements(out, configs, world), cfg.max_bytes_per_rank)
+    except ConfigError:
+        if not SPLITTING & set(cfg.sharding_types):
+            raise
+        # The planner balances its own cost model, not the limit: splitting every table over every rank
+        # gives each rank the smallest share it can get. Every rank reaches this branch (same plan).
+        out = planned(split_all=True)
+        check_limit(placements(out, configs, world), cfg.max_bytes_per_rank)
     return out
 
 
