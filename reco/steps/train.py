@@ -12,7 +12,7 @@ import torch
 from reco.data.schema import Dataset
 from reco.models.protocol import ModelSettings, resolve
 from reco.steps.registry import StepError, StepRun, child_variant, register
-from reco.train.launch import train_distributed
+from reco.train.launch import DistributedResult, train_distributed
 from reco.train.loop import train
 from reco.variant import Variant
 
@@ -38,11 +38,11 @@ def run(parent: Variant | None, data: Dataset, cfg: ModelSettings, ctx: StepRun)
         model = cls.from_settings(data.schema, cfg)
     except ValueError as e:
         raise StepError(f"train: model {cfg.name!r} ({cfg._target_}): {e}") from None
-    plan = None
+    dist = None
     if ctx.trainer.distributed.nproc > 1:
         ckpt = ctx.trainer.checkpoint_dir or str(Path(ctx.out_dir) / "checkpoints")
         dist = train_distributed(model, data, ctx.trainer, ckpt)
-        result, plan = dist.train, dist.plan
+        result = dist.train
         if ctx.on_epoch:  # the ranks cannot call back into this process: replay the curve
             for epoch, row in enumerate(result.history):
                 ctx.on_epoch(epoch, row)
@@ -50,15 +50,22 @@ def run(parent: Variant | None, data: Dataset, cfg: ModelSettings, ctx: StepRun)
         result = train(model, data, ctx.trainer, on_epoch=ctx.on_epoch, desc=ctx.name)
     v = child_variant(None, data, cfg, ctx, "train", "torch")
     v.save_torch(model)
-    if plan is not None:
-        (v.path / "sharding_plan.json").write_text(json.dumps([asdict(r) for r in plan], indent=2))
-        v.add_artifact("sharding_plan", "sharding_plan.json")
-        ranks = sorted({k for r in plan for k in r.bytes_per_rank})
-        for k in ranks:
-            v.metrics[f"table_bytes_rank{k}"] = float(sum(r.bytes_per_rank.get(k, 0) for r in plan))
-        v.metrics["nproc"] = float(ctx.trainer.distributed.nproc)
+    if dist is not None:
+        record_distributed(v, dist)
     v.learning_curve = result.history
     v.metrics.update(
         best_epoch=float(result.best_epoch), best_val_auc=result.best_val_auc, train_seconds=result.seconds
     )
     return v
+
+
+def record_distributed(v: Variant, dist: DistributedResult) -> None:
+    """The sharding plan as artifact `sharding_plan` (sharding_plan.json) and, per rank, the table bytes
+    it placed there and the rank's peak resident memory, as metrics."""
+    (v.path / "sharding_plan.json").write_text(json.dumps([asdict(r) for r in dist.plan], indent=2))
+    v.add_artifact("sharding_plan", "sharding_plan.json")
+    for k in sorted({k for r in dist.plan for k in r.bytes_per_rank}):
+        v.metrics[f"table_bytes_rank{k}"] = float(sum(r.bytes_per_rank.get(k, 0) for r in dist.plan))
+    for k, b in enumerate(dist.peak_rss_bytes):
+        v.metrics[f"peak_rss_mb_rank{k}"] = b / 2**20
+    v.metrics["nproc"] = float(len(dist.peak_rss_bytes))

@@ -21,6 +21,7 @@ reco.train.launch's job.
 from __future__ import annotations
 
 import os
+import resource
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -62,6 +63,7 @@ class RankResult:
     plan: list[TablePlacement] = field(default_factory=list)
     checkpoint: str = ""
     val_scores: np.ndarray | None = None  # the best epoch's validation scores
+    peak_rss_bytes: list[int] = field(default_factory=list)  # each rank's peak resident memory, by rank
 
 
 def shard(model: RankingModel, cfg: TrainConfig, batch_size: int, sharder: Any = None) -> Sharded:
@@ -87,6 +89,22 @@ def shard(model: RankingModel, cfg: TrainConfig, batch_size: int, sharder: Any =
     )
     opt = CombinedOptimizer([dmp.fused_optimizer, dense])
     return Sharded(dmp, opt, placements(sharding_plan, configs, world))
+
+
+@torch.no_grad()
+def start_from(dmp: nn.Module, state: dict[str, torch.Tensor]) -> None:
+    """Copy the plain model's `state` into the sharded one: DMP creates the sharded tables anew (TorchRec
+    does not copy the module's weights into the shards), and every rank must start from the very model the
+    single-process loop starts from. Each rank writes only its own shards."""
+    from torch.distributed._shard.sharded_tensor import ShardedTensor
+
+    for key, target in dmp.state_dict().items():
+        if isinstance(target, ShardedTensor):
+            for shard_ in target.local_shards():
+                (r, c), (h, w) = shard_.metadata.shard_offsets, shard_.metadata.shard_sizes
+                shard_.tensor.copy_(state[key][r : r + h, c : c + w])
+        else:
+            target.copy_(state[key])
 
 
 def cpu_sharder() -> Any:
@@ -193,7 +211,9 @@ def _train(
     torch.manual_seed(cfg.seed)
     model = cls(arch)
     local_batch = cfg.batch_size // world
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
     sh = shard(model, cfg, local_batch)
+    start_from(sh.dmp, initial)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
     val = data.val if cfg.eval_rows is None else data.val.take(slice(0, cfg.eval_rows))
@@ -243,6 +263,8 @@ def _train(
             stale += 1
             if stale > cfg.patience:
                 break
+    rss: list[int] = [0] * world
+    dist.all_gather_object(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # KiB on Linux
     if rank != 0:
         return None
     assert best_scores is not None
@@ -254,4 +276,5 @@ def _train(
         sh.plan,
         str(ckpt / BEST),
         best_scores,
+        rss,
     )

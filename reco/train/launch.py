@@ -37,6 +37,7 @@ class DistributedResult:
     plan: list[TablePlacement] = field(default_factory=list)
     checkpoint: str = ""
     val_scores: np.ndarray | None = None  # the sharded model's validation scores at its best epoch
+    peak_rss_bytes: list[int] = field(default_factory=list)  # each rank's peak resident memory
 
 
 def check_feedable(cfg: TrainConfig, train_rows: int) -> None:
@@ -144,5 +145,9 @@ def train_distributed(
     if cfg.progress:
         print(f"sharding plan ({d.nproc} ranks, {d.backend}):\n{format_plan(r.plan)}", flush=True)
     return DistributedResult(
-        TrainResult(r.best_epoch, r.best_val_auc, r.history, r.seconds), r.plan, r.checkpoint, r.val_scores
+        TrainResult(r.best_epoch, r.best_val_auc, r.history, r.seconds),
+        r.plan,
+        r.checkpoint,
+        r.val_scores,
+        r.peak_rss_bytes,
     )
