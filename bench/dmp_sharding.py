@@ -1,15 +1,20 @@
 """Which TorchRec sharding types train on CPU over gloo: DistributedModelParallel of reco's DLRM on N ranks.
 
-    python -m bench.dmp_sharding                                  # every type, 2 ranks, 20 steps
+    python -m bench.dmp_sharding                                  # all 7 types, 2 ranks, 20 steps
     python -m bench.dmp_sharding --types row_wise --steps 5       # one type
+    python -m bench.dmp_sharding --stock-sharder                  # TorchRec's own sharder (no row_wise on CPU)
+    python -m bench.dmp_sharding --uneven --types row_wise        # rank 1 steps half rank 0's batch
+    python -m bench.dmp_sharding --optimizer adamw                # the tables' fused optimizer as AdamW
 
-For each sharding type every table of a small DLRM (reco.data.synthetic, the default feature layout) is
-constrained to that type; N processes (torch.distributed.launcher's elastic_launch, gloo on 127.0.0.1,
-1 thread each) plan it with EmbeddingShardingPlanner, wrap it in DistributedModelParallel, train `--steps`
-mini-batches (fused Adam on the tables, AdamW on the dense part) and then check the sharded model is the
-model it claims to be: its weights, gathered into the plain single-process DLRM, score rank 0's batch to
-the same logits (max |difference| printed). The table prints, per type: whether it trained, the ranks each
-table landed on, the largest per-rank table bytes, the parity and the first line of any error.
+For each sharding type every table of a small DLRM (reco.data.synthetic with 6,000 rows, the default
+feature layout, embedding_dim 64) is constrained to that type; N processes (torch.distributed's
+elastic_launch, gloo on 127.0.0.1, 1 thread each) plan it with TorchRec's EmbeddingShardingPlanner, wrap
+it in DistributedModelParallel (reco.train.distributed.shard: the tables' optimizer fused into the
+backward pass, the dense layers' a torch optimizer), copy the plain model's weights in, train `--steps`
+mini-batches and check that the sharded model is the model it claims to be, before training (its logits
+against the plain model's) and after (its weights saved with torch.distributed.checkpoint and loaded into
+the plain DLRM score the same logits). The table prints, per type: whether it trained, both parities, the
+table bytes each rank holds, which ranks hold each table, or the last line of the error.
 Correctness and memory, not speed: the 2 cores of the machine are shared.
 """
 
@@ -221,11 +226,11 @@ def main(argv: list[str] | None = None) -> int:
             print(f"{st:<18} {'yes':<6} {r['init_diff']:>8.0e} {r['max_abs_diff']:>8.0e} {totals}  {held}")
         else:
             print(f"{st:<18} {'NO':<6} {'':>8} {'':>8} {' ' * 14 * len(ranks)} {r['error'][:160]}")
-    print(
-        f"\nparity: max |logit difference| on {args.batch} validation rows, sharded model vs the plain DLRM"
-    )
-    print("loaded with its gathered weights (torch.distributed.checkpoint); bytes: the tables' weights each")
-    print("rank holds (a data_parallel table counts on every rank). Rerun: python -m bench.dmp_sharding")
+    print(f"\nstart: max |logit difference| on {args.batch} validation rows between the sharded model before")
+    print("training (the plain model's weights copied in: reco.train.distributed.start_from) and the plain")
+    print("model; parity: the same after training, against the plain DLRM loaded with the sharded model's")
+    print("weights (torch.distributed.checkpoint). bytes: the table weights each rank holds (a data_parallel")
+    print("table counts on every rank). Rerun: python -m bench.dmp_sharding [--stock-sharder] [--uneven]")
     return 0 if all(r["ok"] for _, r in rows) else 1
 
 
