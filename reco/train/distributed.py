@@ -21,7 +21,6 @@ reco.train.launch's job.
 from __future__ import annotations
 
 import os
-import resource
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -181,6 +180,20 @@ def load_plain(model: nn.Module, checkpoint: str | Path) -> nn.Module:
     return model
 
 
+def peak_rss_bytes() -> int:
+    """This process's peak resident memory (Linux VmHWM; 0 elsewhere). Not getrusage's ru_maxrss, which
+    Linux carries across execve: a spawned rank would report its launcher's peak. Pages of the dataset
+    shared with the other ranks (torch.multiprocessing passes tensors through shared memory) count in
+    every rank that touched them."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
 def _fault(rank: int) -> int | None:
     spec = os.environ.get(FAULT_ENV)
     if not spec:
@@ -264,7 +277,7 @@ def _train(
             if stale > cfg.patience:
                 break
     rss: list[int] = [0] * world
-    dist.all_gather_object(rss, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024)  # KiB on Linux
+    dist.all_gather_object(rss, peak_rss_bytes())
     if rank != 0:
         return None
     assert best_scores is not None
