@@ -2,7 +2,7 @@
 this rank's share of every epoch, evaluated and early-stopped like reco.train.loop, checkpointed with
 torch.distributed.checkpoint (DCP).
 
-Every rank builds the same model from the same seed; the planner (reco.train.sharding) decides which rank
+Every rank builds the caller's model (its class, config and initial weights); the planner (reco.train.sharding) decides which rank
 holds which table (or which rows/columns of it), DMP keeps the dense layers data-parallel. An epoch's
 permutation is drawn from the same generator on every rank (as the single-process loop draws it) and cut
 into `nproc` contiguous parts: no row is seen twice per epoch. The global batch stays trainer.batch_size
@@ -35,7 +35,7 @@ from torch import nn
 
 from reco.data.schema import Dataset, Split
 from reco.models.protocol import ArchConfig, RankingModel
-from reco.train.loop import OPTIMIZERS, TrainConfig, bce_loss
+from reco.train.loop import OPTIMIZERS, EarlyStop, TrainConfig, bce_loss, epoch_row, epoch_rows, val_rows
 from reco.train.metrics import classification_metrics
 from reco.train.sharding import TablePlacement, placements, plan
 
@@ -155,18 +155,13 @@ def save_checkpoint(dmp: nn.Module, ckpt: Path) -> Path:
     if dist.get_rank() == 0:
         shutil.rmtree(partial, ignore_errors=True)
     dist.barrier()
-    dcp.save(weights(dmp), checkpoint_id=str(partial))
+    dcp.save(dmp.state_dict(), checkpoint_id=str(partial))  # DMP's keys are the plain model's
     dist.barrier()  # every rank's shards are on disk
     if dist.get_rank() == 0:
         shutil.rmtree(final, ignore_errors=True)
         partial.rename(final)
     dist.barrier()
     return final
-
-
-def weights(dmp: nn.Module) -> dict[str, Any]:
-    """The model's persistent state under the plain model's keys (DMP and DDP prefixes removed)."""
-    return dict(dmp.state_dict())
 
 
 def load_plain(model: nn.Module, checkpoint: str | Path) -> nn.Module:
@@ -203,39 +198,49 @@ def _fault(rank: int) -> int | None:
 
 
 def train_rank(
-    cls: type[RankingModel], arch: ArchConfig, data: Dataset, cfg: TrainConfig, ckpt_dir: str
+    cls: type[RankingModel],
+    arch: ArchConfig,
+    initial: dict[str, torch.Tensor],
+    data: Dataset,
+    cfg: TrainConfig,
+    ckpt_dir: str,
 ) -> RankResult | None:
     """One rank's whole run (the launcher's entry point; RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the
-    environment). Returns rank 0's result, None on the other ranks."""
+    environment): the model `cls(arch)` with the weights `initial` (the caller's fresh model, so every
+    rank starts from the model the single-process loop would). Returns rank 0's result, None elsewhere."""
     d = cfg.distributed
     dist.init_process_group(d.backend, timeout=timedelta(seconds=d.timeout_s))
     try:
-        return _train(cls, arch, data, cfg, Path(ckpt_dir))
+        return _train(cls, arch, initial, data, cfg, Path(ckpt_dir))
     finally:
         dist.destroy_process_group()
 
 
 def _train(
-    cls: type[RankingModel], arch: ArchConfig, data: Dataset, cfg: TrainConfig, ckpt: Path
+    cls: type[RankingModel],
+    arch: ArchConfig,
+    initial: dict[str, torch.Tensor],
+    data: Dataset,
+    cfg: TrainConfig,
+    ckpt: Path,
 ) -> RankResult | None:
     rank, world = dist.get_rank(), dist.get_world_size()
     # The 2-core budget is shared by the ranks: trainer.threads in all, at least one each.
     torch.set_num_threads(max(1, cfg.threads // world))
-    torch.manual_seed(cfg.seed)
     model = cls(arch)
+    model.load_state_dict(initial)
     local_batch = cfg.batch_size // world
-    initial = {k: v.clone() for k, v in model.state_dict().items()}
     sh = shard(model, cfg, local_batch)
     start_from(sh.dmp, initial)
     torch.manual_seed(cfg.seed)
     gen = torch.Generator().manual_seed(cfg.seed)
-    val = data.val if cfg.eval_rows is None else data.val.take(slice(0, cfg.eval_rows))
-    n = len(data.train) if cfg.max_rows_per_epoch is None else min(len(data.train), cfg.max_rows_per_epoch)
+    val = val_rows(cfg, data)
+    n = epoch_rows(cfg, data)
     mine = rank_rows(n, rank, world)
     die_after = _fault(rank)
     ckpt.mkdir(parents=True, exist_ok=True)
 
-    best_auc, best_epoch, stale, steps_done = -1.0, -1, 0, 0
+    early, steps_done = EarlyStop(cfg.patience), 0
     best_scores: np.ndarray | None = None
     history: list[dict[str, float]] = []
     t0 = time.time()
@@ -264,26 +269,23 @@ def _train(
         # Every rank holds the same scores, but the stop decision must not rest on float agreement.
         auc = torch.tensor([m["auc"]], dtype=torch.float64)
         dist.broadcast(auc, 0)
-        row = {"train_loss": float(sums[0] / max(sums[1], 1)), **{f"val_{k}": v for k, v in m.items()}}
-        row["val_auc"] = float(auc)
+        row = epoch_row(float(sums[0] / max(sums[1], 1)), m) | {"val_auc": float(auc)}
         history.append(row)
         if rank == 0 and cfg.progress:
             print(f"epoch {epoch + 1}: loss {row['train_loss']:.4f} val auc {row['val_auc']:.4f}", flush=True)
-        if row["val_auc"] > best_auc:
-            best_auc, best_epoch, stale, best_scores = row["val_auc"], epoch, 0, scores
+        if early.improved(epoch, row["val_auc"]):
+            best_scores = scores
             save_checkpoint(sh.dmp, ckpt)
-        else:
-            stale += 1
-            if stale > cfg.patience:
-                break
+        elif early.stop:
+            break
     rss: list[int] = [0] * world
     dist.all_gather_object(rss, peak_rss_bytes())
     if rank != 0:
         return None
     assert best_scores is not None
     return RankResult(
-        best_epoch,
-        best_auc,
+        early.best_epoch,
+        early.best_auc,
         history,
         time.time() - t0,
         sh.plan,

@@ -106,7 +106,7 @@ def train_distributed(
     """Train `model` over trainer.distributed.nproc ranks and load the best epoch's weights into it.
 
     Args:
-        model: a fresh plain model; its class and config are rebuilt on every rank from the same seed.
+        model: a fresh plain model; every rank rebuilds it (class, config, weights) and starts from it.
         checkpoint_dir: where the DCP checkpoint is written (`dcp-best`; `dcp-best.partial` while writing).
     Returns:
         The learning curve (as reco.train.loop.train returns it), the sharding plan and the checkpoint.
@@ -126,7 +126,12 @@ def train_distributed(
     ckpt.mkdir(parents=True, exist_ok=True)
     try:
         out = elastic_launch(launch_config(d.nproc, d.master_addr), train_rank)(
-            type(model), model.cfg, data, cfg, str(ckpt)
+            type(model),
+            model.cfg,
+            {k: v.clone() for k, v in model.state_dict().items()},
+            data,
+            cfg,
+            str(ckpt),
         )
     except ChildFailedError as e:
         if msg := config_error_in(e):
