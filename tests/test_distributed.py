@@ -5,6 +5,10 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -201,3 +205,54 @@ def test_train_step_auc_matches_single_process(data, tmp_path):
     delta, _ = auc_delta(labels, scores[0], scores[1])
     assert delta.lo <= 0 <= delta.hi, delta
     assert aucs.min() > 0.6
+
+
+@pytest.mark.timeout(300)
+def test_submitit_local_multirun_of_single_and_distributed_training(tmp_path):
+    """`python run.py -m ... trainer.distributed.nproc=1,2 hydra/launcher=submitit_local`: two submitit jobs
+    (two processes, each with its own job directory), both FINISHED in MLflow, the nproc=2 one with its
+    sharding plan in its metrics, and no process of either job left behind."""
+    from mlflow.tracking import MlflowClient
+
+    root = Path(__file__).resolve().parents[1]
+    mark = f"submitit-{tmp_path.name}"
+    sweep = tmp_path / "multirun"
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "run.py",
+            "-m",
+            "experiment=smoke",
+            "loadtest.enabled=false",
+            "profile.enabled=false",
+            "variants=baseline",
+            "data.params.n_rows=20000",
+            "trainer.epochs=1",
+            "trainer.optimizer=adagrad",
+            "trainer.distributed.nproc=1,2",
+            "hydra/launcher=submitit_local",
+            "hydra.launcher.timeout_min=5",
+            f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+            f"tracking.artifact_root={tmp_path}/artifacts",
+            f"cache_dir={tmp_path}/cache",
+            f"hydra.sweep.dir={sweep}",
+        ],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        timeout=280,
+        env={**os.environ, MARK: mark},
+    )
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
+    jobs = [p for p in (sweep / ".submitit").iterdir() if p.name != "%j"]
+    assert len(jobs) == 2 and all(list(j.glob("*_result.pkl")) for j in jobs)
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("smoke")
+    parents = client.search_runs([exp.experiment_id], "tags.`mlflow.parentRunId` IS NULL")
+    assert sorted(r.data.params["trainer.distributed.nproc"] for r in parents) == ["1", "2"]
+    assert all(r.info.status == "FINISHED" for r in parents)
+    children = client.search_runs([exp.experiment_id], "tags.`mlflow.parentRunId` IS NOT NULL")
+    distributed = [r for r in children if r.data.metrics.get("nproc") == 2.0]
+    assert len(distributed) == 1 and distributed[0].data.metrics["table_bytes_rank1"] > 0
+    assert marked_alive(mark, within_s=10) == []
