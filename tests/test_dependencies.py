@@ -25,6 +25,7 @@ NOT_IMPORTED = {
     "uvicorn": "imported by reco.serve; [standard] brings uvloop/httptools it picks up itself",
     "hydra-joblib-launcher": "a Hydra plugin (hydra_plugins namespace): hydra/launcher=joblib loads it",
     "hydra-optuna-sweeper": "a Hydra plugin (hydra_plugins namespace): experiment=search's sweeper",
+    "hydra-submitit-launcher": "a Hydra plugin (hydra_plugins namespace): hydra/launcher=submitit_local loads it",
     "hiredis": "redis-py's C reply parser: redis picks it up itself when installed",
 }
 

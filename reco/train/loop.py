@@ -19,9 +19,11 @@ from omegaconf import MISSING
 from torch import nn
 from tqdm import tqdm
 
+from reco.config import ConfigError
 from reco.data.schema import Dataset, Split
 from reco.models.protocol import PlainScorer, RankingModel
 from reco.train.metrics import classification_metrics
+from reco.train.sharding import DistributedConfig
 
 
 class Optimizer(Enum):
@@ -51,6 +53,26 @@ class TrainConfig:
     eval_rows: int | None = MISSING  # validation rows scored after each epoch (None: all)
     checkpoint_dir: str | None = MISSING  # best and last state_dicts are written here
     progress: bool = MISSING
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)  # nproc 1: this loop
+
+    def check(self, where: str) -> None:
+        d = self.distributed
+        if d.nproc == 1:
+            return
+        # The tables' optimizer runs inside the backward pass (TorchRec's in-backward optimizer, FBGEMM's
+        # fused kernel), whose CPU version takes SGD and Adagrad; AdamW it rejects ("Cannot cast AdamW to an
+        # EmbOptimType"), Adam too ("Optimizer adam is not supported in CPU mode").
+        if self.optimizer != Optimizer.adagrad:
+            raise ConfigError(
+                f"{where}.optimizer: {self.optimizer.name} cannot update sharded tables on CPU "
+                f"({where}.distributed.nproc={d.nproc}; FBGEMM's fused CPU kernels take SGD and Adagrad); "
+                f"expected adagrad"
+            )
+        if self.grad_accum != 1:
+            raise ConfigError(
+                f"{where}.grad_accum: expected 1 with {where}.distributed.nproc={d.nproc} (the tables' "
+                f"optimizer steps inside every backward pass), got {self.grad_accum}"
+            )
 
 
 @dataclass
@@ -76,12 +98,57 @@ def predict_torch(model: RankingModel, split: Split, batch_size: int = 8192) -> 
     return np.concatenate(out)
 
 
+OPTIMIZERS: dict[Optimizer, type[torch.optim.Optimizer]] = {
+    Optimizer.adamw: torch.optim.AdamW,
+    Optimizer.adagrad: torch.optim.Adagrad,
+}
+
+
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
+    """The embedding tables (`ebc.*`) without weight decay, the dense layers with trainer.weight_decay."""
     emb = [p for n, p in model.named_parameters() if n.startswith("ebc.")]
     dense = [p for n, p in model.named_parameters() if not n.startswith("ebc.")]
     groups = [{"params": emb, "weight_decay": 0.0}, {"params": dense, "weight_decay": cfg.weight_decay}]
-    cls = {Optimizer.adamw: torch.optim.AdamW, Optimizer.adagrad: torch.optim.Adagrad}[cfg.optimizer]
-    return cls(groups, lr=cfg.lr)
+    return OPTIMIZERS[cfg.optimizer](groups, lr=cfg.lr)
+
+
+def epoch_rows(cfg: TrainConfig, data: Dataset) -> int:
+    """Train rows an epoch draws (trainer.max_rows_per_epoch, else the whole split)."""
+    n = len(data.train)
+    return n if cfg.max_rows_per_epoch is None else min(n, cfg.max_rows_per_epoch)
+
+
+def val_rows(cfg: TrainConfig, data: Dataset) -> Split:
+    """The validation rows scored after each epoch (trainer.eval_rows, else all)."""
+    return data.val if cfg.eval_rows is None else data.val.take(slice(0, cfg.eval_rows))
+
+
+def epoch_row(train_loss: float, val_metrics: dict[str, float]) -> dict[str, float]:
+    """One epoch of the learning curve: {"train_loss", "val_auc", "val_logloss", ...}."""
+    return {"train_loss": train_loss, **{f"val_{k}": v for k, v in val_metrics.items()}}
+
+
+@dataclass
+class EarlyStop:
+    """Early stopping on validation AUC: the best epoch so far, and whether trainer.patience epochs
+    without a gain have passed."""
+
+    patience: int
+    best_auc: float = -1.0
+    best_epoch: int = -1
+    stale: int = 0
+
+    def improved(self, epoch: int, auc: float) -> bool:
+        """Record epoch's AUC; True when it is the best so far."""
+        if auc > self.best_auc:
+            self.best_auc, self.best_epoch, self.stale = auc, epoch, 0
+            return True
+        self.stale += 1
+        return False
+
+    @property
+    def stop(self) -> bool:
+        return self.stale > self.patience
 
 
 def train(
@@ -96,13 +163,13 @@ def train(
     torch.set_num_threads(cfg.threads)
     gen = torch.Generator().manual_seed(cfg.seed)
     opt = make_optimizer(model, cfg)
-    val = data.val if cfg.eval_rows is None else data.val.take(slice(0, cfg.eval_rows))
-    n = len(data.train) if cfg.max_rows_per_epoch is None else min(len(data.train), cfg.max_rows_per_epoch)
+    val = val_rows(cfg, data)
+    n = epoch_rows(cfg, data)
     ckpt = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
     if ckpt:
         ckpt.mkdir(parents=True, exist_ok=True)
 
-    best_auc, best_epoch, best_state, stale = -1.0, -1, None, 0
+    early, best_state = EarlyStop(cfg.patience), None
     history: list[dict[str, float]] = []
     t0 = time.time()
     for epoch in range(cfg.epochs):
@@ -135,7 +202,7 @@ def train(
             if i % 20 == 0:
                 bar.set_postfix(loss=f"{total / count:.4f}")
         m = classification_metrics(val.labels.numpy(), predict_torch(model, val))
-        row = {"train_loss": total / max(count, 1), **{f"val_{k}": v for k, v in m.items()}}
+        row = epoch_row(total / max(count, 1), m)
         history.append(row)
         if on_epoch:
             on_epoch(epoch, row)
@@ -145,16 +212,13 @@ def train(
             )
         if ckpt:
             torch.save(model.state_dict(), ckpt / "last.pt")
-        if m["auc"] > best_auc:
-            best_auc, best_epoch, stale = m["auc"], epoch, 0
+        if early.improved(epoch, m["auc"]):
             best_state = copy.deepcopy(model.state_dict())
             if ckpt:
                 torch.save(best_state, ckpt / "best.pt")
-        else:
-            stale += 1
-            if stale > cfg.patience:
-                break
+        elif early.stop:
+            break
     if best_state is not None:
         model.load_state_dict(best_state)
     model.eval()
-    return TrainResult(best_epoch, best_auc, history, time.time() - t0)
+    return TrainResult(early.best_epoch, early.best_auc, history, time.time() - t0)
