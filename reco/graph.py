@@ -127,5 +127,11 @@ def cache_key(node: Node, parent_key: str | None, data_fingerprint: str, trainer
     if target := getattr(node.config, "_target_", None):  # the model's own code (reco/models/<name>.py)
         src["model_code"] = model_code(target)
     if node.spec.trains:
-        src["trainer"] = {k: v for k, v in plain(trainer).items() if k not in ("progress", "checkpoint_dir")}
+        t = {k: v for k, v in plain(trainer).items() if k not in ("progress", "checkpoint_dir")}
+        # One process trains as before whatever the distributed block says; over several, where the
+        # ranks meet and how long they wait do not change the model.
+        dist = t.pop("distributed", None) or {}
+        if dist.get("nproc", 1) > 1:
+            t["distributed"] = {k: v for k, v in dist.items() if k not in ("timeout_s", "master_addr")}
+        src["trainer"] = t
     return hashlib.sha256(json.dumps(src, sort_keys=True, default=str).encode()).hexdigest()[:16]

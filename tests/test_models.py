@@ -104,6 +104,22 @@ def test_model_choice_enters_the_cache_key():
     assert cache_key(dlrm, None, "d", t) != cache_key(dcn, None, "d", t)
 
 
+def test_distributed_settings_enter_the_cache_key_only_when_they_shape_the_model():
+    import dataclasses
+
+    node, t = plan(compose())[0], trainer_config()
+
+    def key(**dist) -> str:
+        return cache_key(
+            node, None, "d", dataclasses.replace(t, distributed=dataclasses.replace(t.distributed, **dist))
+        )
+
+    assert key(timeout_s=5) == key() == key(sharding_types=["table_wise"])  # one process: unchanged
+    two = key(nproc=2)
+    assert two != key() and key(nproc=2, timeout_s=5, master_addr="10.0.0.1") == two
+    assert key(nproc=2, sharding_types=["table_wise"]) != two
+
+
 # DCN-v2 ------------------------------------------------------------------------------------------
 def test_dcn_forward_shapes_and_equals_torchrec_dlrm_dcn(data):
     model = tiny_dcn(data.schema).eval()
