@@ -35,7 +35,16 @@ from torch import nn
 
 from reco.data.schema import Dataset, Split
 from reco.models.protocol import ArchConfig, RankingModel
-from reco.train.loop import OPTIMIZERS, EarlyStop, TrainConfig, bce_loss, epoch_row, epoch_rows, val_rows
+from reco.train.loop import (
+    OPTIMIZERS,
+    EarlyStop,
+    TrainConfig,
+    TrainResult,
+    bce_loss,
+    epoch_row,
+    epoch_rows,
+    val_rows,
+)
 from reco.train.metrics import classification_metrics
 from reco.train.sharding import TablePlacement, placements, plan
 
@@ -52,13 +61,9 @@ class Sharded:
 
 
 @dataclass
-class RankResult:
-    """What rank 0 reports back to the launcher."""
+class RankResult(TrainResult):
+    """What rank 0 reports back to the launcher: the loop's result, and the plan and checkpoint it made."""
 
-    best_epoch: int
-    best_val_auc: float
-    history: list[dict[str, float]] = field(default_factory=list)
-    seconds: float = 0.0
     plan: list[TablePlacement] = field(default_factory=list)
     checkpoint: str = ""
     val_scores: np.ndarray | None = None  # the best epoch's validation scores
