@@ -4,14 +4,14 @@
     python -m bench.dmp_sharding --types row_wise --steps 5       # one type
     python -m bench.dmp_sharding --stock-sharder                  # TorchRec's own sharder (no row_wise on CPU)
     python -m bench.dmp_sharding --uneven --types row_wise        # rank 1 steps half rank 0's batch
-    python -m bench.dmp_sharding --optimizer adamw                # the tables' fused optimizer as AdamW
+    python -m bench.dmp_sharding --optimizer adamw                # AdamW: the tables on the dense kernel
 
 For each sharding type every table of a small DLRM (reco.data.synthetic with 6,000 rows, the default
 feature layout, embedding_dim 64) is constrained to that type; N processes (torch.distributed's
 elastic_launch, gloo on 127.0.0.1, 1 thread each) plan it with TorchRec's EmbeddingShardingPlanner, wrap
-it in DistributedModelParallel (reco.train.distributed.shard: the tables' optimizer fused into the
-backward pass, the dense layers' a torch optimizer), copy the plain model's weights in, train `--steps`
-mini-batches and check that the sharded model is the model it claims to be, before training (its logits
+it in DistributedModelParallel (reco.train.distributed.shard: with adagrad the tables' optimizer fused into
+the backward pass, with adamw one torch optimizer for tables and dense layers), copy the plain model's
+weights in, train `--steps` mini-batches and check that the sharded model is the model it claims to be, before training (its logits
 against the plain model's) and after (its weights saved with torch.distributed.checkpoint and loaded into
 the plain DLRM score the same logits). The table prints, per type: whether it trained, both parities, the
 table bytes each rank holds, which ranks hold each table, or the last line of the error.

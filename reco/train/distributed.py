@@ -7,10 +7,13 @@ holds which table (or which rows/columns of it), DMP keeps the dense layers data
 permutation is drawn from the same generator on every rank (as the single-process loop draws it) and cut
 into `nproc` contiguous parts: no row is seen twice per epoch. The global batch stays trainer.batch_size
 (each rank takes batch_size / nproc rows a step), so the optimizer takes the same number of steps per epoch
-as the single-process loop. A sharded table is updated inside the backward pass by FBGEMM's fused kernel
-(TorchRec offers no other kernel for the model-parallel types), whose CPU version takes only SGD and
-Adagrad: trainer.optimizer must be adagrad (TrainConfig.check), applied to the tables without weight decay
-and to the dense layers with trainer.weight_decay, as the loop does.
+as the single-process loop. The tables take no weight decay, the dense layers trainer.weight_decay, as in
+the loop. How a sharded table is updated depends on trainer.optimizer (`shard`): adagrad inside the backward
+pass by FBGEMM's fused kernel (sparse updates; its CPU build takes only SGD and Adagrad), any other
+optimizer (adamw) by the torch optimizer the loop uses, after the backward pass, on the tables of TorchRec's
+dense kernel (plain parameters with dense gradients). Either way a table's gradient is the global batch's
+mean, as in the loop: DDP averages the dense layers' gradients over the ranks, and TorchRec's all-to-all
+divides the tables' by the world size.
 
 The best epoch's weights are saved with DCP into `<checkpoint dir>/dcp-best` (written into a `.partial`
 directory first and renamed when every rank has finished writing, so a crash never leaves a directory that
@@ -38,11 +41,13 @@ from reco.models.protocol import ArchConfig, RankingModel
 from reco.train.loop import (
     OPTIMIZERS,
     EarlyStop,
+    Optimizer,
     TrainConfig,
     TrainResult,
     bce_loss,
     epoch_row,
     epoch_rows,
+    make_optimizer,
     val_rows,
 )
 from reco.train.metrics import classification_metrics
@@ -51,6 +56,9 @@ from reco.train.sharding import TablePlacement, placements, plan
 BEST = "dcp-best"
 # Test-only fault hook: "<rank>:<steps>" makes that rank exit (code 3) after that many training steps.
 FAULT_ENV = "RECO_TEST_DIST_FAULT"
+# Optimizers FBGEMM's fused CPU kernels apply to sharded tables inside the backward pass (they also take
+# SGD); the others step the tables of TorchRec's dense kernel after it (`shard`).
+FUSED_ON_CPU = {Optimizer.adagrad}
 
 
 @dataclass
@@ -73,6 +81,10 @@ class RankResult(TrainResult):
 def shard(model: RankingModel, cfg: TrainConfig, batch_size: int, sharder: Any = None) -> Sharded:
     """`model` (identical on every rank) planned and wrapped in DistributedModelParallel. Collective.
 
+    With trainer.optimizer in FUSED_ON_CPU the tables keep the planner's fused kernel, their optimizer
+    applied inside the backward pass; otherwise every table gets TorchRec's dense kernel and one optimizer,
+    built as the loop builds it (`make_optimizer`), steps tables and dense layers alike.
+
     sharder: the EmbeddingBagCollection's sharder (default `cpu_sharder()`; bench/dmp_sharding.py passes
         TorchRec's stock one to show what it refuses).
     """
@@ -81,18 +93,40 @@ def shard(model: RankingModel, cfg: TrainConfig, batch_size: int, sharder: Any =
     from torchrec.optim.keyed import CombinedOptimizer, KeyedOptimizerWrapper
     from torchrec.optim.optimizers import in_backward_optimizer_filter
 
-    _apply_optimizer_in_backward(OPTIMIZERS[cfg.optimizer], model.ebc.parameters(), {"lr": cfg.lr})
+    fused = cfg.optimizer in FUSED_ON_CPU
+    if fused:
+        _apply_optimizer_in_backward(OPTIMIZERS[cfg.optimizer], model.ebc.parameters(), {"lr": cfg.lr})
     sharders = [sharder or cpu_sharder()]
     world = dist.get_world_size()
     configs = model.ebc.embedding_bag_configs()  # DMP replaces model.ebc by its sharded version
     sharding_plan = plan(model, cfg.distributed, world, sharders, batch_size)  # type: ignore[arg-type]
+    if not fused:
+        dense_kernels(sharding_plan)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=sharding_plan, sharders=sharders)
+    if not fused:
+        # DMP names the parameters as the plain model does (`ebc.embedding_bags.<table>.weight`); a table
+        # another rank holds is an empty parameter without a gradient, which the optimizer skips.
+        return Sharded(dmp, make_optimizer(dmp, cfg), placements(sharding_plan, configs, world))
     dense = KeyedOptimizerWrapper(
         dict(in_backward_optimizer_filter(dmp.named_parameters())),
         lambda params: OPTIMIZERS[cfg.optimizer](params, lr=cfg.lr, weight_decay=cfg.weight_decay),
     )
     opt = CombinedOptimizer([dmp.fused_optimizer, dense])
     return Sharded(dmp, opt, placements(sharding_plan, configs, world))
+
+
+def dense_kernels(sharding_plan: Any) -> None:
+    """Give every table of the `ebc` module's plan TorchRec's dense kernel (BatchedDenseEmbeddingBag).
+
+    The sharder cannot offer it: TorchRec's planner rejects it for any type but data_parallel ("DENSE kernel
+    requires DATA_PARALLEL sharding", planners.validate_compute_kernels) although DistributedModelParallel
+    builds and trains it for all seven types over gloo (same gradients, losses and weights as the
+    single-process loop; experiments/distributed_training/README.md). So the plan is made with the fused
+    kernel and its kernel replaced; the placement, and so the bytes per rank, stay the planner's."""
+    from torchrec.distributed.embedding_types import EmbeddingComputeKernel
+
+    for ps in (sharding_plan.get_plan_for_module("ebc") or {}).values():
+        ps.compute_kernel = EmbeddingComputeKernel.DENSE.value
 
 
 @torch.no_grad()

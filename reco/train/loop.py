@@ -59,19 +59,14 @@ class TrainConfig:
         d = self.distributed
         if d.nproc == 1:
             return
-        # The tables' optimizer runs inside the backward pass (TorchRec's in-backward optimizer, FBGEMM's
-        # fused kernel), whose CPU version takes SGD and Adagrad; AdamW it rejects ("Cannot cast AdamW to an
-        # EmbOptimType"), Adam too ("Optimizer adam is not supported in CPU mode").
-        if self.optimizer != Optimizer.adagrad:
-            raise ConfigError(
-                f"{where}.optimizer: {self.optimizer.name} cannot update sharded tables on CPU "
-                f"({where}.distributed.nproc={d.nproc}; FBGEMM's fused CPU kernels take SGD and Adagrad); "
-                f"expected adagrad"
-            )
+        # Every trainer.optimizer trains sharded tables (reco.train.distributed.shard: adagrad in FBGEMM's
+        # fused kernel inside the backward pass, adamw on TorchRec's dense kernel after it); the
+        # distributed loop steps the optimizer after every batch and does not accumulate gradients.
         if self.grad_accum != 1:
             raise ConfigError(
-                f"{where}.grad_accum: expected 1 with {where}.distributed.nproc={d.nproc} (the tables' "
-                f"optimizer steps inside every backward pass), got {self.grad_accum}"
+                f"{where}.grad_accum: expected 1 with {where}.distributed.nproc={d.nproc} (the distributed "
+                f"loop steps the optimizer after every batch; with adagrad the tables' optimizer steps inside "
+                f"every backward pass), got {self.grad_accum}"
             )
 
 

@@ -1,9 +1,9 @@
 """How the embedding tables are split over ranks: the `trainer.distributed` settings, TorchRec's planner
 constrained by them, and the plan as a table a user can read (table, sharding type, ranks, bytes per rank).
 
-Bytes are the table's weights (rows x embedding_dim x 4 for fp32) held by each rank; the fused optimizer's
-state (Adagrad: one more tensor of the same shape) comes on top and is not counted, so the number is the
-one a user can compute from the schema.
+Bytes are the table's weights (rows x embedding_dim x 4 for fp32) held by each rank; the optimizer's
+state (Adagrad: one more tensor of the same shape; AdamW on the dense kernel: two, and a dense gradient)
+comes on top and is not counted, so the number is the one a user can compute from the schema.
 """
 
 from __future__ import annotations
