@@ -317,7 +317,8 @@ def test_two_trial_sweep_load_tests_the_front_and_names_a_winner_within_the_budg
             assert -c.val_delta_rel * 100 <= 50 and t.objective == pytest.approx(1000 / c.rank_p50_ms)
     # the second fidelity: the front within the budget served beside the baseline and load-tested
     assert "capacity at p99 ≤ 100.0 ms" in md and "common load 100.0 req/s" in md
-    assert json.loads((out / "front_load.json").read_text())["reference"] == "baseline"
+    front_load = json.loads((out / "front_load.json").read_text())
+    assert front_load["reference"] == "baseline"
     assert (out / "search_front_load.png").exists()
     assert (out / "front_load" / "requests.jsonl").exists()
     served = {d.name for d in (out / "front_load").iterdir() if d.is_dir()}
@@ -325,10 +326,11 @@ def test_two_trial_sweep_load_tests_the_front_and_names_a_winner_within_the_budg
     assert "baseline" in served and served - {"baseline"} and served - {"baseline"} <= names
     (summary,) = [r for r in runs if r.data.tags.get("search.summary") == "true"]
     qps = {k: v for k, v in summary.data.metrics.items() if k.startswith("front_max_qps_t")}
-    assert (
-        "front_max_qps_baseline" in summary.data.metrics
-        and "front_e2e_p99_ms_baseline" in summary.data.metrics
-    )
+    assert "front_max_qps_baseline" in summary.data.metrics
+    # an overloaded baseline (a busy machine) has no valid common-load round, so no p99: logged iff measured
+    for name, p99 in front_load["p99_ms"].items():
+        assert (p99 is not None) == (f"front_e2e_p99_ms_{name}" in summary.data.metrics), name
+    assert any(k.startswith("front_e2e_p99_ms_") for k in summary.data.metrics), summary.data.metrics
     assert qps, summary.data.metrics
     winner = summary.data.tags["search.winner_trial"]
     if winner != "none":
