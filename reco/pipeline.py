@@ -220,9 +220,8 @@ def build_all(
                     )
                 )
                 # What the call would take if its dense layers ran at this machine's fp32 GEMM peak.
-                v.metrics["rank_floor_ms"] = (
-                    v.flops_per_candidate * exp.serve.n_candidates / gemm_peak_gflops() / 1e6
-                )
+                v.metrics["gemm_peak_gflops"] = peak = gemm_peak_gflops()
+                v.metrics["rank_floor_ms"] = v.flops_per_candidate * exp.serve.n_candidates / peak / 1e6
                 topk.measure(v)
                 v.mlflow_run_id = run_id
                 v.save()

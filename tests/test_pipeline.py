@@ -173,6 +173,9 @@ def test_smoke_experiment_end_to_end(tmp_path, mlflow_server):
     assert all(f"`{name}`" in users_see for name in children), users_see
     assert all("ndcg_at_10" in r.data.metrics and "gate_quality" in r.data.metrics for r in children.values())
     assert "rbo_at_10" in children["pruned"].data.metrics and "rbo_at_10" not in base
+    # the profile table's FLOP floor names the GEMM peak it divides by (measured where the variant was built)
+    assert children["distilled"].data.metrics["gemm_peak_gflops"] > 0
+    assert "GFLOP/s" in report and "(– GFLOP/s" not in report
 
 
 def test_unreachable_tracking_server_fails_before_training(tmp_path):
