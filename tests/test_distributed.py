@@ -271,7 +271,7 @@ def test_submitit_local_multirun_of_single_and_distributed_training(tmp_path):
             "loadtest.enabled=false",
             "profile.enabled=false",
             "variants=baseline",
-            "data.params.n_rows=20000",
+            "data.params.n_rows=8000",
             "trainer.epochs=1",
             "trainer.optimizer=adagrad",
             "trainer.distributed.nproc=1,2",

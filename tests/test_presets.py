@@ -21,7 +21,6 @@ from reco.graph import plan
 ROOT = Path(__file__).resolve().parents[1]
 DATA_GROUPS = sorted(p.stem for p in (ROOT / "conf" / "data").glob("*.yaml"))
 CHAIN = ["baseline", "pruned", "distilled", "distilled_onnx_int8"]
-ROWS = [*CHAIN, "distilled_onnx_int8_batched"]  # + the student behind the batcher: a serving row
 
 
 def plain(overrides: list[str]) -> dict:
@@ -83,8 +82,15 @@ def test_quick_preset_end_to_end_on_a_users_parquet_table(tmp_path: Path) -> Non
     (conf / "data" / "clicks.yaml").write_text(
         USER_YAML.format(path=ROOT / "tests/data/table_example.parquet")
     )
+    # The load study reads the dataset's cache file, whatever its source format, so it stays out of this
+    # subprocess (test_pipeline's end-to-end test serves and load-tests the preset): ~70 s of make test.
     proc = run_py(
-        tmp_path, "experiment=quick", "data=clicks", f"hydra.searchpath=[file://{conf}]", timeout=540
+        tmp_path,
+        "experiment=quick",
+        "data=clicks",
+        f"hydra.searchpath=[file://{conf}]",
+        "loadtest.enabled=false",
+        timeout=540,
     )
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
     assert "[data] table_example: train 1,600 val 200 test 200 rows" in proc.stdout
@@ -94,9 +100,9 @@ def test_quick_preset_end_to_end_on_a_users_parquet_table(tmp_path: Path) -> Non
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
     children = {r.data.tags["variant"]: r for r in runs if "mlflow.parentRunId" in r.data.tags}
     assert len(parents) == 1 and parents[0].info.status == "FINISHED"
-    assert sorted(children) == sorted(ROWS)
+    assert sorted(children) == sorted(CHAIN)  # no load study: no serving rows
     for name, run in children.items():
         m = run.data.metrics
         assert run.info.status == "FINISHED", (name, run.data.tags.get("error"))
-        assert 0.0 <= m["auc"] <= 1.0 and m["e2e_p50_ms"] > 0 and m["qps"] > 0, (name, m)
+        assert 0.0 <= m["auc"] <= 1.0 and m["rank_p50_ms"] > 0, (name, m)
     assert "distilled_onnx_int8" in (tmp_path / "report" / "report.md").read_text()
