@@ -14,12 +14,13 @@ from __future__ import annotations
 import argparse
 import sys
 from pathlib import Path
+from statistics import NormalDist
 
 from reco.cli.compose import compose
 from reco.cli.errors import exits_cleanly
 from reco.data import load_dataset
 from reco.measure import load_scores
-from reco.stats import auc_delta, delong
+from reco.stats import CONF, auc_delta, delong
 from reco.variant import Variant
 
 
@@ -44,8 +45,9 @@ def main(argv: list[str] | None = None) -> int:
         scores.append(s)
     aucs, cov = delong(labels, scores)
     absolute, relative = auc_delta(labels, scores[0], scores[1])
-    print(f"A {args.a.name}: AUC {aucs[0]:.4f} ± {1.96 * cov[0, 0] ** 0.5:.4f}")
-    print(f"B {args.b.name}: AUC {aucs[1]:.4f} ± {1.96 * cov[1, 1] ** 0.5:.4f}")
+    z = NormalDist().inv_cdf(1 - (1 - CONF) / 2)
+    for i, d in enumerate((args.a, args.b)):
+        print(f"{'AB'[i]} {d.name}: AUC {aucs[i]:.4f} ± {z * cov[i, i] ** 0.5:.4f}")
     print(
         f"B - A: {absolute.value:+.4f} [{absolute.lo:+.4f}, {absolute.hi:+.4f}] "
         f"({100 * relative.value:+.2f}% [{100 * relative.lo:+.2f}, {100 * relative.hi:+.2f}]), "

@@ -103,15 +103,16 @@ def shard(model: RankingModel, cfg: TrainConfig, batch_size: int, sharder: Any =
     if not fused:
         dense_kernels(sharding_plan)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=sharding_plan, sharders=sharders)
-    if not fused:
+    if fused:
+        dense = KeyedOptimizerWrapper(
+            dict(in_backward_optimizer_filter(dmp.named_parameters())),
+            lambda params: OPTIMIZERS[cfg.optimizer](params, lr=cfg.lr, weight_decay=cfg.weight_decay),
+        )
+        opt: torch.optim.Optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
+    else:
         # DMP names the parameters as the plain model does (`ebc.embedding_bags.<table>.weight`); a table
         # another rank holds is an empty parameter without a gradient, which the optimizer skips.
-        return Sharded(dmp, make_optimizer(dmp, cfg), placements(sharding_plan, configs, world))
-    dense = KeyedOptimizerWrapper(
-        dict(in_backward_optimizer_filter(dmp.named_parameters())),
-        lambda params: OPTIMIZERS[cfg.optimizer](params, lr=cfg.lr, weight_decay=cfg.weight_decay),
-    )
-    opt = CombinedOptimizer([dmp.fused_optimizer, dense])
+        opt = make_optimizer(dmp, cfg)
     return Sharded(dmp, opt, placements(sharding_plan, configs, world))
 
 

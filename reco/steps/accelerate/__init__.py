@@ -198,10 +198,7 @@ def build_request_graph(
     export_onnx(model, fp32, data.val.take(slice(0, 8)), opset, exporter, shared)
     final = v.path / "request.onnx"
     transform(fp32, final)
-    both = ort_scorer(
-        v.path / "model.onnx", {}, request=final
-    )  # given sizes: the request graph; else model.onnx
-    diffs = request_parity(both, both, batches, shared)
+    diffs = request_parity(ort_scorer(v.path / "model.onnx", {}, request=final), batches, shared)
     if max(diffs.values()) > tol:
         raise StepError(
             f"{v.step}: the request graph (user and context embedded once per request) does not score what "

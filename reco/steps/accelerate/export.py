@@ -120,15 +120,16 @@ def random_batch(model: RankingModel, rows: int, max_len: int, seed: int) -> Bat
     return dense, ids, mask
 
 
-def request_parity(request, plain, batches: dict[str, Batch], shared: list[int]) -> dict[str, float]:
+def request_parity(scorer, batches: dict[str, Batch], shared: list[int]) -> dict[str, float]:
     """max |p_request - p_plain| per named batch, each cut into requests of uneven sizes (one of a
-    single row); request(dense, ids, mask, sizes) and plain(dense, ids, mask) -> [B] probabilities."""
+    single row); scorer(dense, ids, mask, sizes) answers with the request graph, scorer(dense, ids, mask)
+    per candidate (reco.runtime.ort_scorer given both graphs), each -> [B] probabilities."""
     out = {}
     for k, b in batches.items():
         n = len(b[0])
         sizes = [1, n // 3, n - 1 - n // 3] if n > 2 else [n]
         rows = as_requests(b, shared, sizes)
-        out[k] = float(np.abs(request(*rows, sizes) - plain(*rows)).max())
+        out[k] = float(np.abs(scorer(*rows, sizes) - scorer(*rows)).max())
     return out
 
 
