@@ -129,9 +129,10 @@ def cache_key(node: Node, parent_key: str | None, data_fingerprint: str, trainer
     if node.spec.trains:
         t = {k: v for k, v in plain(trainer).items() if k not in ("progress", "checkpoint_dir")}
         # One process trains as before whatever the distributed block says; over several, where the
-        # ranks meet and how long they wait do not change the model.
+        # ranks meet, how long they wait and which host this is do not change the model.
         dist = t.pop("distributed", None) or {}
-        if dist.get("nproc", 1) > 1:
-            t["distributed"] = {k: v for k, v in dist.items() if k not in ("timeout_s", "master_addr")}
+        if dist.get("nproc", 1) * dist.get("nnodes", 1) > 1:
+            meeting = ("timeout_s", "master_addr", "master_port", "join_timeout_s", "node_rank")
+            t["distributed"] = {k: v for k, v in dist.items() if k not in meeting}
         src["trainer"] = t
     return hashlib.sha256(json.dumps(src, sort_keys=True, default=str).encode()).hexdigest()[:16]

@@ -38,6 +38,7 @@ from reco.serve.config import RetrievalKind, ServeConfig
 from reco.serve.features import FeatureStore
 from reco.serve.quality import QualityRequests, quality_requests, served_topk
 from reco.steps import StepRun
+from reco.steps import train as train_step
 from reco.tracking import Tracker, environment_tags, flatten
 from reco.variant import ArtifactError, Variant, atomic_write
 
@@ -194,7 +195,7 @@ def build_all(
             tracker.log(run_id, tags={"error": b.error, "status": "skipped"})
             continue
         key = cache_key(node, parent.variant.cache_key if parent else None, data.fingerprint, trainer)
-        out_dir = exp.cache_dir / "variants" / f"{node.name}-{key}"
+        out_dir = variant_dir(exp, node, key)
         t0 = time.time()
         try:
             # Parallel jobs sharing this variant (a sweep's common baseline): one builds, the others wait
@@ -243,6 +244,37 @@ def build_all(
             failed = exp.cache_dir / "failed"
             failed.mkdir(parents=True, exist_ok=True)
             atomic_write(failed / f"{node.name}.txt", traceback.format_exc())
+
+
+def variant_dir(exp: ExperimentConfig, node: Node, key: str) -> Path:
+    return exp.cache_dir / "variants" / f"{node.name}-{key}"
+
+
+def join(exp: ExperimentConfig) -> None:
+    """This host's part of a training over several hosts (trainer.distributed.node_rank > 0): the ranks
+    of every model node 0 trains, in the graph's order, and nothing else. Node 0 runs the pipeline (MLflow,
+    the other steps, the study) and receives the trained model; a variant already FINISHED in the shared
+    cache is one node 0 reuses without training, so this host skips it too."""
+    d = exp.trainer.distributed
+    data, _ = load_dataset(exp.data, exp.cache_dir / "data")
+    for node in exp.variants:
+        if node.step != "train":  # the only step that trains over ranks
+            continue
+        out_dir = variant_dir(exp, node, cache_key(node, None, data.fingerprint, exp.trainer))
+        if (out_dir / FINISHED).exists():
+            print(
+                f"[node {d.node_rank}] {node.name}: finished in the cache ({out_dir}); nothing to train",
+                flush=True,
+            )
+            continue
+        print(
+            f"[node {d.node_rank}/{d.nnodes}] {node.name}: training ranks "
+            f"{d.node_rank * d.nproc}-{(d.node_rank + 1) * d.nproc - 1} of {d.world} "
+            f"with node 0 at {d.master_addr}:{d.master_port}",
+            flush=True,
+        )
+        train_step.join(data, node.config, exp.trainer, out_dir)
+    print(f"[node {d.node_rank}] done; node 0 goes on with the pipeline", flush=True)
 
 
 def add_serving_rows(

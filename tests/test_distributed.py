@@ -43,7 +43,7 @@ def dist_trainer(**dist_overrides) -> TrainConfig:
         max_rows_per_epoch=6_000,
         eval_rows=2_000,
     )
-    cfg.distributed = dataclasses.replace(cfg.distributed, nproc=2, **dist_overrides)
+    cfg.distributed = dataclasses.replace(cfg.distributed, **({"nproc": 2} | dist_overrides))
     cfg.distributed.check("trainer.distributed")
     return cfg
 
@@ -149,6 +149,20 @@ def test_unknown_sharding_type_or_backend_names_the_key():
         typed(node, TrainConfig, "trainer")
 
 
+def test_hosts_settings_name_the_key():
+    node = dataclasses.asdict(trainer_config())
+    node["distributed"] |= {"nnodes": 2, "node_rank": 2}
+    with pytest.raises(
+        ConfigError, match=r"trainer.distributed.node_rank: expected 0 <= node_rank < nnodes=2, got 2"
+    ):
+        typed(node, TrainConfig, "trainer")
+    node["distributed"] |= {"node_rank": 1, "master_port": 0}
+    with pytest.raises(
+        ConfigError, match=r"trainer.distributed.master_port: expected node 0's rendezvous port"
+    ):
+        typed(node, TrainConfig, "trainer")
+
+
 def test_adamw_is_accepted_but_not_gradient_accumulation():
     node = dataclasses.asdict(trainer_config())
     node["distributed"] |= {"nproc": 2}
@@ -159,33 +173,27 @@ def test_adamw_is_accepted_but_not_gradient_accumulation():
         typed(node, TrainConfig, "trainer")
 
 
-@pytest.mark.parametrize(
-    "sharding_type", [ShardingType.table_wise, ShardingType.row_wise], ids=lambda t: t.value
-)
-def test_adamw_on_two_ranks_is_the_single_process_loop(data, tmp_path, sharding_type):
-    """AdamW (the single-process baseline's optimizer) on 2 ranks: every table gets TorchRec's dense kernel
-    and the optimizer steps after the backward pass, so one epoch lands on the weights of reco.train.loop's
-    optimizer (make_optimizer: tables without weight decay) stepped on the same global batches (each the
-    two ranks' shares together) from the same initial weights (moved ~0.1; apart by < 5e-6 measured).
-    Tables whole on one rank, and split by rows: the model-parallel types, whose fused kernel took no AdamW."""
-    cfg = dataclasses.replace(
-        dist_trainer(sharding_types=[sharding_type]),
+def adamw_trainer(**dist_overrides) -> TrainConfig:
+    """One epoch of AdamW, the single-process baseline's optimizer, over ranks (fp32)."""
+    return dataclasses.replace(
+        dist_trainer(**dist_overrides),
         optimizer=Optimizer.adamw,
         lr=0.01,
         weight_decay=0.01,
         epochs=1,
         bf16=False,
     )
-    model = fresh_model(data)
-    res = train_distributed(model, data, cfg, tmp_path)
-    assert {r.compute_kernel for r in res.plan} == {"dense"}
-    assert {r.sharding_type for r in res.plan} == {sharding_type.value}
 
+
+def loop_reference(data, cfg: TrainConfig) -> DLRM:
+    """reco.train.loop's optimizer (make_optimizer: tables without weight decay) stepped on the global
+    batches the ranks step together (each the ranks' shares of it, in rank order), from the same start."""
     ref = fresh_model(data)
     opt = make_optimizer(ref, cfg)
-    n, local = cfg.max_rows_per_epoch, cfg.batch_size // 2
+    world = cfg.distributed.world
+    n, local = cfg.max_rows_per_epoch, cfg.batch_size // world
     perm = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(cfg.seed))[:n]
-    shares = [perm[rank_rows(n, rank, 2)] for rank in (0, 1)]
+    shares = [perm[rank_rows(n, rank, world)] for rank in range(world)]
     ref.train()
     for lo in range(0, len(shares[0]), local):
         rows = torch.cat([s[lo : lo + local] for s in shares])
@@ -194,12 +202,33 @@ def test_adamw_on_two_ranks_is_the_single_process_loop(data, tmp_path, sharding_
         bce_loss(logits, part, rows).backward()
         opt.step()
         opt.zero_grad(set_to_none=True)
+    return ref
+
+
+def assert_is_reference(model: DLRM, res, ref: DLRM, data, cfg: TrainConfig) -> None:
+    """Every weight trained and within 5e-5 of the reference's (moved ~0.1; apart by < 5e-6 measured)."""
     start = fresh_model(data).state_dict()
     for k, v in ref.state_dict().items():
         assert not torch.equal(v, start[k]), k  # every weight was trained
         torch.testing.assert_close(model.state_dict()[k], v, rtol=0, atol=5e-5, msg=k)
     val = data.val.take(slice(0, cfg.eval_rows))
     np.testing.assert_allclose(res.val_scores, predict_torch(ref, val), rtol=0, atol=5e-5)
+
+
+@pytest.mark.parametrize(
+    "sharding_type", [ShardingType.table_wise, ShardingType.row_wise], ids=lambda t: t.value
+)
+def test_adamw_on_two_ranks_is_the_single_process_loop(data, tmp_path, sharding_type):
+    """AdamW on 2 ranks: every table gets TorchRec's dense kernel and the optimizer steps after the
+    backward pass, so one epoch lands on the weights of reco.train.loop's optimizer stepped on the same
+    global batches. Tables whole on one rank, and split by rows: the model-parallel types, whose fused
+    kernel took no AdamW."""
+    cfg = adamw_trainer(sharding_types=[sharding_type])
+    model = fresh_model(data)
+    res = train_distributed(model, data, cfg, tmp_path)
+    assert {r.compute_kernel for r in res.plan} == {"dense"}
+    assert {r.sharding_type for r in res.plan} == {sharding_type.value}
+    assert_is_reference(model, res, loop_reference(data, cfg), data, cfg)
 
 
 @pytest.mark.timeout(180)
@@ -220,6 +249,91 @@ def test_a_dead_rank_stops_the_job(data, tmp_path, monkeypatch):
     assert sorted(p.name for p in tmp_path.iterdir()) == [BEST]
     assert f"the last complete checkpoint is {tmp_path / BEST}" in msg
     load_plain(fresh_model(data), tmp_path / BEST)  # complete: every key present
+
+
+# Node 1 of two hosts, in its own process as on another machine: the same data and model built from the
+# same config, this host's one rank.
+NODE1 = """
+import sys
+sys.path.insert(0, {tests!r})
+from conftest import TINY
+from reco.data.synthetic import generate
+from reco.train.launch import train_distributed
+from reco.train.sharding import ShardingType
+from test_distributed import adamw_trainer, dist_trainer, fresh_model
+data = generate(TINY)
+cfg = {make}(nproc=1, nnodes=2, node_rank=1, master_port={port}, join_timeout_s=60, **{extra})
+assert train_distributed(fresh_model(data), data, cfg, {ckpt!r}) is None
+"""
+
+
+def start_node1(port: int, ckpt: Path, env: dict[str, str], make: str = "dist_trainer", extra: str = "{}"):
+    """Node 1 of two hosts, in its own process as on another machine: the same data and model built from
+    the same config (`make`(**`extra`), a Python expression), this host's one rank."""
+    code = NODE1.format(
+        tests=str(Path(__file__).parent), make=make, extra=extra, port=port, ckpt=str(ckpt / "node1-unused")
+    )
+    return subprocess.Popen(
+        [sys.executable, "-c", code],
+        env={**os.environ, **env},
+        text=True,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+    )
+
+
+@pytest.mark.timeout(180)
+def test_two_hosts_train_the_single_process_model(data, tmp_path):
+    """nnodes=2 nproc=1: node 1 in another process, the static rendezvous on node 0's 127.0.0.1 port.
+    AdamW over tables split by rows across the two hosts lands on the single-process loop's weights, as
+    on one host; both hosts' shards go to node 0's checkpoint directory (node 1 is handed another one,
+    unused) and node 0 gets the result, node 1 None."""
+    from reco.serve.process import free_port
+
+    port = free_port()
+    node1 = start_node1(port, tmp_path, {}, "adamw_trainer", "{'sharding_types': [ShardingType.row_wise]}")
+    cfg = adamw_trainer(
+        nproc=1,
+        nnodes=2,
+        node_rank=0,
+        master_port=port,
+        join_timeout_s=60,
+        sharding_types=[ShardingType.row_wise],
+    )
+    model = fresh_model(data)
+    res = train_distributed(model, data, cfg, tmp_path / "ckpt")
+    out, _ = node1.communicate(timeout=60)
+    assert node1.returncode == 0, out[-3000:]
+    assert not (tmp_path / "node1-unused").exists() and (tmp_path / "ckpt" / BEST).is_dir()
+    assert len(res.peak_rss_bytes) == 2 and {r.sharding_type for r in res.plan} == {"row_wise"}
+    assert all(r.ranks == [0, 1] for r in res.plan)
+    assert_is_reference(model, res, loop_reference(data, cfg), data, cfg)
+
+
+@pytest.mark.timeout(180)
+def test_a_host_with_other_data_or_a_dead_rank_stops_both_hosts(data, tmp_path, monkeypatch):
+    """Node 1 builds other data: both hosts stop with the ConfigError naming node 1. Then node 1's rank dies
+    mid-epoch: node 0 gets a clear error, and no process of either host is left."""
+    from reco.serve.process import free_port
+
+    mark = f"dist-hosts-{tmp_path.name}"
+    monkeypatch.setenv(MARK, mark)
+    other = dataclasses.replace(data, fingerprint="0" * 16)  # what another host's other data looks like
+    for fault, expect in (({}, ConfigError), ({FAULT_ENV: "1:5"}, DistributedTrainingError)):
+        port = free_port()
+        node1 = start_node1(port, tmp_path, {MARK: mark, **fault})
+        cfg = dist_trainer(nproc=1, nnodes=2, node_rank=0, master_port=port, join_timeout_s=60)
+        with pytest.raises(expect) as e:
+            train_distributed(fresh_model(data), data if fault else other, cfg, tmp_path / "ckpt")
+        out, _ = node1.communicate(timeout=60)
+        assert node1.returncode != 0
+        if not fault:
+            assert "node 1 (rank 1) has a different dataset fingerprint" in str(e.value)
+            assert "node 1 (rank 1) has a different dataset fingerprint" in out
+        else:
+            assert "trainer.distributed.nproc=1 nnodes=2" in str(e.value) and "rank 0" in str(e.value)
+            assert "code 3" in out
+    assert marked_alive(mark, within_s=15) == []
 
 
 def test_train_step_auc_matches_single_process(data, tmp_path):
@@ -301,3 +415,67 @@ def test_submitit_local_multirun_of_single_and_distributed_training(tmp_path):
     distributed = [r for r in children if r.data.metrics.get("nproc") == 2.0]
     assert len(distributed) == 1 and distributed[0].data.metrics["table_bytes_rank1"] > 0
     assert marked_alive(mark, within_s=10) == []
+
+
+@pytest.mark.timeout(240)
+def test_run_py_on_two_hosts(tmp_path):
+    """The same `python run.py ...` on two hosts (two processes here), trainer.distributed.nnodes=2 and
+    each its node_rank: node 1 trains its rank and stops, node 0 runs the pipeline; one MLflow parent run
+    (node 0's), whose baseline was trained by 2 ranks. Then node 1 alone finds the baseline finished in
+    the shared cache and has nothing to train."""
+    from mlflow.tracking import MlflowClient
+
+    from reco.serve.process import free_port
+
+    root = Path(__file__).resolve().parents[1]
+    mark = f"hosts-{tmp_path.name}"
+    common = [
+        "experiment=smoke",
+        "loadtest.enabled=false",
+        "profile.enabled=false",
+        "variants=baseline",
+        "data.params.n_rows=8000",
+        "trainer.epochs=1",
+        "trainer.distributed.nnodes=2",
+        f"trainer.distributed.master_port={free_port()}",
+        "trainer.distributed.join_timeout_s=120",
+        f"tracking.uri=sqlite:///{tmp_path}/mlflow.db",
+        f"tracking.artifact_root={tmp_path}/artifacts",
+        f"cache_dir={tmp_path}/cache",
+        f"report_dir={tmp_path}/report",
+    ]
+
+    def host(node: int) -> subprocess.Popen:
+        return subprocess.Popen(
+            [
+                sys.executable,
+                "run.py",
+                *common,
+                f"trainer.distributed.node_rank={node}",
+                f"hydra.run.dir={tmp_path}/out{node}",
+            ],
+            cwd=root,
+            env={**os.environ, MARK: mark},
+            text=True,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+        )
+
+    nodes = [host(0), host(1)]
+    outs = [p.communicate(timeout=220)[0] for p in nodes]
+    assert [p.returncode for p in nodes] == [0, 0], outs[0][-3000:] + outs[1][-3000:]
+    assert "[node 1/2] baseline: training ranks 1-1 of 2" in outs[1]
+    assert "node 0 goes on with the pipeline" in outs[1] and "sharding plan (2 ranks" in outs[0]
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path}/mlflow.db")
+    exp = client.get_experiment_by_name("smoke")
+    parents = client.search_runs([exp.experiment_id], "tags.`mlflow.parentRunId` IS NULL")
+    assert len(parents) == 1 and parents[0].info.status == "FINISHED"
+    assert parents[0].data.params["trainer.distributed.nnodes"] == "2"
+    (baseline,) = client.search_runs([exp.experiment_id], "tags.`mlflow.parentRunId` IS NOT NULL")
+    assert baseline.data.tags["status"] == "ok" and baseline.data.metrics["nproc"] == 2.0
+    assert baseline.data.metrics["table_bytes_rank1"] > 0
+    assert marked_alive(mark, within_s=10) == []
+
+    again = host(1)
+    out = again.communicate(timeout=120)[0]
+    assert again.returncode == 0 and "finished in the cache" in out, out[-3000:]

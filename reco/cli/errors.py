@@ -15,13 +15,15 @@ F = TypeVar("F", bound=Callable[..., int])
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions whose message is written for the user: a ConfigError, StepError, data and serving errors
-    (ValueError subclasses), missing files, artifacts that fail their SHA-256 check, unreachable servers."""
+    (ValueError subclasses), missing files, artifacts that fail their SHA-256 check, unreachable servers,
+    a distributed training whose rank failed or whose hosts did not all come."""
     from hydra.errors import HydraException
 
     from reco.loadtest.runner import LoadTestError
     from reco.serve.process import ServerStartError
     from reco.tracking import TrackingError
     from reco.tracking_server import TrackingServerError
+    from reco.train.launch import DistributedTrainingError
     from reco.variant import ArtifactError
 
     return (
@@ -33,6 +35,7 @@ def user_errors() -> tuple[type[BaseException], ...]:
         ServerStartError,
         TrackingError,
         TrackingServerError,
+        DistributedTrainingError,
     )
 
 

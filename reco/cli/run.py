@@ -41,11 +41,14 @@ def run_context() -> RunContext:
 def main(cfg: DictConfig) -> float | None:
     """One pipeline execution; under `experiment=search` its objective, which Hydra's sweeper reads."""
     from reco.experiment import experiment_config
-    from reco.pipeline import run
+    from reco.pipeline import join, run
 
     signal.signal(signal.SIGTERM, _terminate)
     try:
         exp = experiment_config(cfg)
+        if exp.trainer.distributed.node_rank > 0:  # another host's share of node 0's training
+            join(exp)
+            return None
         built = run(exp, run_context())
         if "search" in cfg:
             from reco.search import SearchConfig, finish_trial

@@ -23,6 +23,7 @@ reco.train.launch's job.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import shutil
 import time
@@ -36,6 +37,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from reco.config import ConfigError
 from reco.data.schema import Dataset, Split
 from reco.models.protocol import ArchConfig, RankingModel
 from reco.train.loop import (
@@ -229,6 +231,29 @@ def peak_rss_bytes() -> int:
     return 0
 
 
+def agree(data: Dataset, initial: dict[str, torch.Tensor], ckpt: Path, nproc: int) -> Path:
+    """Check that every rank got the same data and initial weights (hosts build them from the same config
+    and files, nnodes > 1), and return node 0's checkpoint directory, where every rank writes its shards.
+    Collective; every rank raises the same ConfigError when a host differs.
+    """
+    weights = hashlib.sha256()
+    for k in sorted(initial):
+        weights.update(k.encode())
+        weights.update(initial[k].contiguous().view(torch.uint8).numpy().tobytes())
+    mine = {"data": data.fingerprint, "weights": weights.hexdigest()[:16], "ckpt": str(ckpt)}
+    every: list[dict[str, str]] = [{}] * dist.get_world_size()
+    dist.all_gather_object(every, mine)
+    for rank, theirs in enumerate(every):
+        for key, what in (("data", "dataset fingerprint"), ("weights", "initial weights")):
+            if theirs[key] != every[0][key]:
+                raise ConfigError(
+                    f"trainer.distributed.nnodes: node {rank // nproc} (rank {rank}) has a different {what} "
+                    f"({theirs[key]}) from node 0's ({every[0][key]}); expected every host to run the same "
+                    f"command with the same code, config and data"
+                )
+    return Path(every[0]["ckpt"])
+
+
 def _fault(rank: int) -> int | None:
     spec = os.environ.get(FAULT_ENV)
     if not spec:
@@ -265,8 +290,9 @@ def _train(
     ckpt: Path,
 ) -> RankResult | None:
     rank, world = dist.get_rank(), dist.get_world_size()
-    # The 2-core budget is shared by the ranks: trainer.threads in all, at least one each.
-    torch.set_num_threads(max(1, cfg.threads // world))
+    # A host's cores are shared by its ranks: trainer.threads in all, at least one each.
+    torch.set_num_threads(max(1, cfg.threads // cfg.distributed.nproc))
+    ckpt = agree(data, initial, ckpt, cfg.distributed.nproc)
     model = cls(arch)
     model.load_state_dict(initial)
     local_batch = cfg.batch_size // world

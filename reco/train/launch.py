@@ -5,8 +5,12 @@ and load the result into the plain single-process model.
 elastic_launch rather than torch.multiprocessing.spawn: its agent polls the ranks (every 0.5 s here) and,
 as soon as one exits non-zero, stops the others (SIGTERM, then SIGKILL) and raises with every rank's exit
 code and traceback; with spawn a rank blocked in a collective would wait for gloo's timeout before its
-peers' failure surfaced. The rendezvous is a c10d store on an ephemeral port of trainer.distributed's
-master_addr, hosted by this process.
+peers' failure surfaced. On one host the rendezvous is a c10d store on an ephemeral port of
+trainer.distributed's master_addr, hosted by this process. Over several hosts (nnodes > 1) every host runs
+the same command with its own node_rank and this function starts that host's nproc ranks; the rendezvous
+is torchrun's static one (`torchrun --nnodes --node-rank --master-addr --master-port`): node 0 hosts the
+store on master_addr:master_port, and rank = node_rank * nproc + local rank, so rank 0 (whose result the
+pipeline goes on with) is always on node 0.
 """
 
 from __future__ import annotations
@@ -24,7 +28,7 @@ from reco.data.schema import Dataset
 from reco.models.protocol import RankingModel
 from reco.train.distributed import RankResult, load_plain, train_rank
 from reco.train.loop import TrainConfig, TrainResult
-from reco.train.sharding import TablePlacement, constraints, format_plan
+from reco.train.sharding import DistributedConfig, TablePlacement, constraints, format_plan
 
 
 class DistributedTrainingError(RuntimeError):
@@ -46,35 +50,45 @@ def check_feedable(cfg: TrainConfig, train_rows: int) -> None:
     The global batch stays trainer.batch_size, each rank taking batch_size / nproc rows a step; each rank
     must get at least one such share per epoch, so an epoch needs at least batch_size rows.
     """
-    nproc = cfg.distributed.nproc
-    if cfg.batch_size % nproc:
+    d = cfg.distributed
+    world, what = d.world, d.setting()
+    if cfg.batch_size % world:
         raise ConfigError(
-            f"trainer.distributed.nproc={nproc}: trainer.batch_size={cfg.batch_size} must be a multiple of it "
-            f"(each rank takes batch_size / nproc rows per step)"
+            f"{what}: trainer.batch_size={cfg.batch_size} must be a multiple of the {world} ranks "
+            f"(each rank takes batch_size / ranks rows per step)"
         )
     n = train_rows if cfg.max_rows_per_epoch is None else min(train_rows, cfg.max_rows_per_epoch)
     if n < cfg.batch_size:
         raise ConfigError(
-            f"trainer.distributed.nproc={nproc}: an epoch has {n} train rows, fewer than one batch "
+            f"{what}: an epoch has {n} train rows, fewer than one batch "
             f"(trainer.batch_size={cfg.batch_size}), so a rank would get less than its share of "
-            f"{cfg.batch_size // nproc} rows; expected nproc <= {max(1, n * nproc // cfg.batch_size)} "
+            f"{cfg.batch_size // world} rows; expected at most {max(1, n * world // cfg.batch_size)} ranks "
             f"or a smaller trainer.batch_size"
         )
 
 
-def launch_config(nproc: int, master_addr: str) -> Any:
+def launch_config(d: DistributedConfig) -> Any:
     from torch.distributed.launcher.api import LaunchConfig
 
+    if d.nnodes == 1:
+        rdzv: dict[str, Any] = dict(
+            run_id=f"reco-{uuid.uuid4().hex[:8]}", rdzv_backend="c10d", rdzv_endpoint=f"{d.master_addr}:0"
+        )
+    else:  # every host must name the same run: its id is the store's key prefix
+        rdzv = dict(
+            run_id=f"reco-{d.master_port}",
+            rdzv_backend="static",
+            rdzv_endpoint=f"{d.master_addr}:{d.master_port}",
+            rdzv_configs={"rank": d.node_rank, "timeout": d.join_timeout_s},
+        )
     return LaunchConfig(
-        min_nodes=1,
-        max_nodes=1,
-        nproc_per_node=nproc,
-        run_id=f"reco-{uuid.uuid4().hex[:8]}",
-        rdzv_backend="c10d",
-        rdzv_endpoint=f"{master_addr}:0",
+        min_nodes=d.nnodes,
+        max_nodes=d.nnodes,
+        nproc_per_node=d.nproc,
         max_restarts=0,
         monitor_interval=0.5,
         start_method="spawn",
+        **rdzv,
     )
 
 
@@ -102,30 +116,38 @@ def config_error_in(err: Any) -> str | None:
 
 def train_distributed(
     model: RankingModel, data: Dataset, cfg: TrainConfig, checkpoint_dir: str | Path
-) -> DistributedResult:
-    """Train `model` over trainer.distributed.nproc ranks and load the best epoch's weights into it.
+) -> DistributedResult | None:
+    """Train `model` over trainer.distributed's ranks (nproc on each of nnodes hosts; this host's
+    share) and load the best epoch's weights into it.
 
     Args:
         model: a fresh plain model; every rank rebuilds it (class, config, weights) and starts from it.
-        checkpoint_dir: where the DCP checkpoint is written (`dcp-best`; `dcp-best.partial` while writing).
+            Every host must pass the same model and `data` (the ranks check, reco.train.distributed).
+        checkpoint_dir: where the DCP checkpoint is written (`dcp-best`; `dcp-best.partial` while writing);
+            node 0's: the ranks of every host write their shards there, so with nnodes > 1 it must be a
+            directory every host sees at that path.
     Returns:
-        The learning curve (as reco.train.loop.train returns it), the sharding plan and the checkpoint.
+        On node 0, the learning curve (as reco.train.loop.train returns it), the sharding plan and the
+        checkpoint; on the other hosts None (their model is left as it was).
     Raises:
         ConfigError naming the trainer.distributed key for settings that cannot run;
         DistributedTrainingError when a rank fails (the others are stopped first).
     """
+    from torch.distributed import DistError
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.elastic.rendezvous.api import RendezvousError
     from torch.distributed.launcher.api import elastic_launch
 
     typed(cfg, TrainConfig, "trainer")  # its checks, for a config built in code
     d = cfg.distributed
     check_feedable(cfg, len(data.train))
     # A table no allowed type can place under the limit fails here, before any process starts.
-    constraints(model.ebc.embedding_bag_configs(), d, d.nproc)
+    constraints(model.ebc.embedding_bag_configs(), d, d.world)
     ckpt = Path(checkpoint_dir)
-    ckpt.mkdir(parents=True, exist_ok=True)
+    if d.node_rank == 0:
+        ckpt.mkdir(parents=True, exist_ok=True)
     try:
-        out = elastic_launch(launch_config(d.nproc, d.master_addr), train_rank)(
+        out = elastic_launch(launch_config(d), train_rank)(
             type(model),
             model.cfg,
             {k: v.clone() for k, v in model.state_dict().items()},
@@ -140,15 +162,24 @@ def train_distributed(
         left = (
             f"the last complete checkpoint is {complete}" if complete.exists() else "no complete checkpoint"
         )
+        others = "this host's other ranks were stopped" if d.nnodes > 1 else "the other ranks were stopped"
         raise DistributedTrainingError(
-            f"distributed training (trainer.distributed.nproc={d.nproc}) failed: {failure_message(e)}; "
-            f"the other ranks were stopped; {left}"
+            f"distributed training ({d.setting()}) failed: {failure_message(e)}; {others}; {left}"
         ) from None
+    except (RendezvousError, DistError) as e:  # nnodes > 1: a host did not come, or not in time
+        raise DistributedTrainingError(
+            f"distributed training ({d.setting()}): node {d.node_rank} waited "
+            f"trainer.distributed.join_timeout_s={d.join_timeout_s} s at {d.master_addr}:{d.master_port} "
+            f"and not every host came ({str(e).splitlines()[0]}); expected the same command on every host, each with its own "
+            f"node_rank, and node 0 reachable at master_addr"
+        ) from None
+    if d.node_rank > 0:
+        return None
     r: RankResult = out[0]
     load_plain(model, r.checkpoint)
     model.eval()
     if cfg.progress:
-        print(f"sharding plan ({d.nproc} ranks, {d.backend}):\n{format_plan(r.plan)}", flush=True)
+        print(f"sharding plan ({d.world} ranks, {d.backend}):\n{format_plan(r.plan)}", flush=True)
     return DistributedResult(
         TrainResult(r.best_epoch, r.best_val_auc, r.history, r.seconds),
         r.plan,

@@ -57,14 +57,14 @@ class TrainConfig:
 
     def check(self, where: str) -> None:
         d = self.distributed
-        if d.nproc == 1:
+        if d.world == 1:
             return
         # Every trainer.optimizer trains sharded tables (reco.train.distributed.shard: adagrad in FBGEMM's
         # fused kernel inside the backward pass, adamw on TorchRec's dense kernel after it); the
         # distributed loop steps the optimizer after every batch and does not accumulate gradients.
         if self.grad_accum != 1:
             raise ConfigError(
-                f"{where}.grad_accum: expected 1 with {where}.distributed.nproc={d.nproc} (the distributed "
+                f"{where}.grad_accum: expected 1 with {d.setting(where + '.distributed')} (the distributed "
                 f"loop steps the optimizer after every batch; with adagrad the tables' optimizer steps inside "
                 f"every backward pass), got {self.grad_accum}"
             )

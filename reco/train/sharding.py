@@ -54,16 +54,42 @@ class DistributedConfig:
     """`trainer.distributed` (conf/trainer/default.yaml): training over processes with TorchRec's
     DistributedModelParallel. nproc 1 is the single-process loop (reco.train.loop), untouched."""
 
-    nproc: int = MISSING  # worker processes on this machine; 1: no torch.distributed at all
+    nproc: int = MISSING  # worker processes on this machine; 1 (with nnodes 1): no torch.distributed at all
     backend: str = MISSING  # torch.distributed backend; gloo (CPU) is the one measured
     sharding_types: list[ShardingType] = MISSING  # the planner may choose among these for every table
     max_bytes_per_rank: int | None = MISSING  # embedding weight bytes one rank may hold (None: no limit)
     timeout_s: int = MISSING  # a collective waiting longer (a dead peer) fails the job
-    master_addr: str = MISSING  # rendezvous address of the workers
+    master_addr: str = MISSING  # rendezvous address: this machine, or node 0's when nnodes > 1
+    nnodes: int = MISSING  # hosts, each running the same command with its own node_rank
+    node_rank: int = MISSING  # this host's index; node 0 hosts the rendezvous and goes on with the pipeline
+    master_port: int = MISSING  # node 0's rendezvous port when nnodes > 1 (one host takes a free port)
+    join_timeout_s: int = MISSING  # how long a host waits for the others to arrive at the rendezvous
+
+    @property
+    def world(self) -> int:
+        """Ranks over all hosts."""
+        return self.nproc * self.nnodes
+
+    def setting(self, where: str = "trainer.distributed") -> str:
+        """The settings that make the ranks, as a user writes them (for messages)."""
+        return f"{where}.nproc={self.nproc}" + (f" nnodes={self.nnodes}" if self.nnodes > 1 else "")
 
     def check(self, where: str) -> None:
         if self.nproc < 1:
             raise ConfigError(f"{where}.nproc: expected >= 1 worker processes, got {self.nproc}")
+        if self.nnodes < 1:
+            raise ConfigError(f"{where}.nnodes: expected >= 1 hosts, got {self.nnodes}")
+        if not 0 <= self.node_rank < self.nnodes:
+            raise ConfigError(
+                f"{where}.node_rank: expected 0 <= node_rank < nnodes={self.nnodes}, got {self.node_rank}"
+            )
+        if self.nnodes > 1 and not 0 < self.master_port < 65536:
+            raise ConfigError(
+                f"{where}.master_port: expected node 0's rendezvous port (1-65535) with nnodes={self.nnodes}, "
+                f"got {self.master_port}"
+            )
+        if self.join_timeout_s <= 0:
+            raise ConfigError(f"{where}.join_timeout_s: expected a positive number of seconds")
         works = WORKS_ON.get(self.backend)
         if works is None:
             raise ConfigError(f"{where}.backend: expected one of {sorted(WORKS_ON)}, got {self.backend!r}")
@@ -156,7 +182,8 @@ def plan(
 
     def planned(split_all: bool) -> ShardingPlan:
         planner = EmbeddingShardingPlanner(
-            topology=Topology(world_size=world, compute_device="cpu"),
+            # local_world_size: the ranks of one host, which table_row_wise keeps a table within
+            topology=Topology(world_size=world, local_world_size=cfg.nproc, compute_device="cpu"),
             batch_size=batch_size,
             constraints=constraints(configs, cfg, world, split_all),
             debug=False,
