@@ -32,8 +32,9 @@ so drift of the machine hits all variants alike):
 
 With `study.budget_min` the whole of 2-6 fits a wall-time budget (reco.loadtest.budget): a window that
 would start past it is skipped and listed, a capacity search stops between steps early enough to leave
-the unloaded rounds their time and the variants still to be searched theirs (search_s); the common-load
-windows come next (a second capacity search leaves them their time: _reserve); equal utilisation, the
+the unloaded rounds and a round of common load their time (_reserve), and a first search takes at most
+an equal share of what is left, and leaves the variants still to be searched their estimates (search_s);
+the common-load windows come next (a second capacity search leaves all their rounds their time); equal utilisation, the
 lowest priority, runs on what is left before the last unloaded round; and a budget too small for the
 reference's first windows stops the study before it starts.
 
@@ -86,8 +87,8 @@ from reco.variant import Variant
 Log = Callable[[str, list[Path], str], None]
 SEARCH_STEPS = 4  # steps a search takes when it starts near its answer (budget estimates only)
 # Runs that yield to the budget's reserve for what comes after them: a first capacity search leaves the
-# unloaded rounds their time, a later one the common load too (_reserve), equal utilisation the unloaded
-# rounds left.
+# unloaded rounds and one common-load round their time, a later one every common-load round (_reserve),
+# equal utilisation the unloaded rounds left.
 LOW_PRIORITY = ("capacity", "equal_util")
 
 
@@ -512,10 +513,19 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
             names = s.alive()
             for i, n in enumerate(names):
                 if r == 0:
-                    # every variant's first search before anything but the unloaded rounds (the reference's
-                    # sets the common load; each one's bracket is a QPS gain), each leaving the rest theirs
-                    s.reserve_s = _unloaded_left(s, slots, 1)
-                    s.capacity(n, r, slo, leave_s=sum(s.search_s(m, slo) for m in names[i + 1 :]))
+                    # every variant's first search before the other repeats (the reference's sets the
+                    # common load; each one's bracket is a QPS gain), leaving the unloaded rounds and one
+                    # common-load round their time, and each within an equal share of the rest: a slow
+                    # reference whose steps stay undecided took 1,217 s of 1,947 (run 13,
+                    # experiments/ecommerce_case_study/README.md) and left five variants without a bracket
+                    s.reserve_s = _reserve(s, ref, slots, slo, rounds=1)
+                    s.capacity(
+                        n,
+                        r,
+                        slo,
+                        leave_s=sum(s.search_s(m, slo) for m in names[i + 1 :]),
+                        share=len(names) - i,
+                    )
                 else:  # further repeats only in the time the common load leaves
                     s.reserve_s = _reserve(s, ref, slots, slo)
                     s.capacity(n, r, slo, share=len(names) - i)
@@ -634,15 +644,16 @@ def _unloaded_left(s: _Study, slots: list[int], at: int) -> float:
     return sum(p >= at for p in slots) * sum(s.per_window_s(n, "unloaded") or 0.0 for n in s.alive())
 
 
-def _reserve(s: _Study, ref: str, slots: list[int], slo: float) -> float:
-    """Seconds the unloaded rounds left and the common-load windows will need (at the rate the reference's
-    capacity implies), which a capacity search after the first round leaves them. Equal utilisation is not
-    reserved: it is the study's lowest priority and runs on what is left."""
+def _reserve(s: _Study, ref: str, slots: list[int], slo: float, rounds: int | None = None) -> float:
+    """Seconds the unloaded rounds left and `rounds` (default study.repeats) rounds of common-load windows
+    will need (at the rate the reference's capacity implies, its start rate before it has one), which a
+    capacity search leaves them. Equal utilisation is not reserved: it is the study's lowest priority and
+    runs on what is left."""
     st = s.lt.study
     cap = median_capacity(s.outcomes[ref]) or s.start_rate(ref, slo)
     common = st.common_rate or st.common_load_fraction * cap
     window = window_s(common, st.load_requests, s.lt.warmup_s) if common > 0 else 0.0
-    return _unloaded_left(s, slots, 1) + st.repeats * len(s.alive()) * window
+    return _unloaded_left(s, slots, 1) + (st.repeats if rounds is None else rounds) * len(s.alive()) * window
 
 
 def median_capacity(o: LoadOutcome) -> float | None:
