@@ -366,6 +366,17 @@ def test_train_step_auc_matches_single_process(data, tmp_path):
     assert aucs.min() > 0.6
 
 
+# The smallest run.py pipeline that trains: the baseline alone on 8k rows, one epoch, no load study.
+SMALL_RUN = [
+    "experiment=smoke",
+    "loadtest.enabled=false",
+    "profile.enabled=false",
+    "variants=baseline",
+    "data.params.n_rows=8000",
+    "trainer.epochs=1",
+]
+
+
 @pytest.mark.timeout(300)
 def test_submitit_local_multirun_of_single_and_distributed_training(tmp_path):
     """`python run.py -m ... trainer.distributed.nproc=1,2 hydra/launcher=submitit_local`: two submitit jobs
@@ -381,12 +392,7 @@ def test_submitit_local_multirun_of_single_and_distributed_training(tmp_path):
             sys.executable,
             "run.py",
             "-m",
-            "experiment=smoke",
-            "loadtest.enabled=false",
-            "profile.enabled=false",
-            "variants=baseline",
-            "data.params.n_rows=8000",
-            "trainer.epochs=1",
+            *SMALL_RUN,
             "trainer.optimizer=adagrad",
             "trainer.distributed.nproc=1,2",
             "hydra/launcher=submitit_local",
@@ -430,12 +436,7 @@ def test_run_py_on_two_hosts(tmp_path):
     root = Path(__file__).resolve().parents[1]
     mark = f"hosts-{tmp_path.name}"
     common = [
-        "experiment=smoke",
-        "loadtest.enabled=false",
-        "profile.enabled=false",
-        "variants=baseline",
-        "data.params.n_rows=8000",
-        "trainer.epochs=1",
+        *SMALL_RUN,
         "trainer.distributed.nnodes=2",
         f"trainer.distributed.master_port={free_port()}",
         "trainer.distributed.join_timeout_s=120",
