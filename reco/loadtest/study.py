@@ -34,9 +34,9 @@ With `study.budget_min` the whole of 2-6 fits a wall-time budget (reco.loadtest.
 would start past it is skipped and listed, a capacity search stops between steps early enough to leave
 the unloaded rounds and a round of common load their time (_reserve), and a first search takes at most
 an equal share of what is left, and leaves the variants still to be searched their estimates (search_s);
-the common-load windows come next (a second capacity search leaves all their rounds their time); equal utilisation, the
-lowest priority, runs on what is left before the last unloaded round; and a budget too small for the
-reference's first windows stops the study before it starts.
+the common-load windows come next (a second capacity search leaves all their rounds their time); equal
+utilisation, the lowest priority, runs on what is left before the last unloaded round; and a budget too
+small for the reference's first windows stops the study before it starts.
 
 Nothing here touches MLflow or the caller's objects: raw files go under out_dir/<variant>/, and
 `log(variant_name, artifact_paths, artifact_subdir)` (optional) is called as they arrive, so the pipeline

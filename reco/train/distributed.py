@@ -231,27 +231,42 @@ def peak_rss_bytes() -> int:
     return 0
 
 
-def agree(data: Dataset, initial: dict[str, torch.Tensor], ckpt: Path, nproc: int) -> Path:
-    """Check that every rank got the same data and initial weights (hosts build them from the same config
-    and files, nnodes > 1), and return node 0's checkpoint directory, where every rank writes its shards.
-    Collective; every rank raises the same ConfigError when a host differs.
-    """
+@dataclass(frozen=True)
+class HostInputs:
+    """What every host of a training over several hosts must agree on, computed once per host by the
+    launcher (host_inputs) and compared by the ranks (agree)."""
+
+    data: str  # the dataset's fingerprint
+    weights: str  # SHA-256 of the initial weights
+    ckpt: str  # this host's checkpoint directory; node 0's is the one every rank writes to
+
+
+def host_inputs(data: Dataset, initial: dict[str, torch.Tensor], ckpt: Path) -> HostInputs:
     weights = hashlib.sha256()
     for k in sorted(initial):
         weights.update(k.encode())
         weights.update(initial[k].contiguous().view(torch.uint8).numpy().tobytes())
-    mine = {"data": data.fingerprint, "weights": weights.hexdigest()[:16], "ckpt": str(ckpt)}
-    every: list[dict[str, str]] = [{}] * dist.get_world_size()
+    return HostInputs(data.fingerprint, weights.hexdigest()[:16], str(ckpt))
+
+
+def agree(mine: HostInputs, nproc: int) -> Path:
+    """Check that every rank's host built the same data and initial weights (from the same config and
+    files), and return node 0's checkpoint directory, where every rank writes its shards. Collective; every
+    rank raises the same ConfigError when a host differs."""
+    every: list[HostInputs | None] = [None] * dist.get_world_size()
     dist.all_gather_object(every, mine)
+    first = every[0]
+    assert first is not None
     for rank, theirs in enumerate(every):
+        assert theirs is not None
         for key, what in (("data", "dataset fingerprint"), ("weights", "initial weights")):
-            if theirs[key] != every[0][key]:
+            if getattr(theirs, key) != getattr(first, key):
                 raise ConfigError(
                     f"trainer.distributed.nnodes: node {rank // nproc} (rank {rank}) has a different {what} "
-                    f"({theirs[key]}) from node 0's ({every[0][key]}); expected every host to run the same "
-                    f"command with the same code, config and data"
+                    f"({getattr(theirs, key)}) from node 0's ({getattr(first, key)}); expected every host to "
+                    f"run the same command with the same code, config and data"
                 )
-    return Path(every[0]["ckpt"])
+    return Path(first.ckpt)
 
 
 def _fault(rank: int) -> int | None:
@@ -269,14 +284,18 @@ def train_rank(
     data: Dataset,
     cfg: TrainConfig,
     ckpt_dir: str,
+    host: HostInputs | None = None,
 ) -> RankResult | None:
     """One rank's whole run (the launcher's entry point; RANK, WORLD_SIZE, MASTER_ADDR/PORT come from the
     environment): the model `cls(arch)` with the weights `initial` (the caller's fresh model, so every
-    rank starts from the model the single-process loop would). Returns rank 0's result, None elsewhere."""
+    rank starts from the model the single-process loop would). `host`: this host's HostInputs when there
+    are several hosts (None: one launcher handed every rank the same objects, nothing to compare).
+    Returns rank 0's result, None elsewhere."""
     d = cfg.distributed
     dist.init_process_group(d.backend, timeout=timedelta(seconds=d.timeout_s))
     try:
-        return _train(cls, arch, initial, data, cfg, Path(ckpt_dir))
+        ckpt = Path(ckpt_dir) if host is None else agree(host, d.nproc)
+        return _train(cls, arch, initial, data, cfg, ckpt)
     finally:
         dist.destroy_process_group()
 
@@ -292,7 +311,6 @@ def _train(
     rank, world = dist.get_rank(), dist.get_world_size()
     # A host's cores are shared by its ranks: trainer.threads in all, at least one each.
     torch.set_num_threads(max(1, cfg.threads // cfg.distributed.nproc))
-    ckpt = agree(data, initial, ckpt, cfg.distributed.nproc)
     model = cls(arch)
     model.load_state_dict(initial)
     local_batch = cfg.batch_size // world

@@ -26,7 +26,7 @@ import numpy as np
 from reco.config import ConfigError, typed
 from reco.data.schema import Dataset
 from reco.models.protocol import RankingModel
-from reco.train.distributed import RankResult, load_plain, train_rank
+from reco.train.distributed import RankResult, host_inputs, load_plain, train_rank
 from reco.train.loop import TrainConfig, TrainResult
 from reco.train.sharding import DistributedConfig, TablePlacement, constraints, format_plan
 
@@ -47,7 +47,7 @@ class DistributedResult:
 def check_feedable(cfg: TrainConfig, train_rows: int) -> None:
     """Raise ConfigError (naming trainer.distributed.nproc) unless every rank gets a full share of a batch.
 
-    The global batch stays trainer.batch_size, each rank taking batch_size / nproc rows a step; each rank
+    The global batch stays trainer.batch_size, each rank taking batch_size / ranks rows a step; each rank
     must get at least one such share per epoch, so an epoch needs at least batch_size rows.
     """
     d = cfg.distributed
@@ -146,14 +146,11 @@ def train_distributed(
     ckpt = Path(checkpoint_dir)
     if d.node_rank == 0:
         ckpt.mkdir(parents=True, exist_ok=True)
+    initial = {k: v.clone() for k, v in model.state_dict().items()}
+    host = host_inputs(data, initial, ckpt) if d.nnodes > 1 else None  # hashed once per host, not per rank
     try:
         out = elastic_launch(launch_config(d), train_rank)(
-            type(model),
-            model.cfg,
-            {k: v.clone() for k, v in model.state_dict().items()},
-            data,
-            cfg,
-            str(ckpt),
+            type(model), model.cfg, initial, data, cfg, str(ckpt), host
         )
     except ChildFailedError as e:
         if msg := config_error_in(e):
@@ -170,8 +167,8 @@ def train_distributed(
         raise DistributedTrainingError(
             f"distributed training ({d.setting()}): node {d.node_rank} waited "
             f"trainer.distributed.join_timeout_s={d.join_timeout_s} s at {d.master_addr}:{d.master_port} "
-            f"and not every host came ({str(e).splitlines()[0]}); expected the same command on every host, each with its own "
-            f"node_rank, and node 0 reachable at master_addr"
+            f"and not every host came ({str(e).splitlines()[0]}); expected the same command on every host, "
+            f"each with its own node_rank, and node 0 reachable at master_addr"
         ) from None
     if d.node_rank > 0:
         return None
