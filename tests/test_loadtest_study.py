@@ -15,10 +15,11 @@ import pytest
 from conftest import make_variant
 
 from reco.cli.compose import compose
+from reco.config import ConfigError
 from reco.loadtest.budget import Budget, BudgetTooSmall, Skipped, summary
 from reco.loadtest.config import loadtest_config
 from reco.loadtest.correctness import check_scores
-from reco.loadtest.study import median_capacity
+from reco.loadtest.study import first_share, median_capacity
 from reco.pipeline import _log_variant, log_report_metrics, study_log
 from reco.report import StudyContext, VariantResult
 from reco.report import study_metrics as report_metrics
@@ -98,11 +99,13 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
     # machine: reco.stats.dependent), so a step at 150 req/s PASSes or is INCONCLUSIVE; equal utilisation
     # runs for the variants with a capacity.
     has_cap = [n for n in ("baseline", "student") if median_capacity(out.outcomes[n])]
-    # Interleaved: every kind of run goes A B A B, never A A B B.
+    # Interleaved: every kind of run goes A B A B, never A A B B; the reference's first capacity search
+    # runs last in its round (it gets what the others leave of the budget).
     for sub, names in (("unloaded", None), ("capacity", None), ("common", None), ("equal_util", has_cap)):
         names = names if names is not None else ["baseline", "student"]
+        first = names[::-1] if sub == "capacity" else names
         order = [(name, d) for name, _, d in calls if d.startswith(f"loadtest/{sub}/")]
-        assert [name for name, _ in order] == names * 2, order
+        assert [name for name, _ in order] == first + names, order
         assert [d for _, d in order][:: max(len(names), 1)] == (
             [f"loadtest/{sub}/r0", f"loadtest/{sub}/r1"] if names else []
         )
@@ -311,6 +314,25 @@ def test_a_spent_budget_skips_and_lists_windows_never_guesses(tiny_data, built, 
     assert skipped > 0 and ran + skipped + no_cap >= 2 * 3 * 4 >= ran + skipped
     assert "would have run them" in out.budget, out.budget  # every skipped window has an estimate
     assert all(not o.error for o in out.outcomes.values())  # skipping is not a failure
+
+
+def test_the_reference_first_search_gets_its_shares_and_what_the_others_leave():
+    left = ["student", "pruned", "baseline"]  # the round's order: the reference last
+    assert (
+        first_share(left, "baseline", 3.0) == 5.0
+    )  # 1 share of 5: the student may use a fifth of what is left
+    assert first_share(left[1:], "baseline", 3.0) == 4.0
+    assert first_share(left[2:], "baseline", 3.0) == 1.0  # the reference, last: everything left
+    assert first_share(left, "baseline", 1.0) == 3.0  # one share each: equal shares
+    assert first_share(["baseline", "student"], "baseline", 3.0) == pytest.approx(4 / 3)  # 3 of 4 shares
+
+
+def test_a_reference_share_of_zero_is_a_clear_error(tiny_data, built, tmp_path):
+    variant, dpath = built
+    cfg = study_cfg(study={"reference_share": 0.0})
+    with pytest.raises(ConfigError, match=r"loadtest.study.reference_share: expected > 0 shares, got 0"):
+        run_study_logged([("baseline", variant)], tiny_data, dpath, cfg, tmp_path, [])
+    assert not list(tmp_path.rglob("latencies.csv"))
 
 
 def test_budget_summary_and_deadline():

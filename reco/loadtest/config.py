@@ -122,6 +122,9 @@ class StudyConfig:
     # wall-time limit of the load test in minutes (null: none); windows past it are skipped and listed,
     # never guessed (reco.loadtest.budget)
     budget_min: float | None = MISSING
+    # the reference's first capacity search may use this many shares of the budget's capacity time, every
+    # other variant's one: each QPS gain divides by the reference's capacity (reco.loadtest.study)
+    reference_share: float = MISSING
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
     # name -> how to serve; each variant x serving pair is one row of the report: `<variant>` for the
     # serving named `reco`, `<variant>_<name>` for the others (reco.loadtest.servings)

@@ -33,7 +33,9 @@ so drift of the machine hits all variants alike):
 With `study.budget_min` the whole of 2-6 fits a wall-time budget (reco.loadtest.budget): a window that
 would start past it is skipped and listed, a capacity search stops between steps early enough to leave
 the unloaded rounds and a round of common load their time (_reserve), and a first search takes at most
-an equal share of what is left, and leaves the variants still to be searched their estimates (search_s);
+its share of what is left (the reference `study.reference_share` shares and searched last, so it also
+gets what the others leave; every other variant one), and leaves the variants still to be searched their
+estimates (search_s);
 the common-load windows come next (a second capacity search leaves all their rounds their time); equal
 utilisation, the lowest priority, runs on what is left before the last unloaded round; and a budget too
 small for the reference's first windows stops the study before it starts.
@@ -59,6 +61,7 @@ from typing import Any
 
 import numpy as np
 
+from reco.config import ConfigError
 from reco.data.schema import Dataset
 from reco.loadtest.budget import Budget, Skipped, check_budget, summary
 from reco.loadtest.capacity import (
@@ -376,6 +379,8 @@ def run_study(
     settings_of = {p.label: p.settings(serve) for p in pairs}
     s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}
     check_budget(st.budget_min, *_minimum(s, ref, len(order)))
+    if not st.reference_share > 0:
+        raise ConfigError(f"loadtest.study.reference_share: expected > 0 shares, got {st.reference_share}")
     t_start = s.budget.start = time.time()
     pool = LocustPool(out, lt.loadgen.startup_timeout_s, say=_say)  # its logs: out/locust-<port>.log
     with (
@@ -511,20 +516,23 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
         _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: {st.repeats} x {len(order)}, interleaved")
         for r in range(st.repeats):
             names = s.alive()
+            if r == 0:  # the reference last: it also gets whatever the others' shares leave
+                names = [n for n in names if n != ref] + [n for n in names if n == ref]
             for i, n in enumerate(names):
                 if r == 0:
                     # every variant's first search before the other repeats (the reference's sets the
                     # common load; each one's bracket is a QPS gain), leaving the unloaded rounds and one
-                    # common-load round their time, and each within an equal share of the rest: a slow
-                    # reference whose steps stay undecided took 1,217 s of 1,947 (run 13,
-                    # experiments/ecommerce_case_study/README.md) and left five variants without a bracket
+                    # common-load round their time, each within its share of the rest (first_share): a
+                    # slow reference whose steps stay undecided took 1,217 s of 1,947 (run 13) and left
+                    # five variants without a bracket; with equal shares it got one undecided step and no
+                    # passing rate, so no QPS gain at all (run 15, experiments/ecommerce_case_study/README.md)
                     s.reserve_s = _reserve(s, ref, slots, slo, rounds=1)
                     s.capacity(
                         n,
                         r,
                         slo,
                         leave_s=sum(s.search_s(m, slo) for m in names[i + 1 :]),
-                        share=len(names) - i,
+                        share=first_share(names[i:], ref, st.reference_share),
                     )
                 else:  # further repeats only in the time the common load leaves
                     s.reserve_s = _reserve(s, ref, slots, slo)
@@ -551,6 +559,13 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
                 if own.get(n):
                     s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n])
     _unloaded_rounds(s, slots, points, len(points) - 1)
+
+
+def first_share(left: list[str], ref: str, reference_share: float) -> float:
+    """What a first capacity search may use, as 1/share of the time left: left[0]'s weight over the weights
+    of every search still to run (left), where the reference weighs `reference_share` and the others 1."""
+    weight = {n: reference_share if n == ref else 1.0 for n in left}
+    return sum(weight.values()) / weight[left[0]]
 
 
 def checkpoints(repeats: int) -> list[str]:
