@@ -24,6 +24,7 @@ reco.train.launch's job.
 from __future__ import annotations
 
 import hashlib
+import inspect
 import os
 import shutil
 import time
@@ -50,6 +51,7 @@ from reco.train.loop import (
     epoch_row,
     epoch_rows,
     make_optimizer,
+    optimizer_of,
     val_rows,
 )
 from reco.train.metrics import classification_metrics
@@ -97,7 +99,11 @@ def shard(model: RankingModel, cfg: TrainConfig, batch_size: int, sharder: Any =
 
     fused = cfg.optimizer in FUSED_ON_CPU
     if fused:
-        _apply_optimizer_in_backward(OPTIMIZERS[cfg.optimizer], model.ebc.parameters(), {"lr": cfg.lr})
+        # with the loop's eps (torch.optim.Adagrad's 1e-10; FBGEMM's own is 1e-8): a row that saw only tiny
+        # gradients steps lr g / (sqrt(sum g^2) + eps), which a 100x larger eps visibly shrinks
+        kind = OPTIMIZERS[cfg.optimizer]
+        eps = inspect.signature(kind).parameters["eps"].default
+        _apply_optimizer_in_backward(kind, model.ebc.parameters(), {"lr": cfg.lr, "eps": eps})
     sharders = [sharder or cpu_sharder()]
     world = dist.get_world_size()
     configs = model.ebc.embedding_bag_configs()  # DMP replaces model.ebc by its sharded version
@@ -106,10 +112,10 @@ def shard(model: RankingModel, cfg: TrainConfig, batch_size: int, sharder: Any =
         dense_kernels(sharding_plan)
     dmp = DistributedModelParallel(model, device=torch.device("cpu"), plan=sharding_plan, sharders=sharders)
     if fused:
-        dense = KeyedOptimizerWrapper(
-            dict(in_backward_optimizer_filter(dmp.named_parameters())),
-            lambda params: OPTIMIZERS[cfg.optimizer](params, lr=cfg.lr, weight_decay=cfg.weight_decay),
-        )
+        # What the fused kernel does not step: the dense layers, and any data_parallel table (its DENSE
+        # kernel's weights lose the in-backward optimizer), which takes no weight decay, as in the loop.
+        rest = dict(in_backward_optimizer_filter(dmp.named_parameters()))
+        dense = KeyedOptimizerWrapper(rest, lambda _: optimizer_of(rest.items(), cfg))
         opt: torch.optim.Optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     else:
         # DMP names the parameters as the plain model does (`ebc.embedding_bags.<table>.weight`); a table

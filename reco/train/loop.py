@@ -8,7 +8,7 @@ from __future__ import annotations
 import copy
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
 from enum import Enum
 from pathlib import Path
@@ -101,8 +101,14 @@ OPTIMIZERS: dict[Optimizer, type[torch.optim.Optimizer]] = {
 
 def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
     """The embedding tables (`ebc.*`) without weight decay, the dense layers with trainer.weight_decay."""
-    emb = [p for n, p in model.named_parameters() if n.startswith("ebc.")]
-    dense = [p for n, p in model.named_parameters() if not n.startswith("ebc.")]
+    return optimizer_of(model.named_parameters(), cfg)
+
+
+def optimizer_of(named: Iterable[tuple[str, nn.Parameter]], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """make_optimizer over (name, parameter) pairs: a table (`ebc.*`) takes no weight decay."""
+    named = list(named)
+    emb = [p for n, p in named if n.startswith("ebc.")]
+    dense = [p for n, p in named if not n.startswith("ebc.")]
     groups = [{"params": emb, "weight_decay": 0.0}, {"params": dense, "weight_decay": cfg.weight_decay}]
     return OPTIMIZERS[cfg.optimizer](groups, lr=cfg.lr)
 
