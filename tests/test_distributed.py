@@ -189,7 +189,7 @@ def loop_reference(data, cfg: TrainConfig) -> DLRM:
     """reco.train.loop's optimizer (make_optimizer: tables without weight decay) stepped on the global
     batches the ranks step together (each the ranks' shares of it, in rank order), from the same start."""
     ref = fresh_model(data)
-    opt = make_optimizer(ref, cfg)
+    opt = make_optimizer(ref.named_parameters(), cfg)
     world = cfg.distributed.world
     n, local = cfg.max_rows_per_epoch, cfg.batch_size // world
     perm = torch.randperm(len(data.train), generator=torch.Generator().manual_seed(cfg.seed))[:n]

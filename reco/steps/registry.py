@@ -71,19 +71,23 @@ def register(
     """Decorator registering a step function under `name` (see the package docstring)."""
 
     def deco(fn: StepFn) -> StepFn:
-        _REGISTRY[name] = StepSpec(name, fn, config, config_key or name, root, trains, _code_hash(fn))
+        _REGISTRY[name] = StepSpec(name, fn, config, config_key or name, root, trains, _code_hash(fn, trains))
         return fn
 
     return deco
 
 
-def _code_hash(fn: StepFn) -> str:
-    """The step's source (its whole package when it is one) and the model code every model shares. The
-    chosen model's own module enters the root variant's key (reco.graph.cache_key), hence every key."""
+def _code_hash(fn: StepFn, trains: bool) -> str:
+    """The step's source (its whole package when it is one), the model code every model shares, and for a
+    step that trains the trainer (reco/train: a fix there, e.g. to distributed training, must rebuild what
+    it trained). The chosen model's own module enters the root variant's key (reco.graph.cache_key), hence
+    every key."""
     src = Path(inspect.getsourcefile(fn) or "")
     files = sorted(src.parent.glob("*.py")) if src.name == "__init__.py" else [src]
-    models = Path(__file__).resolve().parents[1] / "models"
-    files += [models / "protocol.py", models / "embedding.py"]
+    reco = Path(__file__).resolve().parents[1]
+    files += [reco / "models" / "protocol.py", reco / "models" / "embedding.py"]
+    if trains:
+        files += sorted((reco / "train").glob("*.py"))
     h = hashlib.sha256()
     for f in files:
         h.update(f.read_bytes())

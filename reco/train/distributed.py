@@ -51,7 +51,6 @@ from reco.train.loop import (
     epoch_row,
     epoch_rows,
     make_optimizer,
-    optimizer_of,
     val_rows,
 )
 from reco.train.metrics import classification_metrics
@@ -115,12 +114,12 @@ def shard(model: RankingModel, cfg: TrainConfig, batch_size: int, sharder: Any =
         # What the fused kernel does not step: the dense layers, and any data_parallel table (its DENSE
         # kernel's weights lose the in-backward optimizer), which takes no weight decay, as in the loop.
         rest = dict(in_backward_optimizer_filter(dmp.named_parameters()))
-        dense = KeyedOptimizerWrapper(rest, lambda _: optimizer_of(rest.items(), cfg))
+        dense = KeyedOptimizerWrapper(rest, lambda _: make_optimizer(rest.items(), cfg))
         opt: torch.optim.Optimizer = CombinedOptimizer([dmp.fused_optimizer, dense])
     else:
         # DMP names the parameters as the plain model does (`ebc.embedding_bags.<table>.weight`); a table
         # another rank holds is an empty parameter without a gradient, which the optimizer skips.
-        opt = make_optimizer(dmp, cfg)
+        opt = make_optimizer(dmp.named_parameters(), cfg)
     return Sharded(dmp, opt, placements(sharding_plan, configs, world))
 
 

@@ -99,13 +99,9 @@ OPTIMIZERS: dict[Optimizer, type[torch.optim.Optimizer]] = {
 }
 
 
-def make_optimizer(model: nn.Module, cfg: TrainConfig) -> torch.optim.Optimizer:
-    """The embedding tables (`ebc.*`) without weight decay, the dense layers with trainer.weight_decay."""
-    return optimizer_of(model.named_parameters(), cfg)
-
-
-def optimizer_of(named: Iterable[tuple[str, nn.Parameter]], cfg: TrainConfig) -> torch.optim.Optimizer:
-    """make_optimizer over (name, parameter) pairs: a table (`ebc.*`) takes no weight decay."""
+def make_optimizer(named: Iterable[tuple[str, nn.Parameter]], cfg: TrainConfig) -> torch.optim.Optimizer:
+    """Over a model's (name, parameter) pairs: the embedding tables (`ebc.*`) without weight decay, the
+    dense layers with trainer.weight_decay."""
     named = list(named)
     emb = [p for n, p in named if n.startswith("ebc.")]
     dense = [p for n, p in named if not n.startswith("ebc.")]
@@ -163,7 +159,7 @@ def train(
     torch.manual_seed(cfg.seed)
     torch.set_num_threads(cfg.threads)
     gen = torch.Generator().manual_seed(cfg.seed)
-    opt = make_optimizer(model, cfg)
+    opt = make_optimizer(model.named_parameters(), cfg)
     val = val_rows(cfg, data)
     n = epoch_rows(cfg, data)
     ckpt = Path(cfg.checkpoint_dir) if cfg.checkpoint_dir else None
