@@ -19,12 +19,14 @@ from reco.config import ConfigError
 from reco.loadtest.capacity import (
     P99_MIN_N,
     SCREEN_MIN_N,
+    capacity_table,
     find_capacity,
     resolve_slo,
     screen_requests,
     step_verdict,
 )
 from reco.loadtest.config import CapacityConfig, loadtest_config
+from reco.loadtest.outcome import Capacity
 from reco.loadtest.runs import make_run, pool_runs, run_metrics
 from reco.stats import Verdict, quantile_ci
 from reco.stats.dependent import dependent_bounds, dependent_quantile_ci
@@ -153,7 +155,7 @@ def test_find_capacity_stops_at_the_ends(lt, tmp_path):
     cap = find_capacity(FakeServer(100.0, 10_000.0), 100.0, c, tmp_path)
     assert cap.highest_pass == 400.0 and cap.lowest_fail is None and cap.steps[-1].rate == 400.0
     cap = find_capacity(FakeServer(100.0, 1.0), 100.0, c, tmp_path)
-    assert cap.highest_pass == 0.0 and cap.lowest_fail == 5.0
+    assert cap.highest_pass == 0.0 and cap.lowest_fail == 5.0 and cap.decided  # nothing passes: capacity 0
     assert [s.rate for s in cap.steps] == [50.0, 25.0, 12.5, 6.25, 5.0]
 
 
@@ -195,9 +197,15 @@ def test_no_step_or_extension_starts_that_would_end_past_the_deadline(lt, tmp_pa
     (s,) = cap.steps
     assert fake.calls == [(300.0, 500)] and s.verdict == Verdict.INCONCLUSIVE, said
     assert "not extended (time budget)" in s.reason and "would end past the time budget" in said[-1]
+    # Stopped by the budget before any rate passed: not a capacity of 0 but no decision, so the study's
+    # medians leave it out (a search that ran to min_rate with nothing passing is a 0, and decided).
+    assert cap.stopped_by_budget and not cap.decided and "no capacity" in capacity_table(cap)
     fake = FakeServer(slo=100.0, capacity=300.0)
     cap = find_capacity(fake, 100.0, c, tmp_path / "b", say=said.append, deadline=time.time() + 2.0)
     assert not cap.steps and not fake.calls and "stopped before step 0" in said[-1], said
+    assert cap.stopped_by_budget and not cap.decided
+    # A rate that passed before the budget stopped the search is a capacity (a lower bound): decided.
+    assert Capacity(100.0, highest_pass=50.0, lowest_fail=None, steps=[], stopped_by_budget=True).decided
 
 
 def test_inconclusive_bounds_the_bracket_but_is_not_a_pass(lt, tmp_path):

@@ -19,6 +19,7 @@ from reco.config import ConfigError
 from reco.loadtest.budget import Budget, BudgetTooSmall, Skipped, summary
 from reco.loadtest.config import loadtest_config
 from reco.loadtest.correctness import check_scores
+from reco.loadtest.outcome import Capacity, LoadOutcome
 from reco.loadtest.study import first_share, median_capacity
 from reco.pipeline import _log_variant, log_report_metrics, study_log
 from reco.report import StudyContext, VariantResult
@@ -96,8 +97,8 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
         assert (tmp_path / name / "settle" / "latencies.csv").stat().st_size > 0
     assert not [d for *_, d in calls if "settle" in d]
     # A real server's p99 over 1,000 requests may stay open above (slow requests come in bursts on a busy
-    # machine: reco.stats.dependent), so a step at 150 req/s PASSes or is INCONCLUSIVE; equal utilisation
-    # runs for the variants with a capacity.
+    # machine: reco.stats.dependent), so a step at 150 req/s may PASS or not; equal utilisation runs for
+    # the variants with a capacity.
     has_cap = [n for n in ("baseline", "student") if median_capacity(out.outcomes[n])]
     # Interleaved: every kind of run goes A B A B, never A A B B; the reference's first capacity search
     # runs last in its round (it gets what the others leave of the budget).
@@ -122,11 +123,10 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
         assert [len(o.unloaded), len(o.capacity), len(o.common), len(o.equal_util)] == [2, 2, 2, n_eq]
         assert all(r.kind == "unloaded" and r.n == 100 and r.offered_qps is None for r in o.unloaded)
         assert all(r.quantiles["p99"].value is None for r in o.unloaded)  # n=100 cannot support a p99
+        # Only a PASS at 150 req/s gives a capacity; an INCONCLUSIVE step or a FAIL (a busy CI machine can
+        # fail >= 1 % of the requests at 150 req/s: p99 = +inf) gives none.
         for c in o.capacity:
-            assert (c.highest_pass, c.steps[0].verdict) in (
-                (150.0, Verdict.PASS),
-                (0.0, Verdict.INCONCLUSIVE),
-            )
+            assert c.highest_pass == (150.0 if c.steps[0].verdict is Verdict.PASS else 0.0), c.steps
         assert all(r.kind == "common" and r.offered_qps == 150.0 and r.n == 100 for r in o.common)
         assert all(r.offered_qps == 0.5 * median_capacity(o) for r in o.equal_util)
         # Every 10th request of both common-load windows, rescored offline: the same scores.
@@ -325,6 +325,17 @@ def test_the_reference_first_search_gets_its_shares_and_what_the_others_leave():
     assert first_share(left[2:], "baseline", 3.0) == 1.0  # the reference, last: everything left
     assert first_share(left, "baseline", 1.0) == 3.0  # one share each: equal shares
     assert first_share(["baseline", "student"], "baseline", 3.0) == pytest.approx(4 / 3)  # 3 of 4 shares
+
+
+def test_median_capacity_leaves_out_a_search_the_budget_stopped_before_any_pass():
+    def o(*caps):
+        return LoadOutcome(
+            "v", capacity=[Capacity(100.0, hp, None, [], stopped_by_budget=cut) for hp, cut in caps]
+        )
+
+    assert median_capacity(o((95.0, False), (0.0, True))) == 95.0  # not the median of 95 and 0
+    assert median_capacity(o((0.0, True))) is None  # nothing decided: no capacity to load at
+    assert median_capacity(o((95.0, True), (0.0, False), (0.0, False))) is None  # decided: capacity 0
 
 
 def test_a_reference_share_of_zero_is_a_clear_error(tiny_data, built, tmp_path):

@@ -460,6 +460,24 @@ def test_capacity_bracket_counts_an_open_search_as_failing_at_inf():
     assert bracket([cap(10, 20), cap(100, None), cap(100, None)]).lowest_fail is None  # mostly open
 
 
+def test_a_search_the_budget_stopped_before_any_pass_enters_no_median():
+    """Such a search located nothing (with more time it might have passed): counted as a capacity of 0 it
+    would drag the median and the gain's lower end to 0. Shown as undecided; every figure as without it."""
+    results, ctx = make_study()
+    figures = {f.name: (f.max_qps, f.qps_gain, f.qps_gain_at, f.bracket) for f in study_figures(results, ctx)}
+    cut = [Capacity(SLO, 0.0, 30.0, [], stopped_by_budget=True) for _ in results]
+    for r, c in zip(results, cut, strict=True):
+        if r.load and r.load.capacity:
+            r.load.capacity.append(c)
+    after = study_figures(results, ctx)
+    assert {f.name: (f.max_qps, f.qps_gain, f.qps_gain_at, f.bracket) for f in after} == figures
+    assert "undecided (time budget)" in "\n".join(sections.throughput(after, ctx))
+    for c in cut:  # the same searches ended on their own (nothing down to min_rate passed): capacity 0
+        c.stopped_by_budget = False
+    base = next(f for f in study_figures(results, ctx) if f.name == "base")
+    assert base.max_qps.lo == 0.0 and base.max_qps.n == 4
+
+
 def test_qps_plot_sorts_steps_by_offered_rate_and_marks_each_bracket():
     """A search visits rates out of order and an overloaded step achieves far less than it was offered:
     drawn against the offered rate and sorted by it, every search is one line left to right."""

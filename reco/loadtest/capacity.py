@@ -158,12 +158,13 @@ def run_step(
         )
         say(f"{rate:.1f} req/s: {judged} -> {verdict.value}{'' if done else then}")
         if cut:
-            return CapacityStep(rate, pooled, verdict, f"{reason}; not extended (time budget)")
+            return CapacityStep(rate, pooled, verdict, f"{reason}; {BUDGET_CUT}")
         if done:
             return CapacityStep(rate, pooled, verdict, reason)
         runs.append(measure(rate, more, out_dir / f"w{len(runs):02d}"))
 
 
+BUDGET_CUT = "not extended (time budget)"  # ends the reason of a step the budget left undecided
 WINDOW_OVERHEAD_S = 2.0  # a window's start and stop beside its warm-up and requests (measured: ~2 s)
 
 
@@ -223,6 +224,7 @@ def find_capacity(
     rate = min(max(float(c.start_rate if c.start_rate is not None else lo), lo), hi)
     best, fail, invalid = 0.0, math.inf, math.inf
     steps: list[CapacityStep] = []
+    stopped = False
     for i in range(int(c.steps)):
         need = window_s(rate, int(c.step_requests), c.step_warmup_s)
         if time.time() + need > deadline:
@@ -230,11 +232,13 @@ def find_capacity(
                 f"stopped before step {i}: its {c.step_requests} requests at {rate:.3g} req/s (~{need:.0f} s) "
                 "would end past the time budget (loadtest.study.budget_min)"
             )
+            stopped = True
             break
         step = run_step(
             measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", say, deadline
         )
         steps.append(step)
+        stopped |= step.reason.endswith(BUDGET_CUT)
         if step.verdict == Verdict.PASS:
             best = max(best, rate)
         elif step.verdict == Verdict.INVALID:
@@ -257,6 +261,7 @@ def find_capacity(
         steps=steps,
         lowest_invalid=None if math.isinf(invalid) else invalid,
         conf=step_conf(c),
+        stopped_by_budget=stopped,
     )
 
 
@@ -311,7 +316,8 @@ def capacity_table(cap: Capacity) -> str:
     rows = [
         f"SLO p99 {cap.slo_p99_ms:.2f} ms; capacity bracket [{cap.highest_pass:g}, "
         f"{'open' if cap.lowest_fail is None else format(cap.lowest_fail, 'g')}] req/s"
-        + (f"; generator limit from {cap.lowest_invalid:g} req/s" if cap.lowest_invalid else ""),
+        + (f"; generator limit from {cap.lowest_invalid:g} req/s" if cap.lowest_invalid else "")
+        + (f"; {cap.budget_note()}" if cap.stopped_by_budget else ""),
         "",
         "| step | rate (req/s) | windows | n | qps | p99 ms [95% CI] | error rate | loadgen CPU % | valid | verdict |",
         "|" + "---|" * 10,

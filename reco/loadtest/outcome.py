@@ -62,6 +62,21 @@ class Capacity:
     steps: list[CapacityStep]
     lowest_invalid: float | None = None  # req/s; lowest rate the generator could not vouch for (INVALID)
     conf: float = 0.95  # the confidence each step's p99 interval was judged at (Bonferroni over its looks)
+    # the study's time budget stopped the search (a step not started, or one not extended) before it was done
+    stopped_by_budget: bool = False
+
+    @property
+    def decided(self) -> bool:
+        """Whether the search located the capacity: a rate passed, or the search ended on its own (nothing
+        down to min_rate passed: a capacity of 0 is a result). A search the budget stopped before any rate
+        passed decided nothing, and is left out of every median (decided_searches)."""
+        return self.highest_pass > 0 or not self.stopped_by_budget
+
+    def budget_note(self) -> str:
+        """'' for a search that ended on its own; else what the budget's stop means for its bracket."""
+        if not self.stopped_by_budget:
+            return ""
+        return "stopped by the time budget" + ("" if self.decided else " before any rate passed: no capacity")
 
     @property
     def resolution(self) -> float | None:
@@ -69,6 +84,11 @@ class Capacity:
         if self.lowest_fail is None or self.highest_pass <= 0:
             return None
         return (self.lowest_fail - self.highest_pass) / self.lowest_fail
+
+
+def decided_searches(caps: list[Capacity]) -> list[Capacity]:
+    """The capacity searches that located a capacity (Capacity.decided): the ones medians are taken over."""
+    return [c for c in caps if c.decided]
 
 
 @dataclass

@@ -74,7 +74,7 @@ from reco.loadtest.capacity import (
 from reco.loadtest.config import LoadMode, LoadtestConfig, StudyConfig
 from reco.loadtest.correctness import check_scores
 from reco.loadtest.locust_pool import LocustPool
-from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome, time_spent
+from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome, decided_searches, time_spent
 from reco.loadtest.predict import predicted_capacity
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
@@ -285,6 +285,7 @@ class _Study:
             self.emit(name, write_capacity(cap, d), f"loadtest/capacity/r{r}")
             _say(
                 f"  {name} capacity r{r}: [{cap.highest_pass:g}, {cap.lowest_fail}] req/s, {len(cap.steps)} steps"
+                + (f" ({cap.budget_note()})" if cap.stopped_by_budget else "")
             )
 
     def loaded(self, name: str, r: int, kind: str, rate: float) -> None:
@@ -672,7 +673,8 @@ def _reserve(s: _Study, ref: str, slots: list[int], slo: float, rounds: int | No
 
 
 def median_capacity(o: LoadOutcome) -> float | None:
-    """Median highest passing rate over the capacity repeats; None when none was measured or it is 0."""
-    caps = [c.highest_pass for c in o.capacity]
+    """Median highest passing rate over the decided capacity repeats (a search the time budget stopped
+    before any rate passed is not a capacity of 0); None when none was decided or the median is 0."""
+    caps = [c.highest_pass for c in decided_searches(o.capacity)]
     med = statistics.median(caps) if caps else 0.0
     return med or None

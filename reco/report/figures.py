@@ -9,7 +9,9 @@
 - **Latency ratios** (baseline / variant, > 1: the variant is faster) combine the two pooled intervals
   (MOVER on the log scale, reco.stats.dependent.ratio_ci); beside them the median and RANGE of the
   per-repeat ratios (a range, not a confidence interval).
-- **Capacity** is the median of the repeats' highest passing rate with their range; the QPS gain's
+- **Capacity** is the median of the repeats' highest passing rate with their range, over the *decided*
+  repeats: a search the time budget stopped before any rate passed located nothing and is left out
+  (reco.loadtest.outcome.Capacity.decided), not counted as a capacity of 0; the QPS gain's
   interval spans every repeat's capacity bracket (_bracket_gain): an open bracket (no failing rate) makes
   it open, [x, +inf). The SLO-sensitivity gains re-judge the recorded steps at each SLO and are bracketed
   the same way.
@@ -24,7 +26,7 @@ from statistics import median
 import numpy as np
 
 from reco.loadtest.capacity import step_verdict
-from reco.loadtest.outcome import QUANTILES, Capacity, LoadRun
+from reco.loadtest.outcome import QUANTILES, Capacity, LoadRun, decided_searches
 from reco.report.context import StudyContext, VariantResult
 from reco.stats import Estimate, Verdict, ratio_range
 from reco.stats.dependent import dependent_quantile_ci, ratio_ci
@@ -178,7 +180,8 @@ class Bracket:
 
 
 def bracket(caps: list[Capacity]) -> Bracket | None:
-    """The median capacity bracket of a variant's searches; None when no search ran."""
+    """The median capacity bracket of a variant's decided searches; None when none was decided."""
+    caps = decided_searches(caps)
     if not caps:
         return None
     fail = median(math.inf if c.lowest_fail is None else c.lowest_fail for c in caps)
@@ -197,8 +200,8 @@ class VariantFigures:
     result: VariantResult
     is_baseline: bool
     latency: dict[str, Latency]  # kind -> pooled repeats (only kinds that were measured)
-    capacity: list[Capacity]  # repeats of the capacity search
-    max_qps: Estimate | None  # median highest pass, lo/hi = range over repeats
+    capacity: list[Capacity]  # repeats of the capacity search, the undecided ones too (Capacity.decided)
+    max_qps: Estimate | None  # median highest pass, lo/hi = range over the decided repeats
     speedup: dict[tuple[str, str], Ratio]  # (kind, quantile) -> baseline / variant latency
     qps_gain: Estimate | None  # median highest pass vs the baseline's; interval: brackets and repeats
     max_qps_at: dict[float, Estimate | None]  # SLO factor -> highest measured passing rate, over repeats
@@ -280,13 +283,14 @@ def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[Varia
     """
     base_res = find_baseline(results, ctx)
     base_lat = _latencies(base_res)
-    base_caps = base_res.load.capacity if base_res.status == "ok" and base_res.load else []
+    base_caps = decided_searches(base_res.load.capacity if base_res.status == "ok" and base_res.load else [])
     base_at = {f: _spans_at(base_caps, f, ctx.max_error_rate) for f in SLO_FACTORS}
     out = []
     for r in results:
         is_base = r is base_res  # the reference: no ratios to itself
         lat = base_lat if is_base else _latencies(r)
-        caps = r.load.capacity if r.status == "ok" and r.load else []
+        searched = r.load.capacity if r.status == "ok" and r.load else []
+        caps = decided_searches(searched)
         at = {f: _spans_at(caps, f, ctx.max_error_rate) for f in SLO_FACTORS}
         speedup = {
             (kind, key): latency_ratio(base_lat[kind], lat[kind], key)
@@ -300,7 +304,7 @@ def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[Varia
                 result=r,
                 is_baseline=is_base,
                 latency=lat,
-                capacity=caps,
+                capacity=searched,
                 max_qps=range_estimate(highest),
                 speedup=speedup,
                 qps_gain=None if is_base else _bracket_gain(_spans(caps), _spans(base_caps)),

@@ -94,7 +94,10 @@ def throughput(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         return ["No capacity search was run."]
     rows = []
     for f in caps:
-        brackets = ", ".join(bracket(c.highest_pass, c.lowest_fail) for c in f.capacity)
+        brackets = ", ".join(
+            bracket(c.highest_pass, c.lowest_fail) if c.decided else "undecided (time budget)"
+            for c in f.capacity
+        )
         rows.append([f"`{f.name}`", spread(f.max_qps, ".0f"), brackets, vs_base(f.is_baseline, f.qps_gain)])
     slo = ctx.slo_p99_ms
     sens = [
@@ -107,7 +110,8 @@ def throughput(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
     ]
     return [
         "Max QPS at the SLO = the highest rate whose p99 CI lies within the SLO (median over repeats, range "
-        "in parentheses); each repeat's bracket is [highest pass, lowest fail) in req/s. The gain's interval "
+        "in parentheses); each repeat's bracket is [highest pass, lowest fail) in req/s; a repeat the study's "
+        "time budget stopped before any rate passed is *undecided* and enters no median. The gain's interval "
         "covers every pair of repeats and each search's resolution: from highest pass / the baseline's lowest "
         "fail to lowest fail / the baseline's highest pass.",
         "",

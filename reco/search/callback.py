@@ -16,6 +16,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from reco.config import ConfigError, typed
 from reco.loadtest.config import LoadtestConfig
+from reco.loadtest.outcome import decided_searches
 from reco.search.config import SearchConfig, check_space
 from reco.search.front import FrontLoad, front, load_key
 from reco.search.trial import TRIAL_FILE, Trial
@@ -111,7 +112,7 @@ def load_test_front(config: DictConfig, trials: list[Trial], out_dir: Path) -> F
         ref,
     )
     for name, o in study.outcomes.items():
-        caps = [c.highest_pass for c in o.capacity]
+        caps = [c.highest_pass for c in decided_searches(o.capacity)]
         p99s = [p for r in o.common if r.valid and (p := r.quantiles["p99"].value) is not None]
         # figures a variant finished stand even when a later run of it failed (o.error): a reference with
         # no capacity at the SLO leaves every variant without a common load, not without its capacity
