@@ -23,6 +23,7 @@ from reco.loadtest.capacity import (
     find_capacity,
     resolve_slo,
     screen_requests,
+    step_cap,
     step_verdict,
 )
 from reco.loadtest.config import CapacityConfig, loadtest_config
@@ -174,6 +175,13 @@ def test_a_close_step_is_extended_to_the_cap_then_inconclusive(lt, tmp_path):
     assert fake.calls == [(300.0, 500), (300.0, 500), (300.0, 1000)]  # doubled, pooled, up to the cap
     assert s.run.n == 2000 and s.run.windows == 3
     assert cap.highest_pass == 0.0 and cap.lowest_fail == 300.0  # counted as a non-pass, reported as such
+    # max_step_s caps a step in time too: 4 s at 300 req/s are 1,200 requests, the last window tops it up
+    fake.calls.clear()
+    cap = find_capacity(fake, 100.0, dataclasses.replace(c, max_step_s=4.0), tmp_path / "timed")
+    assert fake.calls == [(300.0, 500), (300.0, 500), (300.0, 200)] and cap.steps[0].run.n == 1200
+    assert cap.steps[0].verdict == Verdict.INCONCLUSIVE
+    assert step_cap(300.0, dataclasses.replace(c, max_step_s=0.1)) == 500  # never below step_requests
+    assert step_cap(300.0, dataclasses.replace(c, max_step_s=60.0)) == 2000  # nor above max_step_requests
 
 
 def test_no_step_or_extension_starts_that_would_end_past_the_deadline(lt, tmp_path):
@@ -244,6 +252,8 @@ def test_capacity_config_is_checked(lt, tmp_path):
         find_capacity(FakeServer(1, 1), 1.0, cap_cfg(lt, step_requests=100), tmp_path)
     with pytest.raises(ValueError, match="growth > 1"):
         find_capacity(FakeServer(1, 1), 1.0, cap_cfg(lt, growth=1.0), tmp_path)
+    with pytest.raises(ValueError, match="max_step_s null or > 0, .* max_step_s=0"):
+        find_capacity(FakeServer(1, 1), 1.0, cap_cfg(lt, max_step_s=0.0), tmp_path)
 
 
 def test_slo_fixed_or_median_of_reference_runs(lt):

@@ -9,7 +9,8 @@ the least n whose p99 CI upper bound is an observed latency). Failed requests co
     INVALID       the load generator could not vouch for the window (saturated CPU, send lag): excluded
     otherwise     the step is EXTENDED: another window at the same rate, as many requests again, pooled
                   with the first (the server keeps running; each window has its own short warm-up) --
-                  until a verdict or `max_step_requests`, then INCONCLUSIVE
+                  until a verdict or `max_step_requests` (or, with `max_step_s`, rate x max_step_s
+                  requests, whichever is fewer), then INCONCLUSIVE
 
 (the spirit of MLPerf LoadGen's early stopping: more samples only where the answer is close). The p99
 interval is reco.stats.dependent's (requests under load are not independent). A step looks at its
@@ -96,6 +97,16 @@ def looks(c: CapacityConfig) -> int:
     return 1 + max(0, math.ceil(math.log2(c.max_step_requests / c.step_requests)))
 
 
+def step_cap(rate: float, c: CapacityConfig) -> int:
+    """Requests a step at `rate` may pool before it is INCONCLUSIVE: max_step_requests, and with max_step_s
+    no more than rate x max_step_s (never fewer than step_requests). Bonferroni's `looks` count the
+    doublings up to max_step_requests, which a time-capped step never exceeds: its looks stay covered."""
+    cap = int(c.max_step_requests)
+    if c.max_step_s is not None:
+        cap = min(cap, max(int(c.step_requests), round(rate * float(c.max_step_s))))
+    return cap
+
+
 def step_conf(c: CapacityConfig) -> float:
     """Confidence of each look's p99 interval (Bonferroni over the looks, module docstring)."""
     return 1 - (1 - CONF) / looks(c)
@@ -131,7 +142,7 @@ def run_step(
     say: Say = _quiet,
     deadline: float = math.inf,
 ) -> CapacityStep:
-    """Measure one rate until its verdict is decided or max_step_requests is reached (see module doc);
+    """Measure one rate until its verdict is decided or its request cap is reached (step_cap, module doc);
     `say` gets one progress line per window. An extension that could not finish by `deadline` (epoch
     seconds) is not started: the step stays INCONCLUSIVE."""
     runs: list[LoadRun] = []
@@ -149,8 +160,9 @@ def run_step(
         pooled = pool_runs(runs)
         conf = step_conf(c)
         verdict, reason, p99 = step_verdict(pooled, slo_p99_ms, c.max_error_rate, conf)
-        done = verdict != Verdict.INCONCLUSIVE or pooled.n >= c.max_step_requests
-        more = min(pooled.n, int(c.max_step_requests) - pooled.n)
+        cap = step_cap(rate, c)
+        done = verdict != Verdict.INCONCLUSIVE or pooled.n >= cap
+        more = min(pooled.n, cap - pooled.n)
         cut = not done and time.time() + window_s(rate, more, c.step_warmup_s) > deadline
         judged = f"p99 {p99.fmt('.2f')} ms at {conf:.1%}"  # the interval the verdict rests on
         then = (
@@ -215,11 +227,16 @@ def find_capacity(
             f"got min_rate={lo}, max_rate={hi}, growth={growth}"
         )
     need = min_n_for_quantile(0.99, step_conf(c)) if c.max_step_requests >= c.step_requests > 0 else P99_MIN_N
-    if not (need <= c.step_requests <= c.max_step_requests) or c.screen_s < 0:
+    if (
+        not (need <= c.step_requests <= c.max_step_requests)
+        or c.screen_s < 0
+        or (c.max_step_s is not None and c.max_step_s <= 0)
+    ):
         raise ValueError(
             f"loadtest.capacity: expected {need} <= step_requests <= max_step_requests (a p99 upper bound at "
-            f"each look's confidence needs n >= {need}: loadtest/capacity.py) and screen_s >= 0, got "
-            f"step_requests={c.step_requests}, max_step_requests={c.max_step_requests}, screen_s={c.screen_s}"
+            f"each look's confidence needs n >= {need}: loadtest/capacity.py), screen_s >= 0 and max_step_s "
+            f"null or > 0, got step_requests={c.step_requests}, max_step_requests={c.max_step_requests}, "
+            f"screen_s={c.screen_s}, max_step_s={c.max_step_s}"
         )
     rate = min(max(float(c.start_rate if c.start_rate is not None else lo), lo), hi)
     best, fail, invalid = 0.0, math.inf, math.inf

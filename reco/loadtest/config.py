@@ -62,6 +62,9 @@ class CapacityConfig:
     tolerance: float = MISSING  # stop once (lowest fail - highest pass) / lowest fail <= this
     step_requests: int = MISSING  # requests in a step's first window (>= 368 for a p99 CI)
     max_step_requests: int = MISSING  # extensions double a step's pooled n up to this; then INCONCLUSIVE
+    # and no further than rate x this many seconds of requests (null: no time cap): a fast variant's step
+    # gets the many requests a dependent p99 needs while a slow variant's stays minutes long
+    max_step_s: float | None = MISSING
     step_warmup_s: float = MISSING  # unrecorded traffic before each window of a step
     screen_s: float = MISSING  # a step first runs rate x this many seconds of requests when fewer than
     # step_requests: a clear FAIL (p99's CI lower bound above the SLO) ends it there; 0: no screening
