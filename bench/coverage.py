@@ -148,7 +148,7 @@ def step_config() -> CapacityConfig:
     return CapacityConfig(
         enabled=True, slo_p99_ms=None, slo_factor=2.0, reference_repeats=5, max_error_rate=0.01,
         start_rate=None, growth=2.0, min_rate=0.01, max_rate=1.0, steps=12, tolerance=0.05,
-        step_requests=500, max_step_requests=2000, step_warmup_s=0.0, screen_s=0.0,
+        step_requests=500, max_step_requests=2000, max_step_s=None, step_warmup_s=0.0, screen_s=0.0,
     )  # fmt: skip
 
 
