@@ -156,11 +156,10 @@ def run_step(
             return CapacityStep(rate, runs[0], Verdict.FAIL, f"{reason} {slo_p99_ms:.2f} ms")
         say(f"{rate:.1f} req/s: screening window n={runs[0].n} not a clear FAIL, measuring on")
     runs.append(measure(rate, int(c.step_requests) - screen, out_dir / f"w{len(runs):02d}"))
+    cap, conf = step_cap(rate, c), step_conf(c)
     while True:
         pooled = pool_runs(runs)
-        conf = step_conf(c)
         verdict, reason, p99 = step_verdict(pooled, slo_p99_ms, c.max_error_rate, conf)
-        cap = step_cap(rate, c)
         done = verdict != Verdict.INCONCLUSIVE or pooled.n >= cap
         more = min(pooled.n, cap - pooled.n)
         cut = not done and time.time() + window_s(rate, more, c.step_warmup_s) > deadline
@@ -170,13 +169,14 @@ def run_step(
         )
         say(f"{rate:.1f} req/s: {judged} -> {verdict.value}{'' if done else then}")
         if cut:
-            return CapacityStep(rate, pooled, verdict, f"{reason}; {BUDGET_CUT}")
+            return CapacityStep(
+                rate, pooled, verdict, f"{reason}; not extended (time budget)", budget_cut=True
+            )
         if done:
             return CapacityStep(rate, pooled, verdict, reason)
         runs.append(measure(rate, more, out_dir / f"w{len(runs):02d}"))
 
 
-BUDGET_CUT = "not extended (time budget)"  # ends the reason of a step the budget left undecided
 WINDOW_OVERHEAD_S = 2.0  # a window's start and stop beside its warm-up and requests (measured: ~2 s)
 
 
@@ -255,7 +255,7 @@ def find_capacity(
             measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", say, deadline
         )
         steps.append(step)
-        stopped |= step.reason.endswith(BUDGET_CUT)
+        stopped |= step.budget_cut
         if step.verdict == Verdict.PASS:
             best = max(best, rate)
         elif step.verdict == Verdict.INVALID:

@@ -52,6 +52,7 @@ class CapacityStep:
     run: LoadRun
     verdict: Verdict  # p99 CI vs the SLO and errors; INVALID when run.valid is False
     reason: str  # why not PASS ("" when PASS)
+    budget_cut: bool = False  # left undecided because an extension would have ended past the time budget
 
 
 @dataclass
