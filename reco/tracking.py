@@ -11,6 +11,7 @@ import math
 import os
 import socket
 import subprocess
+import sys
 from collections.abc import Iterable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
@@ -127,10 +128,12 @@ class Tracker:
         tags: Mapping[str, str] | None = None,
         step: int = 0,
     ) -> None:
+        # +inf is a measurement (a p99 with more than 1 % failed requests): MLflow keeps it (its SQL store
+        # as the largest float, read back as inf by latest_variant_runs). NaN is no figure, left out like None.
         ms = [
             Metric(k, float(v), 0, step)
             for k, v in (metrics or {}).items()
-            if isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(float(v))
+            if isinstance(v, int | float) and not isinstance(v, bool) and not math.isnan(float(v))
         ]
         ps = [Param(k, str(v)[:_MAX_PARAM]) for k, v in (params or {}).items()]
         ts = [RunTag(k, str(v)[:_MAX_PARAM]) for k, v in (tags or {}).items()]
@@ -181,6 +184,11 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _unclamp(v: float) -> float:
+    """MLflow's SQL store keeps ±inf as ±(largest float): read it back as the inf it was."""
+    return math.copysign(math.inf, v) if abs(v) >= sys.float_info.max else v
+
+
 def latest_variant_runs(uri: str, experiment: str) -> tuple[str, dict[str, dict]]:
     """The newest parent run of `experiment` that has variant child runs.
 
@@ -205,7 +213,7 @@ def latest_variant_runs(uri: str, experiment: str) -> tuple[str, dict[str, dict]
         if children:
             rows = {
                 c.data.tags.get("variant", c.info.run_name): {
-                    **c.data.metrics,
+                    **{k: _unclamp(v) for k, v in c.data.metrics.items()},
                     "parent": c.data.tags.get("parent_variant", ""),
                     "backend": c.data.params.get("backend", ""),
                     "mode": c.data.params.get("step_config.mode", ""),  # accelerate steps only

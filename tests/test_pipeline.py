@@ -1,5 +1,6 @@
 """End to end: `run.py experiment=smoke` in a subprocess, then the MLflow store and the report are read."""
 
+import math
 import os
 import signal
 import socket
@@ -149,11 +150,12 @@ def test_smoke_experiment_end_to_end(tmp_path, mlflow_server):
             "qps",
             "max_qps_at_slo",
         ):
-            assert key in m, (name, key)
-        # failures count as +inf and MLflow keeps finite values only: with >= 1% failed (a busy machine) the
-        # pooled p99 is +inf and absent
-        assert m.get("e2e_p99_ms", float("inf")) >= m["e2e_p50_ms"] > 0
-        assert "e2e_p99_ms" in m or m["n_failures"] / m["n_requests"] >= 0.01, (name, m)
+            assert key in m, (name, key, run.data.tags.get("error"), proc.stdout[-3000:])
+        # failures count as +inf: with >= 1 % (50 %) failed requests (a busy machine) the pooled p99 (p50) is
+        # +inf, which the SQL store keeps as the largest float; a window short of 368 requests has no p99
+        p99 = m.get("e2e_p99_ms", math.inf)
+        assert p99 >= m["e2e_p50_ms"] > 0, (name, m)
+        assert p99 < 1e300 or m["n_failures"] / m["n_requests"] >= 0.01 or m["n_requests"] < 368, (name, m)
         assert run.data.tags["parent_variant"] == (
             "" if name == "baseline" else run.data.tags["parent_variant"]
         )

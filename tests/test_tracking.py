@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 import socket
 import subprocess
 import sys
@@ -12,7 +13,7 @@ from mlflow import MlflowClient
 
 from reco.cli.compose import compose
 from reco.config import typed
-from reco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker
+from reco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker, latest_variant_runs
 from reco.tracking_server import TrackingServerConfig, server_command, server_environment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -52,3 +53,17 @@ def test_tracking_server_command_binds_loopback_and_proxies_artifacts():
     assert server_environment(c)["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "false"
     on = dataclasses.replace(c, job_execution=True)
     assert server_environment(on)["MLFLOW_SERVER_ENABLE_JOB_EXECUTION"] == "true"
+
+
+def test_an_infinite_figure_is_logged_and_read_back_as_inf(tmp_path):
+    """A p99 with more than 1 % failed requests is +inf: a measurement, kept (the SQL store clamps it to the
+    largest float; latest_variant_runs reads it back as inf). NaN (no figure) is left out like None."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    t = Tracker(uri, "inf", artifact_root=str(tmp_path / "a"))
+    parent = t.start_run("study")
+    child = t.start_run("baseline", parent_id=parent, tags={"variant": "baseline"})
+    t.log(child, metrics={"e2e_p99_ms": math.inf, "e2e_p50_ms": 3.5, "no_figure": math.nan, "flag": True})
+    _, rows = latest_variant_runs(uri, "inf")
+    m = rows["baseline"]
+    assert m["e2e_p99_ms"] == math.inf and m["e2e_p50_ms"] == 3.5
+    assert "no_figure" not in m and "flag" not in m
