@@ -399,22 +399,26 @@ def run_study(
     (out / "time_spent.json").write_text(json.dumps(s.seconds, indent=1))
     if st.correctness.enabled:
         for n in order:
-            _correctness(s, n, variant_of[n], data)
+            _correctness(s, n, variant_of[n], settings_of[n], data)
     return result
 
 
-def _correctness(s: _Study, name: str, variant: Variant, data: Dataset) -> None:
-    """Check the scores recorded under load (common-load windows) against offline scores."""
+def _correctness(s: _Study, name: str, variant: Variant, serve: ServeConfig, data: Dataset) -> None:
+    """Check the scores recorded under load (common-load windows) against offline scores; `serve` is the
+    row's own settings (a batched serving is checked as one)."""
     files = sorted((s.out / name / "common").glob("r*/latencies.csv.scores.jsonl"))
     if not files:
         return
     try:
-        c = check_scores(variant, data, s.serve, s.requests, files, s.lt.study.correctness.tolerance)
+        c = check_scores(variant, data, serve, s.requests, files, s.lt.study.correctness.tolerance, s.lt.seed)
     except Exception as e:  # a broken check must not lose the latency figures
         s.fail(name, f"correctness check failed: {type(e).__name__}: {e}")
         return
     s.outcomes[name].correctness = c
-    _say(f"  {name} correctness: {c.n_requests} requests, max |diff| {c.max_abs_diff:.2e}, passed {c.passed}")
+    spread = f" (batch spread {c.batch_spread:.2e}, allowed {c.allowed:.2e})" if c.batch_spread else ""
+    _say(
+        f"  {name} correctness: {c.n_requests} requests, max |diff| {c.max_abs_diff:.2e}{spread}, passed {c.passed}"
+    )
 
 
 @contextmanager

@@ -116,6 +116,8 @@ def variant_metrics(f: VariantFigures, g: Gate, ctx: StudyContext) -> dict[str, 
     if check is not None:
         m |= {"correctness_n": check.n_requests, "correctness_max_abs_diff": check.max_abs_diff}
         m["correctness_passed"] = float(check.passed)
+        if check.batch_spread:
+            m |= {"correctness_batch_spread": check.batch_spread, "correctness_allowed": check.allowed}
     return m
 
 
