@@ -14,7 +14,8 @@ import pytest
 from test_steps import accel_cfg
 
 from reco.cli.compose import compose
-from reco.loadtest.correctness import BATCH_MARGIN, _block, check_scores
+from reco.loadtest.correctness import _block, check_scores
+from reco.loadtest.outcome import BATCH_MARGIN
 from reco.loadtest.requests import write_requests
 from reco.runtime import load_scorer
 from reco.serve.config import ServeConfig, serve_config
