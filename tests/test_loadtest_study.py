@@ -100,16 +100,20 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
     # machine: reco.stats.dependent), so a step at 150 req/s may PASS or not; equal utilisation runs for
     # the variants with a capacity.
     has_cap = [n for n in ("baseline", "student") if median_capacity(out.outcomes[n])]
-    # Interleaved: every kind of run goes A B A B, never A A B B; the reference's first capacity search
-    # runs last in its round (it gets what the others leave of the budget).
+    # Interleaved in blocks: every kind of run gives each variant one run per block (A B | B A, never
+    # A A B B), in a random order within the block (RMIT); the reference's first capacity search runs
+    # last in its round (it gets what the others leave of the budget).
     for sub, names in (("unloaded", None), ("capacity", None), ("common", None), ("equal_util", has_cap)):
         names = names if names is not None else ["baseline", "student"]
-        first = names[::-1] if sub == "capacity" else names
         order = [(name, d) for name, _, d in calls if d.startswith(f"loadtest/{sub}/")]
-        assert [name for name, _ in order] == first + names, order
-        assert [d for _, d in order][:: max(len(names), 1)] == (
-            [f"loadtest/{sub}/r0", f"loadtest/{sub}/r1"] if names else []
-        )
+        blocks = [order[i : i + len(names)] for i in range(0, len(order), max(len(names), 1))]
+        assert [sorted(n for n, _ in b) for b in blocks] == [sorted(names)] * (2 if names else 0), order
+        assert [{d for _, d in b} for b in blocks] == [{f"loadtest/{sub}/r{r}"} for r in range(len(blocks))]
+        if sub == "capacity":
+            assert [n for n, _ in blocks[0]] == names[::-1]
+    for kind in ("unloaded", "common"):
+        for name in ("baseline", "student"):
+            assert [r.block for r in getattr(out.outcomes[name], kind)] == [0, 1]
     # Unloaded rounds are spread: with 2 repeats, one before the capacity searches, one after everything.
     at = [d for *_, d in calls]
     assert at.index("loadtest/unloaded/r0") < at.index("loadtest/capacity/r0")

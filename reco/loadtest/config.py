@@ -16,6 +16,7 @@ from omegaconf import MISSING
 
 from reco.config import ConfigError, typed
 from reco.serve.config import FeatureSource, ServeBackend
+from reco.stats.paired import block_min_n
 
 
 class LoadMode(StrEnum):
@@ -132,6 +133,17 @@ class StudyConfig:
     # name -> how to serve; each variant x serving pair is one row of the report: `<variant>` for the
     # serving named `reco`, `<variant>_<name>` for the others (reco.loadtest.servings)
     servings: dict[str, ServingConfig] = field(default_factory=dict)
+
+    def check(self, where: str) -> None:
+        # A run is one block of the paired comparison (reco.stats.paired): its own p99 must not be its
+        # largest request, or the block tells nothing about the tail.
+        need = block_min_n(0.99)
+        for key in ("unloaded_requests", "load_requests", "equal_util_requests"):
+            if getattr(self, key) < need:
+                raise ConfigError(
+                    f"{where}.{key}: expected >= {need} requests (a block's p99 must not be its largest "
+                    f"request: reco/stats/paired.py), got {getattr(self, key)}"
+                )
 
 
 @dataclass

@@ -43,6 +43,7 @@ class LoadRun:
     lag_p99_ms: float = 0.0  # open loop: p99 of actual minus scheduled send time
     n_unsent: int = 0  # open loop: arrivals not sent (max_inflight outstanding); in n_failed
     windows: int = 1  # windows pooled into this run (an extended capacity step has several)
+    block: int | None = None  # the study's round (block) it ran in: runs of one block pair up across variants
     params: dict[str, object] = field(default_factory=dict, repr=False)  # the load settings, for MLflow
 
 

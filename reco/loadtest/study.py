@@ -91,8 +91,8 @@ Log = Callable[[str, list[Path], str], None]
 SEARCH_STEPS = 4  # steps a search takes when it starts near its answer (budget estimates only)
 # Runs that yield to the budget's reserve for what comes after them: a first capacity search leaves the
 # unloaded rounds and one common-load round their time, a later one every common-load round (_reserve),
-# equal utilisation the unloaded rounds left.
-LOW_PRIORITY = ("capacity", "equal_util")
+# a common-load window and equal utilisation the unloaded rounds still to come.
+LOW_PRIORITY = ("capacity", "common", "equal_util")
 
 
 def _say(msg: str) -> None:
@@ -164,6 +164,14 @@ class _Study:
         if self.log is not None:
             self.log(name, paths, subdir)
 
+    def block_order(self, kind: str, r: int) -> list[str]:
+        """The variants still measured, in a random order for block r of `kind` (seeded by loadtest.seed):
+        randomized interleaving (RMIT), so no variant always runs right after the same one or at the
+        same point of a block while the machine drifts (reco.stats.paired)."""
+        names = self.alive()
+        seed = [self.lt.seed, r, sum(map(ord, kind))]
+        return [names[i] for i in np.random.default_rng(seed).permutation(len(names))]
+
     def window(self, **changes: Any) -> LoadtestConfig:
         return with_settings(self.lt, **changes)
 
@@ -190,6 +198,7 @@ class _Study:
         est = window_s(1000.0 / per_request_ms, self.lt.study.unloaded_requests, self.lt.warmup_s)
         run = self.measure(name, "unloaded", f"unloaded run {r}", go, est)
         if run is not None:
+            run = dataclasses.replace(run, block=r)
             self.outcomes[name].unloaded.append(run)
             self.emit(name, run.artifacts, f"loadtest/unloaded/r{r}")
             _say(
@@ -314,6 +323,7 @@ class _Study:
         est = window_s(rate, s.window_requests or 0, self.lt.warmup_s)
         run = self.measure(name, kind, f"{kind} run {r} at {rate:.1f} req/s", go, est)
         if run is not None:
+            run = dataclasses.replace(run, block=r)
             getattr(self.outcomes[name], kind).append(run)
             self.emit(name, run.artifacts, f"loadtest/{kind}/r{r}")
             q = run.quantiles
@@ -550,8 +560,10 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
             f"\n[load] common load {result.common_rate_qps:.1f} req/s: {st.repeats} x {len(order)}, interleaved"
         )
     for r in range(st.repeats):
+        # a common window yields to the unloaded blocks still to come: they decide the like-for-like ratios
+        s.reserve_s = _unloaded_left(s, slots, 2 + r)
         if result.common_rate_qps is not None:
-            for n in s.alive():
+            for n in s.block_order("common", r):
                 s.loaded(n, r, "common", result.common_rate_qps)
         _unloaded_rounds(s, slots, points, 2 + r)
 
@@ -560,7 +572,7 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
     if st.equal_util_fraction > 0 and any(own.values()):
         _say(f"\n[load] equal utilisation: {st.equal_util_fraction:g} x each variant's own median capacity")
         for r in range(st.repeats):
-            for n in s.alive():
+            for n in s.block_order("equal_util", r):
                 if own.get(n):
                     s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n])
     _unloaded_rounds(s, slots, points, len(points) - 1)
@@ -603,45 +615,50 @@ def _unloaded_rounds(s: _Study, slots: list[int], points: list[str], at: int) ->
     if rounds and s.alive():
         _say(f"\n[load] unloaded ({points[at]}): round(s) {rounds} x {len(s.alive())} variants, interleaved")
     for r in rounds:
-        for n in s.alive():
+        for n in s.block_order("unloaded", r):
             s.unloaded(n, r)
 
 
-def _common_rate(s: _Study, ref: str, result: StudyOutcome) -> float | None:
-    """The common load: study.common_rate, else common_load_fraction x the reference's median capacity.
-    A reference whose searches found no passing rate (every rate tried missed the SLO, or the budget
-    stopped them) still gets the others measured: the fraction of the lowest rate it was tried at (its
-    capacity lies below), else of the rate its search would have started at, said in common_source."""
+def _common_plan(s: _Study, ref: str, slo: float | None) -> tuple[float | None, str]:
+    """(rate, where it comes from) of the common load as things stand: study.common_rate, else
+    common_load_fraction x the reference's median capacity. A reference whose searches found no passing
+    rate (every rate tried missed the SLO, or the budget stopped them) still gets the others measured: the
+    fraction of the lowest rate it was tried at (its capacity lies below), else of the rate its search
+    would start at. (None, why) when there is none. The budget prices the common windows with it too
+    (_reserve), so it reserves the windows at the rate they will run at."""
     st = s.lt.study
     if st.common_rate is not None:
-        result.common_source = "fixed in the config (loadtest.study.common_rate)"
-        return float(st.common_rate)
+        return float(st.common_rate), "fixed in the config (loadtest.study.common_rate)"
     frac = st.common_load_fraction
     cap = median_capacity(s.outcomes[ref])
     if cap:
-        result.common_source = f"{frac:.0%} of the reference's median capacity"
-        return frac * cap
+        return frac * cap, f"{frac:.0%} of the reference's median capacity"
     tried = [x.rate for c in s.outcomes[ref].capacity for x in c.steps]
-    if ref in s.alive() and result.slo_p99_ms is not None:
+    if ref in s.alive() and slo is not None:
         if tried:
-            result.common_source = (
+            return frac * min(tried), (
                 f"{frac:.0%} of {min(tried):.3g} req/s, the lowest rate the reference {ref!r} was tried at: "
                 "none passed the SLO, so its capacity lies below"
             )
-            return frac * min(tried)
-        start = s.start_rate(ref, result.slo_p99_ms)
-        result.common_source = (
+        start = s.start_rate(ref, slo)
+        return frac * start, (
             f"{frac:.0%} of {start:.3g} req/s, where the reference {ref!r}'s capacity search would have "
             "started (a queue of its unloaded latencies at the SLO): the time budget left it unsearched"
         )
-        return frac * start
-    msg = (
+    return None, (
         f"no common load: the reference {ref!r} has no capacity at the SLO "
         f"({'none measured' if not s.outcomes[ref].capacity else 'no rate passed'}); set loadtest.study.common_rate"
     )
-    for n in s.alive():
-        s.fail(n, msg)
-    return None
+
+
+def _common_rate(s: _Study, ref: str, result: StudyOutcome) -> float | None:
+    """The common load (_common_plan), its source in result.common_source; without one every variant's
+    outcome says why."""
+    rate, result.common_source = _common_plan(s, ref, result.slo_p99_ms)
+    if rate is None:
+        for n in s.alive():
+            s.fail(n, result.common_source)
+    return rate
 
 
 def _minimum(s: _Study, ref: str, n_variants: int) -> tuple[float, str]:
@@ -666,12 +683,11 @@ def _unloaded_left(s: _Study, slots: list[int], at: int) -> float:
 
 def _reserve(s: _Study, ref: str, slots: list[int], slo: float, rounds: int | None = None) -> float:
     """Seconds the unloaded rounds left and `rounds` (default study.repeats) rounds of common-load windows
-    will need (at the rate the reference's capacity implies, its start rate before it has one), which a
+    will need, each window priced at the rate it will run at as things stand (_common_plan), which a
     capacity search leaves them. Equal utilisation is not reserved: it is the study's lowest priority and
     runs on what is left."""
     st = s.lt.study
-    cap = median_capacity(s.outcomes[ref]) or s.start_rate(ref, slo)
-    common = st.common_rate or st.common_load_fraction * cap
+    common = _common_plan(s, ref, slo)[0] or 0.0
     window = window_s(common, st.load_requests, s.lt.warmup_s) if common > 0 else 0.0
     return _unloaded_left(s, slots, 1) + (st.repeats if rounds is None else rounds) * len(s.alive()) * window
 

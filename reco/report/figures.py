@@ -6,7 +6,9 @@
   ones, marked, and every verdict on them is INVALID.
 - **Pooled quantiles** carry an interval that holds for dependent requests and drift between repeats
   (reco.stats.dependent: the repeats are the windows, each read in send order).
-- **Latency ratios** (baseline / variant, > 1: the variant is faster) combine the two pooled intervals
+- **Latency ratios** (baseline / variant, > 1: the variant is faster) come from the study's paired
+  blocks where both variants ran in >= 2 of them (reco.stats.paired: the ratio of pooled quantiles with
+  a paired block-bootstrap interval, Student t on blocks - 1 df), else from the two pooled intervals
   (MOVER on the log scale, reco.stats.dependent.ratio_ci); beside them the median and RANGE of the
   per-repeat ratios (a range, not a confidence interval).
 - **Capacity** is the median of the repeats' highest passing rate with their range, over the *decided*
@@ -30,6 +32,7 @@ from reco.loadtest.outcome import QUANTILES, Capacity, LoadRun, decided_searches
 from reco.report.context import StudyContext, VariantResult
 from reco.stats import Estimate, Verdict, ratio_range
 from reco.stats.dependent import dependent_quantile_ci, ratio_ci
+from reco.stats.paired import paired_ratio
 
 KINDS = ("unloaded", "common", "equal_util")  # LoadOutcome fields holding repeats of LoadRun
 RATIO_QUANTILES = ("p50", "p99")
@@ -126,14 +129,28 @@ def pool(kind: str, runs: list[LoadRun]) -> Latency | None:
 
 @dataclass(frozen=True)
 class Ratio:
-    """A ratio of two variants' figures: a CI from their pooled intervals, and the range over repeats."""
+    """A ratio of two variants' figures: a CI (paired blocks where the runs pair up, else the two pooled
+    intervals), and the range over repeats."""
 
-    pooled: Estimate  # point from the pooled samples, 95 % CI from the two pooled intervals (MOVER)
+    pooled: Estimate  # point from the pooled samples, 95 % CI (paired blocks, else MOVER)
     repeats: Estimate | None  # median ratio of the repeats with lo/hi the RANGE of pairwise ratios
+    blocks: int = 0  # paired blocks behind `pooled` (0: MOVER from two independent intervals)
+
+
+def paired_blocks(num: Latency, den: Latency) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """The two variants' valid runs of the same study blocks, in block order."""
+    a = {r.block: r.latencies_ms for r in num.runs if r.valid and r.block is not None}
+    b = {r.block: r.latencies_ms for r in den.runs if r.valid and r.block is not None}
+    common = sorted(a.keys() & b.keys())
+    return [a[k] for k in common], [b[k] for k in common]
 
 
 def latency_ratio(num: Latency, den: Latency, key: str) -> Ratio:
     """num's quantile `key` / den's (baseline / variant gives a speed-up).
+
+    Where the two ran in >= 2 common blocks (the study's interleaved rounds) the interval comes from
+    those pairs (reco.stats.paired: the drift they shared cancels); else from the two pooled intervals
+    (MOVER, reco.stats.dependent.ratio_ci), which carries every drift twice.
 
     Args:
         num, den: pooled latencies of the two variants (same kind of run).
@@ -142,6 +159,10 @@ def latency_ratio(num: Latency, den: Latency, key: str) -> Ratio:
         Ratio; pooled.value None when either quantile is not supported by its n.
     """
     reps = ratio_range(num.repeats(key), den.repeats(key))
+    a, b = paired_blocks(num, den)
+    paired = paired_ratio(a, b, QUANTILES[key]) if len(a) >= 2 else None
+    if paired is not None and paired.supported:
+        return Ratio(paired, reps if reps.supported else None, len(a))
     return Ratio(ratio_ci(num.quantiles[key], den.quantiles[key]), reps if reps.supported else None)
 
 

@@ -74,7 +74,10 @@ def setup(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         "`n/a (n=…)`; failed, shed or timed-out requests count as +inf. Coverage checked by simulation "
         "(queues at 30–85 % utilisation, drift between repeats): experiments/interval_coverage/README.md in "
         "the reco repository. Runs whose load generator could not vouch for them (`valid=False`) are marked "
-        "and excluded from figures and verdicts.",
+        "and excluded from figures and verdicts. Ratios between variants (speed-ups) are paired: every variant "
+        "runs once per block of each kind of run, in a random order, and the ratio's CI comes from the blocks "
+        f"both ran in (a paired block bootstrap, Student t on blocks - 1 df: reco.stats.paired), so drift the "
+        f"variants share cancels; {_paired_note(figs)}.",
         f"- Machine: {one_line(ctx.machine.line()) if ctx.machine else 'not recorded'}",
         f"- Commit: {ctx.commit or 'not recorded'}",
         f"- Report written: {dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}",
@@ -109,12 +112,25 @@ def headline(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyConte
     )
 
 
+def _paired_note(figs: list[VariantFigures]) -> str:
+    """How many blocks the speed-ups rest on, per kind of run: 'unloaded 12 blocks, common 3 blocks'."""
+    most: dict[str, int] = {}
+    for f in figs:
+        for (kind, _), r in f.speedup.items():
+            most[kind] = max(most.get(kind, 0), r.blocks)
+    parts = [
+        f"{kind} {b} blocks" if b else f"{kind} unpaired (MOVER from the two pooled intervals)"
+        for kind, b in most.items()
+    ]
+    return "paired blocks per kind of run: " + (", ".join(parts) or "none")
+
+
 def summary_note(figs: list[VariantFigures], ctx: StudyContext) -> str:
     """What the summary's columns hold (the speed-up's kind of run is in its header)."""
     kind = like_for_like_kind(figs)
     speedup = (
-        "baseline p99 / variant p99 in the same kind of run (95 % CI from the two pooled intervals); the common-load ratio, "
-        "not like for like, is in the table below"
+        "baseline p99 / variant p99 in the same kind of run (95 % CI from the blocks both ran in, paired: "
+        "see Statistics); the common-load ratio, not like for like, is in the table below"
         if kind
         else "not measured (no unloaded or equal-utilisation runs)"
     )

@@ -182,6 +182,6 @@ def markdown_table(figs: list[VariantFigures], gates: dict[str, Gate]) -> str:
         "95 % CI that allows for dependent requests and drift between repeats; failed requests count as +inf; `n/a (n=…)` = too few requests for that "
         "quantile. ΔAUC is relative to the baseline (DeLong 95 % CI, same test rows). Max QPS is the median "
         "highest passing rate over the capacity repeats (range in brackets); speed-up = baseline p99 / "
-        "variant p99 (95 % CI from the two pooled intervals). The in-process rank p50 (one thread, after warm-up) is a point figure.",
+        "variant p99 (95 % CI from the blocks both ran in, paired: see Statistics). The in-process rank p50 (one thread, after warm-up) is a point figure.",
     ]
     return "\n".join(variant_table(figs, gates, COLUMNS) + notes)
