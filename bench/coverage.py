@@ -35,7 +35,7 @@ from reco.loadtest.capacity import run_step
 from reco.loadtest.config import CapacityConfig
 from reco.loadtest.runs import make_run
 from reco.stats import Verdict, quantile_ci
-from reco.stats.dependent import dependent_quantile_ci
+from reco.stats.dependent import dependent_quantile_ci, ratio_ci
 
 MODELS = ("mm1", "md1", "mln1")
 QS = {"p50": 0.5, "p99": 0.99}
@@ -191,6 +191,113 @@ HEADER = (
 )
 
 
+# -- paired comparisons (issue 43): the study's blocks --------------------------------------------------
+# Two variants, each run once per block (reco.stats.paired), blocks minutes apart on a drifting machine:
+# a drift SHARED by every variant of a block (the VM's speed) and a part of each variant's OWN. Calibrated
+# to what the case study measured: window p50s of one variant 1.1-1.7x apart (shared max/min 1.6 here),
+# and up to 10 % of its own. Service shapes: tight (log-normal sigma 0.15, an eager model), heavy
+# (log-normal sigma 0.5), exp (0.3 + exponential: a floor and a tail), bimodal (3 % of requests 4x slower:
+# stalls). Unloaded blocks are one closed-loop user (i.i.d. service times); loaded ones a queue at the
+# given utilisation (Lindley's recursion, vectorised).
+PAIR_SHAPES = {
+    "tight": lambda rng, n: rng.lognormal(0.0, 0.15, n),
+    "heavy": lambda rng, n: rng.lognormal(0.0, 0.5, n),
+    "exp": lambda rng, n: 0.3 + rng.exponential(0.7, n),
+    "bimodal": lambda rng, n: np.where(rng.random(n) < 0.03, 4.0, 1.0) * rng.lognormal(0.0, 0.1, n),
+}
+PAIRS = (("tight", "heavy"), ("exp", "tight"), ("heavy", "exp"), ("bimodal", "tight"))
+
+
+@dataclass(frozen=True)
+class PairSetting:
+    a: str  # the slower variant's service shape (PAIR_SHAPES); 10x the other's scale
+    b: str
+    utilisation: float  # 0: unloaded (closed loop, one user); else each block a queue at this utilisation
+    shared: float  # max/min - 1 of the drift every variant of a block shares
+    own: float  # max/min - 1 of each variant's own drift
+
+
+def _block(shape: str, u: float, scale: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """[len(scale), n] latencies: service of `shape` x scale (per block); with u > 0, the sojourn in a
+    queue at utilisation u (arrivals Poisson at u per mean service time), warmed up to its steady state."""
+    warm = 0 if u == 0 else WARMUP
+    s = PAIR_SHAPES[shape](rng, (len(scale), warm + n)) * scale[:, None]
+    if u == 0:
+        return s
+    gaps = rng.exponential(1.0 / u, s.shape) * scale[:, None]  # the rate follows the speed: same utilisation
+    c = np.concatenate([np.zeros((len(scale), 1)), np.cumsum(s - gaps, axis=1)[:, :-1]], axis=1)
+    wait = c - np.minimum.accumulate(np.minimum(c, 0.0), axis=1)
+    return (wait + s)[:, warm:]
+
+
+def _drift(d: float, size: int, rng: np.random.Generator) -> np.ndarray:
+    return np.exp(rng.uniform(-0.5, 0.5, size) * math.log1p(d)) if d else np.ones(size)
+
+
+def _pair(p: PairSetting, blocks: int, n: int, rng: np.random.Generator) -> tuple[np.ndarray, np.ndarray]:
+    shared = _drift(p.shared, blocks, rng)
+    a = _block(p.a, p.utilisation, 10.0 * shared * _drift(p.own, blocks, rng), n, rng)
+    b = _block(p.b, p.utilisation, shared * _drift(p.own, blocks, rng), n, rng)
+    return a, b
+
+
+def paired_coverage(p: PairSetting, blocks: int, n: int, runs: int, rng: np.random.Generator) -> dict:
+    """Per quantile: coverage of the CLOSED paired-ratio intervals, their open share and their median
+    hi/lo, over `runs` simulated studies of `blocks` x `n`; beside it the MOVER interval from the two
+    pooled intervals (reco.stats.dependent) for comparison. The truth: the ratio of the two variants'
+    quantiles over the drift (their mixtures, from 4,000 simulated blocks)."""
+    from reco.stats.paired import paired_ratio
+
+    ta, tb = _pair(p, 4000, n, rng)
+    out = {}
+    for key, q in QS.items():
+        truth = float(np.quantile(ta, q) / np.quantile(tb, q))
+        hits = closed = 0
+        widths, mover_open = [], 0
+        for _ in range(runs):
+            a, b = _pair(p, blocks, n, rng)
+            e = paired_ratio(list(a), list(b), q)
+            if e.supported and 0 < e.lo and math.isfinite(e.hi):
+                closed += 1
+                hits += e.lo <= truth <= e.hi
+                widths.append(e.hi / e.lo)
+            m = ratio_ci(dependent_quantile_ci(list(a), q), dependent_quantile_ci(list(b), q))
+            mover_open += not (m.supported and m.lo > 0 and math.isfinite(m.hi))
+        out[key] = {
+            "coverage": hits / closed if closed else math.nan,
+            "open": 1 - closed / runs,
+            "width": float(np.median(widths)) if widths else math.inf,
+            "mover_open": mover_open / runs,
+        }
+    return out
+
+
+PAIR_HEADER = (
+    "| pair (slower / faster) | utilisation | shared / own drift | blocks x n | p50 coverage | p50 open | "
+    "p50 hi/lo | p99 coverage | p99 open | p99 hi/lo | p99 open, MOVER | runs |\n" + "|---" * 12 + "|"
+)
+
+
+def _pair_line(p: PairSetting, blocks: int, n: int, runs: int, r: dict) -> str:
+    cells = [f"{p.a} / {p.b}", f"{p.utilisation:.0%}", f"{p.shared:.0%} / {p.own:.0%}", f"{blocks} x {n}"]
+    for key in QS:
+        cells += [f"{r[key]['coverage']:.3f}", f"{r[key]['open']:.2f}", f"{r[key]['width']:.2f}"]
+    cells += [f"{r['p99']['mover_open']:.2f}", str(runs)]
+    return "| " + " | ".join(cells) + " |"
+
+
+def paired_table(blocks: int, n: int, runs: int, seed: int, utilisations: list[float]) -> list[str]:
+    """The study's shape (blocks x n per variant) for every pair of shapes, unloaded and loaded."""
+    rng = np.random.default_rng(seed)
+    lines = [PAIR_HEADER]
+    for u in utilisations:
+        for a, b in PAIRS:
+            p = PairSetting(a, b, u, 0.6, 0.1)
+            lines.append(_pair_line(p, blocks, n, runs, paired_coverage(p, blocks, n, runs, rng)))
+            print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
@@ -204,9 +311,20 @@ def main(argv: list[str] | None = None) -> None:
         "3x1000; one capacity step's first look: 1x500)",
     )
     ap.add_argument("--runs", type=int, default=400, help="simulated runs per setting")
+    ap.add_argument(
+        "--paired",
+        default=None,
+        metavar="BLOCKSxN",
+        help="instead: the paired speed-up intervals of the study's blocks (e.g. 12x100), unloaded and at "
+        "--utilisations",
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     check(a.utilisations, a.drifts, a.models)
+    if a.paired:
+        blocks, n = parse_shape(a.paired)
+        print("\n".join(paired_table(blocks, n, a.runs, a.seed, [0.0, *a.utilisations])))
+        return
     shapes = [parse_shape(s) for s in a.shapes]
     if a.runs < 1:
         raise SystemExit(f"--runs: expected >= 1, got {a.runs}")

@@ -16,8 +16,9 @@ by MOVER (reco.stats.dependent.ratio_ci) carry it twice. The ratio of two varian
   (p99, 12 x 100, experiments/interval_coverage/README.md).
 
 A block needs enough requests for its own quantile not to be its maximum (block_min_n: 100 for a p99),
-and >= 2 blocks; otherwise the ratio is not supported. Failures (+inf) past the quantile in the pooled
-data or in a bootstrap replicate make that side of the interval open. Coverage and width of this interval under the study's shapes (queues,
+and >= 2 blocks; otherwise the ratio is not supported, as it is when a variant's pooled quantile is a
+failure (+inf): the caller then falls back to the two pooled intervals, which bound it on one side.
+Failures past the quantile in some bootstrap replicates make that side of the interval open. Coverage and width of this interval under the study's shapes (queues,
 shared and own drift): bench/coverage.py, experiments/interval_coverage/README.md.
 """
 
@@ -60,7 +61,9 @@ def paired_ratio(
     if len(a) < 2 or any(len(x) < block_min_n(q) for x in a + b):
         return Estimate(None, None, None, n)
     pa, pb = nearest_rank(np.concatenate(a), q), nearest_rank(np.concatenate(b), q)
-    if math.isinf(pa) and math.isinf(pb) or pb == 0:
+    if math.isinf(pa) or math.isinf(pb) or pb == 0:
+        # a side failing past its quantile: nothing finite to pair; the one-sided interval from the two
+        # pooled intervals (reco.stats.dependent.ratio_ci) says what can be said
         return Estimate(None, None, None, n)
     point = pa / pb
     rng = np.random.default_rng(seed)
@@ -75,9 +78,12 @@ def paired_ratio(
                 if 0 < ra < math.inf and 0 < rb < math.inf
                 else (math.inf if ra == math.inf or rb == 0 else -math.inf)
             )
-    if not (0 < point < math.inf) or not np.isfinite(logs).all():
-        lo = 0.0 if point == 0 or (logs == -np.inf).any() else point
-        hi = math.inf if math.isinf(point) or (logs == np.inf).any() else point
+    a_ = (1 - conf) / 2
+    if not np.isfinite(logs).all():
+        # failures past the quantile in some replicates: no standard error; the replicates' own a / 1 - a
+        # quantiles (percentile bootstrap) bound it, an infinite one leaving that side open
+        lo = math.exp(float(np.quantile(logs, a_, method="lower")))
+        hi = math.exp(float(np.quantile(logs, 1 - a_, method="higher")))
         return Estimate(point, min(lo, point), max(hi, point), n)
-    half = float(sps.t.ppf(1 - (1 - conf) / 2, len(a) - 1)) * float(np.std(logs, ddof=1))
+    half = float(sps.t.ppf(1 - a_, len(a) - 1)) * float(np.std(logs, ddof=1))
     return Estimate(point, point * math.exp(-half), point * math.exp(half), n)
