@@ -298,6 +298,40 @@ def paired_table(blocks: int, n: int, runs: int, seed: int, utilisations: list[f
     return lines
 
 
+# -- how many requests a capacity step needs (issue 43, finding 4) ---------------------------------------
+def tau_table(models: list[str], utilisations: list[float], n: int, seed: int) -> list[str]:
+    """The dependence factor tau of the indicator 1{latency > its q-quantile} (its variance over the
+    Bernoulli one, from batch means of 20,000 requests over one chain of n) by queue and utilisation, and
+    what it costs a capacity step: a step PASSes only when its p99's upper bound is a request it saw, which
+    with 5 looks at 99 % needs n >= ~660 tau requests (z 2.576: n >= z^2 x 0.99 / 0.01 x tau); a count of
+    requests over the SLO needs >= ~530 tau with none over it (0 of n / tau at 99.5 % one-sided)."""
+    rng = np.random.default_rng(seed)
+    qs = (0.9, 0.99, 0.998)
+    lines = [
+        "| service | utilisation | "
+        + " | ".join(f"tau at q{q}" for q in qs)
+        + " | requests a PASS needs (660 tau at q0.99) |",
+        "|---" * (3 + len(qs)) + "|",
+    ]
+    for m in models:
+        for u in utilisations:
+            serve = _service(m, rng, WARMUP + n)
+            c = np.concatenate([[0.0], np.cumsum(serve - rng.exponential(1.0 / u, WARMUP + n))[:-1]])
+            x = (c - np.minimum.accumulate(np.minimum(c, 0.0)) + serve)[WARMUP:]  # Lindley, vectorised
+            taus = []
+            for q in qs:
+                ind = (x > np.quantile(x, q)).astype(np.float64)
+                p, b = ind.mean(), ind[: len(ind) // 20_000 * 20_000].reshape(-1, 20_000).mean(1)
+                taus.append(float(b.var(ddof=1) * 20_000 / (p * (1 - p))))
+            lines.append(
+                f"| {m} | {u:.0%} | "
+                + " | ".join(f"{t:.1f}" for t in taus)
+                + f" | {660 * max(taus[1], 1):,.0f} |"
+            )
+            print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", nargs="+", default=list(MODELS))
@@ -312,6 +346,14 @@ def main(argv: list[str] | None = None) -> None:
     )
     ap.add_argument("--runs", type=int, default=400, help="simulated runs per setting")
     ap.add_argument(
+        "--tau",
+        type=int,
+        default=0,
+        metavar="N",
+        help="instead: the dependence factor of the p99 indicator per queue and utilisation (one chain of N "
+        "requests, e.g. 4000000) and the requests a capacity step's PASS needs",
+    )
+    ap.add_argument(
         "--paired",
         default=None,
         metavar="BLOCKSxN",
@@ -321,6 +363,9 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     check(a.utilisations, a.drifts, a.models)
+    if a.tau:
+        print("\n".join(tau_table(a.models, a.utilisations, a.tau, a.seed)))
+        return
     if a.paired:
         blocks, n = parse_shape(a.paired)
         print("\n".join(paired_table(blocks, n, a.runs, a.seed, [0.0, *a.utilisations])))
