@@ -55,7 +55,7 @@ from reco.loadtest.outcome import Capacity, CapacityStep, LoadRun
 from reco.loadtest.runner import run_load, with_settings
 from reco.loadtest.runs import pool_runs
 from reco.stats import CONF, Estimate, Verdict, min_n_for_quantile, verdict_at_most
-from reco.stats.dependent import dependent_bounds, dependent_quantile_ci
+from reco.stats.dependent import dependent_bounds, dependent_quantile_ci, requests_to_close
 
 P99_MIN_N = min_n_for_quantile(0.99)  # 368 (one look at 95 %)
 SCREEN_MIN_N = 50  # a screening window never shorter: a handful of requests is all warm-up transient
@@ -172,6 +172,9 @@ def run_step(
             return CapacityStep(
                 rate, pooled, verdict, f"{reason}; not extended (time budget)", budget_cut=True
             )
+        if done and verdict == Verdict.INCONCLUSIVE and p99.value is not None and math.isinf(p99.hi):
+            need = requests_to_close([r.latencies_ms for r in runs], 0.99, conf)
+            reason += f"; its upper bound needs ~{need:,} requests at this dependence (n={pooled.n:,})"
         if done:
             return CapacityStep(rate, pooled, verdict, reason)
         runs.append(measure(rate, more, out_dir / f"w{len(runs):02d}"))

@@ -175,6 +175,25 @@ def dependent_bounds(
     return point, lo, hi, n >= min_n_for_quantile(q, conf)
 
 
+def requests_to_close(windows: Sequence[np.ndarray], q: float, conf: float = CONF) -> int:
+    """Requests the q-quantile's interval needs before its upper bound can be a request it saw, at the
+    dependence these windows show: the rank z sqrt(q (1 - q) tau / n) above q n must stay within n, so
+    n >= z^2 q tau / (1 - q), tau = (this interval's half-width / the independent one's)^2. What an
+    INCONCLUSIVE capacity step would need (bench.coverage --tau: tau 3-8 at 30-50 % utilisation, 30-200
+    at 70-85 %)."""
+    from scipy import stats as sps
+
+    parts = [np.asarray(w, np.float64).ravel() for w in windows if len(w)]
+    n = sum(len(w) for w in parts)
+    if n == 0:
+        return min_n_for_quantile(q, conf)
+    point = float(np.sort(np.concatenate(parts))[max(math.ceil(q * n), 1) - 1])
+    h = max(half_width([w <= point for w in parts], q, conf), _iid_half_width(n, q, conf))
+    tau = (h / _iid_half_width(n, q, conf)) ** 2
+    z = float(sps.norm.ppf(1 - (1 - conf) / 2))
+    return max(math.ceil(z * z * q * tau / (1 - q)), min_n_for_quantile(q, conf))
+
+
 def dependent_quantile_ci(
     windows: Sequence[np.ndarray], q: float, conf: float = CONF, floor: float = 0.0
 ) -> Estimate:
