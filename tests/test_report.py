@@ -33,7 +33,7 @@ from reco.pipeline import _log_variant, log_report_metrics
 from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
 from reco.report.figures import bracket, bracket_at, highest_pass_at, study_figures
 from reco.report.gate import gate, worst
-from reco.report.plots import _colors, capacity_curve, draw_qps_vs_p99, pareto_front
+from reco.report.plots import _colors, capacity_curve, draw_latency_percentiles, draw_qps_vs_p99, pareto_front
 from reco.report.targets import Basis, Outcome, evaluate, target_line
 from reco.stats import Estimate, Verdict, verdict_at_least, verdict_at_most
 from reco.stats.dependent import dependent_quantile_ci
@@ -491,12 +491,19 @@ def test_qps_plot_sorts_steps_by_offered_rate_and_marks_each_bracket():
     fl = study_figures(results, ctx)
     fig = draw_qps_vs_p99(fl, ctx, _colors(fl))
     lines: dict[str, list] = {}
-    for ln in fig.axes[0].get_lines():
-        if ln.get_gid():
-            lines.setdefault(ln.get_gid(), []).append(ln)
+    panel: dict[str, set] = {}  # variant -> the panels its lines are in
+    for i, ax in enumerate(fig.axes):
+        for ln in ax.get_lines():
+            if ln.get_gid():
+                lines.setdefault(ln.get_gid(), []).append(ln)
+                panel.setdefault(ln.get_gid().split(":")[1], set()).add(i)
     drawn = [f for f in fl if f.ok and f.capacity]
     assert [f.name for f in drawn] == ["base", "pruned", "student", "ort"]
     assert set(lines) == {f"{kind}:{f.name}" for f in drawn for kind in ("steps", "bracket")}
+    assert panel == {f.name: {i} for i, f in enumerate(drawn)}  # one panel per variant (issue 47)
+    for ax, f in zip(fig.axes, drawn, strict=True):
+        bracket_text = f"[{f.bracket.highest_pass:.3g}, {f.bracket.lowest_fail:.3g}) req/s"
+        assert ax.get_title() == f"{f.name}\ncapacity {bracket_text}"  # readable without the table
     for f in drawn:
         curves = lines[f"steps:{f.name}"]
         assert [list(ln.get_xdata()) for ln in curves] == [
@@ -507,6 +514,45 @@ def test_qps_plot_sorts_steps_by_offered_rate_and_marks_each_bracket():
         assert list(bar.get_xdata()) == [f.bracket.highest_pass, f.bracket.lowest_fail]
         assert list(bar.get_ydata()) == [SLO, SLO]  # on the SLO line
     assert draw_qps_vs_p99([fl[4]], ctx, _colors(fl)) is None  # not load-tested: nothing to draw
+
+
+def _labels(axis) -> list[str]:
+    """The tick labels a reader sees on `axis` (drawn first: formatters run at draw time)."""
+    return [t.get_text() for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+
+
+def test_plots_read_without_the_table(study, figs):
+    """Issue 47: the latency tail squeezed into a CDF's top line, colliding log-axis labels ('3×10¹4×10¹'),
+    a legend over the points, `12.3464 req/s` in a title."""
+    from reco.report.fmt import rounded
+
+    assert [rounded(x) for x in (12.3464, 4.20684, 107.6613, 1234.5, 150.0, 0.5)] == [
+        "12.3", "4.21", "108", "1230", "150", "0.5"]  # fmt: skip
+    results, ctx = study
+    fl = list(figs.values())
+    fig = draw_latency_percentiles(fl, ctx, _colors(fl))
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    # x = 1 / (1 - q): each nine of the tail as wide as the last, labelled as percentiles
+    assert _labels(ax.xaxis) == ["50%", "90%", "99%", "99.9%"]
+    ys = _labels(ax.yaxis)
+    assert len(ys) >= 3 and all(re.fullmatch(r"\d+(\.\d+)?", y) for y in ys), ys  # plain numbers only
+    legend = ax.get_legend()
+    assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # right of the data, not over it
+    texts = [t.get_text() for t in legend.get_texts()]
+    p99 = figs["pruned"].p99()
+    assert f"pruned: p99 {p99.value:.1f} [{p99.lo:.1f}, {p99.hi:.1f}] ms, n=3,600" in texts
+    assert f"at {rounded(ctx.common_rate_qps)} req/s offered" in fig.get_suptitle()
+
+    fig = draw_qps_vs_p99(fl, ctx, _colors(fl))
+    fig.canvas.draw()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = _labels(axis)
+            assert all(re.fullmatch(r"\d+(\.\d+)?", t) for t in labels), labels  # no '3×10¹' minor labels
+    assert len(_labels(fig.axes[0].yaxis)) >= 3
+    (legend,) = fig.legends
+    assert legend.get_window_extent().y1 <= min(ax.get_window_extent().y0 for ax in fig.axes)  # below them
 
 
 def test_variant_metrics(study, figs):
