@@ -84,7 +84,7 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
         f"MLflow: experiment {exp.experiment_name!r}, parent run {parent_run} ({exp.tracking.uri})",
         flush=True,
     )
-    status = "FAILED"
+    status, error = "FAILED", ""
     built: list[Built] = []
     try:
         tracker.log(parent_run, params=flatten(exp.resolved))
@@ -109,16 +109,25 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
         print(f"MLflow runs table: {runs_table_url(exp.tracking.uri, tracker.experiment_id)}", flush=True)
         status = "FINISHED"
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (reco.cli.run turns it into this)
-        status = "KILLED"
-        tracker.log(parent_run, tags={"reco.end_reason": f"interrupted: {e or 'SIGINT'}"})
+        status, error = "KILLED", f"interrupted: {e or 'SIGINT'}"
+        tracker.log(parent_run, tags={"reco.end_reason": error})
+        raise
+    except Exception as e:  # the parent run's page says why (Tracker.end), then the user's terminal does
+        error = f"{type(e).__name__}: {e}"
         raise
     finally:
         for b in built:
             st = "FINISHED" if b.variant else "FAILED" if b.error or status != "KILLED" else "KILLED"
+            why = ""  # what the run's page says (Tracker.end)
             if st == "KILLED":
-                tracker.log(b.run_id, tags={"reco.end_reason": "interrupted while building"})
-            tracker.end(b.run_id, status=st)
-        tracker.end(parent_run, status=status)
+                why = "interrupted while building"
+                tracker.log(b.run_id, tags={"reco.end_reason": why})
+            elif st == "FAILED":
+                why = (
+                    b.error or f"the experiment stopped before this row was built: {error or 'unknown error'}"
+                )
+            tracker.end(b.run_id, status=st, error=why)
+        tracker.end(parent_run, status=status, error=error)
     return built
 
 
@@ -240,10 +249,11 @@ def build_all(
         except Exception as e:  # a failed variant must not stop the comparison
             b.error = f"variant {node.name!r} (step {node.step}): {type(e).__name__}: {e}"
             print(f"  FAILED: {b.error}", flush=True)
-            tracker.log(run_id, tags={"error": b.error[:5000], "status": "failed"})
+            tracker.log(run_id, tags={"error": b.error[:5000], "status": "failed"})  # the page's note: at end
             failed = exp.cache_dir / "failed"
             failed.mkdir(parents=True, exist_ok=True)
             atomic_write(failed / f"{node.name}.txt", traceback.format_exc())
+            tracker.log_artifacts(run_id, [failed / f"{node.name}.txt"], "error")  # the traceback, in the UI
 
 
 def variant_dir(exp: ExperimentConfig, node: Node, key: str) -> Path:
