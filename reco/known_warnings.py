@@ -75,23 +75,32 @@ class _RecordFilter(logging.Filter):
         return False
 
 
+_installed: _Log | None = None  # this process's log once diverted; a later divert() only moves it
+
+
 def divert(path: Path) -> None:
     """Send known third-party warnings of this process and of the children that call follow_parent() to
-    `path` (appended); a no-op with RECO_SHOW_THIRD_PARTY_WARNINGS=1. Call it once, before the work."""
+    `path` (appended); a no-op with RECO_SHOW_THIRD_PARTY_WARNINGS=1. Call it before the work; a second
+    call (the next job of a multirun in the same process) moves them to its own `path`."""
     if os.environ.get(SHOW_ENV) == "1":
         return
     path.parent.mkdir(parents=True, exist_ok=True)
     os.environ[ENV] = str(path.resolve())
-    _install(_Log(path.resolve()))
+    _install(path.resolve())
 
 
 def follow_parent() -> None:
     """In a child process: divert as the parent does (divert() left the file in the environment)."""
     if os.environ.get(ENV) and os.environ.get(SHOW_ENV) != "1":
-        _install(_Log(Path(os.environ[ENV])))
+        _install(Path(os.environ[ENV]))
 
 
-def _install(log: _Log) -> None:
+def _install(path: Path) -> None:
+    global _installed
+    if _installed is not None:  # the hooks are in place: point them at the new file
+        _installed.path = path
+        return
+    _installed = log = _Log(path)
     show = warnings.showwarning
 
     def showwarning(message, category, filename, lineno, file=None, line=None) -> None:
