@@ -7,6 +7,7 @@ compare view lines them up.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -91,6 +92,9 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
 
 
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# MLflow's UI ("Share" on the runs page) keeps a view of the runs table -- its search filter, sort and
+# columns -- as this experiment tag + a key, and opens it from `.../runs?viewStateShareKey=<key>`.
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
 
 
 class Tracker:
@@ -173,6 +177,11 @@ class Tracker:
         if error:
             self.log(run_id, tags={ERROR_TAG: error[:_MAX_ERROR], NOTE_TAG: failure_note(status, error)})
         self.client.set_terminated(run_id, status)
+
+    def share_view(self, key: str, view: Mapping[str, object]) -> None:
+        """Store a runs-table view under `key` for the link `?viewStateShareKey=<key>`: `view` as MLflow's
+        UI reads it (searchFilter, orderByKey, orderByAsc, selectedColumns ['metrics.`name`', ...])."""
+        self.client.set_experiment_tag(self.experiment_id, SHARED_VIEW_TAG + key, json.dumps(dict(view)))
 
     def close_orphans(self) -> list[str]:
         """End as KILLED every RUNNING run of this experiment whose owning process (on this host) is gone.

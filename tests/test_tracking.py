@@ -116,3 +116,32 @@ def test_an_experiment_that_fails_leaves_its_error_on_the_parent_run(tmp_path):
     assert run.info.status == "FAILED"
     assert run.data.tags["error"].startswith("FileNotFoundError: data.params.path: MovieLens directory")
     assert "no_such_dir does not exist" in run.data.tags["mlflow.note.content"]
+
+
+def test_the_printed_link_opens_one_executions_variants_as_rows(tmp_path):
+    """The link a run prints carries `viewStateShareKey`; the view it names (an experiment tag, as MLflow's
+    UI "Share" stores one) filters to the execution's variant runs -- the same search the UI sends, run
+    here through MLflow's API -- in build order, with the decision columns."""
+    import json
+
+    from reco.pipeline import DECISION_COLUMNS, runs_table_url, study_view
+    from reco.tracking import SHARED_VIEW_TAG
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    t = Tracker(uri, "view", artifact_root=str(tmp_path / "a"))
+    old = t.start_run("study")  # an earlier execution: not in this one's view
+    t.start_run("baseline", parent_id=old)
+    parent = t.start_run("study")
+    children = [t.start_run(name, parent_id=parent) for name in ("baseline", "pruned", "distilled")]
+    t.share_view(parent, study_view(parent))
+    view = json.loads(t.client.get_experiment(t.experiment_id).tags[SHARED_VIEW_TAG + parent])
+    assert view["selectedColumns"] == DECISION_COLUMNS
+    order = f"{view['orderByKey']} {'ASC' if view['orderByAsc'] else 'DESC'}"
+    rows = t.client.search_runs([t.experiment_id], view["searchFilter"], order_by=[order])
+    assert sorted(r.info.run_id for r in rows) == sorted(children)  # the parent and the old run left out
+    starts = [r.info.start_time for r in rows]
+    assert starts == sorted(starts)  # build order (runs started in one millisecond may tie)
+    url = runs_table_url(uri, t.experiment_id, view=parent)
+    assert url.startswith(
+        f"http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs?viewStateShareKey={parent}"
+    )
