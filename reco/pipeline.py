@@ -84,7 +84,7 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
         f"MLflow: experiment {exp.experiment_name!r}, parent run {parent_run} ({exp.tracking.uri})",
         flush=True,
     )
-    status = "FAILED"
+    status, error = "FAILED", ""
     built: list[Built] = []
     try:
         tracker.log(parent_run, params=flatten(exp.resolved))
@@ -106,19 +106,30 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
         paths = write_study_report(exp, built, data, study, report_dir, tracker)
         tracker.log_artifacts(parent_run, paths, "report")
         print(f"\nReport: {report_dir / 'report.md'}", flush=True)
-        print(f"MLflow runs table: {runs_table_url(exp.tracking.uri, tracker.experiment_id)}", flush=True)
+        tracker.share_view(parent_run, study_view(parent_run))
+        url = runs_table_url(exp.tracking.uri, tracker.experiment_id, view=parent_run)
+        print(f"MLflow runs table (this run's variants as rows): {url}", flush=True)
         status = "FINISHED"
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (reco.cli.run turns it into this)
-        status = "KILLED"
-        tracker.log(parent_run, tags={"reco.end_reason": f"interrupted: {e or 'SIGINT'}"})
+        status, error = "KILLED", f"interrupted: {e or 'SIGINT'}"
+        tracker.log(parent_run, tags={"reco.end_reason": error})
+        raise
+    except Exception as e:  # the parent run's page says why (Tracker.end), then the user's terminal does
+        error = f"{type(e).__name__}: {e}"
         raise
     finally:
         for b in built:
             st = "FINISHED" if b.variant else "FAILED" if b.error or status != "KILLED" else "KILLED"
+            why = ""  # what the run's page says (Tracker.end)
             if st == "KILLED":
-                tracker.log(b.run_id, tags={"reco.end_reason": "interrupted while building"})
-            tracker.end(b.run_id, status=st)
-        tracker.end(parent_run, status=status)
+                why = "interrupted while building"
+                tracker.log(b.run_id, tags={"reco.end_reason": why})
+            elif st == "FAILED":
+                why = (
+                    b.error or f"the experiment stopped before this row was built: {error or 'unknown error'}"
+                )
+            tracker.end(b.run_id, status=st, error=why)
+        tracker.end(parent_run, status=status, error=error)
     return built
 
 
@@ -141,12 +152,40 @@ def log_report_metrics(
         tracker.log(run_id, metrics=per_variant.get(name, {}))
 
 
-def runs_table_url(uri: str, experiment_id: str) -> str:
+def runs_table_url(uri: str, experiment_id: str, view: str | None = None) -> str:
     """The MLflow UI page of the experiment's runs table (MLflow 3 otherwise opens an overview page):
-    on the tracking server itself, or on `make mlflow-ui` for the embedded store."""
+    on the tracking server itself, or on `make mlflow-ui` for the embedded store; with `view`, the
+    runs-table view Tracker.share_view stored under that key."""
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
     hint = "" if uri.startswith(("http://", "https://")) else "  (start the UI: make mlflow-ui)"
-    return f"{base}/#/experiments/{experiment_id}/runs{hint}"
+    query = f"?viewStateShareKey={view}" if view else ""
+    return f"{base}/#/experiments/{experiment_id}/runs{query}{hint}"
+
+
+# The runs table's columns for one execution: what each row (a variant) decided, as the report's
+# summary does (README "Metric names"); the run name is always shown.
+DECISION_COLUMNS = [
+    "metrics.`gate`",
+    "metrics.`auc_delta_rel`",
+    "metrics.`e2e_p99_ms`",
+    "metrics.`speedup_p99_common`",
+    "metrics.`max_qps_at_slo`",
+    "metrics.`qps_gain`",
+    "params.`backend`",
+    "tags.`parent_variant`",
+    "tags.`status`",
+]
+
+
+def study_view(parent_run: str) -> dict:
+    """One execution in MLflow's runs table: its variant runs as flat rows in build order (the filter
+    leaves out the parent, so the UI does not fold them under one collapsed row), with DECISION_COLUMNS."""
+    return {
+        "searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run}'",
+        "orderByKey": "attributes.start_time",
+        "orderByAsc": True,
+        "selectedColumns": DECISION_COLUMNS,
+    }
 
 
 def _load_data(exp: ExperimentConfig, tracker: Tracker, parent_run: str) -> tuple[Dataset, Path]:
@@ -240,10 +279,11 @@ def build_all(
         except Exception as e:  # a failed variant must not stop the comparison
             b.error = f"variant {node.name!r} (step {node.step}): {type(e).__name__}: {e}"
             print(f"  FAILED: {b.error}", flush=True)
-            tracker.log(run_id, tags={"error": b.error[:5000], "status": "failed"})
+            tracker.log(run_id, tags={"error": b.error[:5000], "status": "failed"})  # the page's note: at end
             failed = exp.cache_dir / "failed"
             failed.mkdir(parents=True, exist_ok=True)
             atomic_write(failed / f"{node.name}.txt", traceback.format_exc())
+            tracker.log_artifacts(run_id, [failed / f"{node.name}.txt"], "error")  # the traceback, in the UI
 
 
 def variant_dir(exp: ExperimentConfig, node: Node, key: str) -> Path:

@@ -7,6 +7,7 @@ compare view lines them up.
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import socket
@@ -26,6 +27,17 @@ from reco.claim import claim
 
 # MLflow rejects longer param values.
 _MAX_PARAM = 6000
+# An error's text as a tag: long enough for a Python traceback's last lines, below MLflow's tag limit.
+_MAX_ERROR = 5000
+ERROR_TAG = "error"
+NOTE_TAG = "mlflow.note.content"  # the run's description, Markdown, shown on its page in MLflow's UI
+
+
+def failure_note(status: str, error: str) -> str:
+    """The run page's description of a run that did not finish: its status and the error, verbatim in a
+    code block (a traceback's indentation and underscores must not be read as Markdown)."""
+    fence = "~~~~" if "```" in error else "```"
+    return f"**{status}**\n\n{fence}\n{error[:_MAX_ERROR]}\n{fence}\n"
 
 
 class TrackingError(RuntimeError):
@@ -80,6 +92,9 @@ def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
 
 
 EXPERIMENT_KIND_TAG, EXPERIMENT_KIND = "mlflow.experimentKind", "custom_model_development"
+# MLflow's UI ("Share" on the runs page) keeps a view of the runs table -- its search filter, sort and
+# columns -- as this experiment tag + a key, and opens it from `.../runs?viewStateShareKey=<key>`.
+SHARED_VIEW_TAG = "mlflow.sharedViewState."
 
 
 class Tracker:
@@ -150,9 +165,23 @@ class Tracker:
             elif p.exists():
                 self.client.log_artifact(run_id, str(p), subdir)
 
-    def end(self, run_id: str, failed: bool = False, status: str | None = None) -> None:
-        """Terminate a run: FINISHED, FAILED, or an explicit MLflow status such as KILLED."""
-        self.client.set_terminated(run_id, status or ("FAILED" if failed else "FINISHED"))
+    def end(self, run_id: str, failed: bool = False, status: str | None = None, error: str = "") -> None:
+        """Terminate a run: FINISHED, FAILED, or an explicit MLflow status such as KILLED.
+
+        Args:
+            error: why the run did not finish; kept as the tag `error` (searchable: `tags.error LIKE ...`)
+                and as the run's description (`mlflow.note.content`), which MLflow's UI shows at the top
+                of the run page: a FAILED run that says nothing sends the user to the logs (issue 47).
+        """
+        status = status or ("FAILED" if failed else "FINISHED")
+        if error:
+            self.log(run_id, tags={ERROR_TAG: error[:_MAX_ERROR], NOTE_TAG: failure_note(status, error)})
+        self.client.set_terminated(run_id, status)
+
+    def share_view(self, key: str, view: Mapping[str, object]) -> None:
+        """Store a runs-table view under `key` for the link `?viewStateShareKey=<key>`: `view` as MLflow's
+        UI reads it (searchFilter, orderByKey, orderByAsc, selectedColumns ['metrics.`name`', ...])."""
+        self.client.set_experiment_tag(self.experiment_id, SHARED_VIEW_TAG + key, json.dumps(dict(view)))
 
     def close_orphans(self) -> list[str]:
         """End as KILLED every RUNNING run of this experiment whose owning process (on this host) is gone.

@@ -33,7 +33,7 @@ from reco.pipeline import _log_variant, log_report_metrics
 from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
 from reco.report.figures import bracket, bracket_at, highest_pass_at, study_figures
 from reco.report.gate import gate, worst
-from reco.report.plots import _colors, capacity_curve, draw_qps_vs_p99, pareto_front
+from reco.report.plots import _colors, capacity_curve, draw_latency_percentiles, draw_qps_vs_p99, pareto_front
 from reco.report.targets import Basis, Outcome, evaluate, target_line
 from reco.stats import Estimate, Verdict, verdict_at_least, verdict_at_most
 from reco.stats.dependent import dependent_quantile_ci
@@ -491,12 +491,19 @@ def test_qps_plot_sorts_steps_by_offered_rate_and_marks_each_bracket():
     fl = study_figures(results, ctx)
     fig = draw_qps_vs_p99(fl, ctx, _colors(fl))
     lines: dict[str, list] = {}
-    for ln in fig.axes[0].get_lines():
-        if ln.get_gid():
-            lines.setdefault(ln.get_gid(), []).append(ln)
+    panel: dict[str, set] = {}  # variant -> the panels its lines are in
+    for i, ax in enumerate(fig.axes):
+        for ln in ax.get_lines():
+            if ln.get_gid():
+                lines.setdefault(ln.get_gid(), []).append(ln)
+                panel.setdefault(ln.get_gid().split(":")[1], set()).add(i)
     drawn = [f for f in fl if f.ok and f.capacity]
     assert [f.name for f in drawn] == ["base", "pruned", "student", "ort"]
     assert set(lines) == {f"{kind}:{f.name}" for f in drawn for kind in ("steps", "bracket")}
+    assert panel == {f.name: {i} for i, f in enumerate(drawn)}  # one panel per variant (issue 47)
+    for ax, f in zip(fig.axes, drawn, strict=True):
+        bracket_text = f"[{f.bracket.highest_pass:.3g}, {f.bracket.lowest_fail:.3g}) req/s"
+        assert ax.get_title() == f"{f.name}\ncapacity {bracket_text}"  # readable without the table
     for f in drawn:
         curves = lines[f"steps:{f.name}"]
         assert [list(ln.get_xdata()) for ln in curves] == [
@@ -507,6 +514,45 @@ def test_qps_plot_sorts_steps_by_offered_rate_and_marks_each_bracket():
         assert list(bar.get_xdata()) == [f.bracket.highest_pass, f.bracket.lowest_fail]
         assert list(bar.get_ydata()) == [SLO, SLO]  # on the SLO line
     assert draw_qps_vs_p99([fl[4]], ctx, _colors(fl)) is None  # not load-tested: nothing to draw
+
+
+def _labels(axis) -> list[str]:
+    """The tick labels a reader sees on `axis` (drawn first: formatters run at draw time)."""
+    return [t.get_text() for t in axis.get_ticklabels() if t.get_visible() and t.get_text()]
+
+
+def test_plots_read_without_the_table(study, figs):
+    """Issue 47: the latency tail squeezed into a CDF's top line, colliding log-axis labels ('3×10¹4×10¹'),
+    a legend over the points, `12.3464 req/s` in a title."""
+    from reco.report.fmt import rounded
+
+    assert [rounded(x) for x in (12.3464, 4.20684, 107.6613, 1234.5, 150.0, 0.5)] == [
+        "12.3", "4.21", "108", "1230", "150", "0.5"]  # fmt: skip
+    results, ctx = study
+    fl = list(figs.values())
+    fig = draw_latency_percentiles(fl, ctx, _colors(fl))
+    fig.canvas.draw()
+    (ax,) = fig.axes
+    # x = 1 / (1 - q): each nine of the tail as wide as the last, labelled as percentiles
+    assert _labels(ax.xaxis) == ["50%", "90%", "99%", "99.9%"]
+    ys = _labels(ax.yaxis)
+    assert len(ys) >= 3 and all(re.fullmatch(r"\d+(\.\d+)?", y) for y in ys), ys  # plain numbers only
+    legend = ax.get_legend()
+    assert legend.get_window_extent().x0 >= ax.get_window_extent().x1  # right of the data, not over it
+    texts = [t.get_text() for t in legend.get_texts()]
+    p99 = figs["pruned"].p99()
+    assert f"pruned: p99 {p99.value:.1f} [{p99.lo:.1f}, {p99.hi:.1f}] ms, n=3,600" in texts
+    assert f"at {rounded(ctx.common_rate_qps)} req/s offered" in fig.get_suptitle()
+
+    fig = draw_qps_vs_p99(fl, ctx, _colors(fl))
+    fig.canvas.draw()
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            labels = _labels(axis)
+            assert all(re.fullmatch(r"\d+(\.\d+)?", t) for t in labels), labels  # no '3×10¹' minor labels
+    assert len(_labels(fig.axes[0].yaxis)) >= 3
+    (legend,) = fig.legends
+    assert legend.get_window_extent().y1 <= min(ax.get_window_extent().y0 for ax in fig.axes)  # below them
 
 
 def test_variant_metrics(study, figs):
@@ -1004,10 +1050,10 @@ def test_machine_from_environment_tags():
     assert m.line() == "AMD EPYC 7B13 · 2 cores · python 3.11.7"
 
 
-def _comparison_csv(path, rows):
-    """A comparison.csv as write_csv lays it out: variant, then each figure with its _lo/_hi."""
+def _comparison_csv(path, rows, experiment="case_study"):
+    """A comparison.csv as write_csv lays it out: variant, experiment, then each figure with its _lo/_hi."""
     keys = ["speedup_p99_unloaded", "qps_gain"]
-    fields = ["variant"] + [k + s for k in keys for s in ("", "_lo", "_hi")]
+    fields = ["variant", "experiment"] + [k + s for k in keys for s in ("", "_lo", "_hi")]
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields, restval="")
         w.writeheader()
@@ -1015,6 +1061,7 @@ def _comparison_csv(path, rows):
             w.writerow(
                 {
                     "variant": name,
+                    "experiment": experiment,
                     **{
                         k + s: x for k, ci in cis.items() for s, x in zip(("", "_lo", "_hi"), ci, strict=True)
                     },
@@ -1026,6 +1073,7 @@ def _comparison_csv(path, rows):
 def test_agree_by_an_interval_on_the_ratio_missing_and_exit_code(tmp_path, capsys):
     from reco.cli import agree as agree_cli
     from reco.report import agree
+    from reco.report.agree import Verdict as V
 
     a = _comparison_csv(
         tmp_path / "a.csv",
@@ -1033,6 +1081,7 @@ def test_agree_by_an_interval_on_the_ratio_missing_and_exit_code(tmp_path, capsy
             "baseline": {},
             "student": {"speedup_p99_unloaded": (4.0, 3.0, 6.5), "qps_gain": (39.0, 24.0, 41.0)},
             "pruned": {"speedup_p99_unloaded": (1.6, 1.4, 1.97)},
+            "int8": {"speedup_p99_unloaded": (2.0, 1.9, 2.1)},
         },
     )
     b = _comparison_csv(
@@ -1044,41 +1093,100 @@ def test_agree_by_an_interval_on_the_ratio_missing_and_exit_code(tmp_path, capsy
                 "qps_gain": (65.0, 41.0, 88.0),
             },  # the intervals touch at 41, yet run a / run b is 0.60 [0.34, 0.95]: they differ
             "pruned": {"speedup_p99_unloaded": (2.4, 2.0, 2.5), "qps_gain": (14.0, 8.0, 15.0)},
+            "int8": {"speedup_p99_unloaded": (2.1, 2.0, 2.2)},
             "triton": {"qps_gain": (27.0, 11.0, 55.0)},  # only in run b: listed, not dropped
         },
     )
-    pairs = agree.pairs(a, b)
-    ps = {(p.variant, p.figure): p.consistent for p in pairs}
+    c = agree.compare(a, b)
+    ps = {(p.variant, p.figure): p.verdict(c.max_width) for p in c.pairs}
     assert ps == {
-        ("student", "speedup_p99_unloaded"): True,  # 0.68 [0.43, 1.14] holds 1
-        ("student", "qps_gain"): False,  # overlapping intervals, but the ratio's interval excludes 1
-        ("pruned", "speedup_p99_unloaded"): False,  # [1.4, 1.97] vs [2.0, 2.5]
-        ("pruned", "qps_gain"): None,  # run a lacks it: not counted as consistent
-        ("triton", "qps_gain"): None,
+        ("student", "speedup_p99_unloaded"): V.UNDECIDED,  # 0.68 [0.43, 1.14] holds 1 but is 2.6x wide
+        ("student", "qps_gain"): V.DIFFER,  # overlapping intervals, but the ratio's interval excludes 1
+        ("pruned", "speedup_p99_unloaded"): V.DIFFER,  # [1.4, 1.97] vs [2.0, 2.5]
+        ("pruned", "qps_gain"): V.MISSING,  # run a lacks it: not counted as consistent
+        ("int8", "speedup_p99_unloaded"): V.CONSISTENT,  # 0.95 [0.87, 1.05]: narrow, holds 1
+        ("triton", "qps_gain"): V.MISSING,
     }
-    ratio = {(p.variant, p.figure): p.ratio for p in pairs}[("student", "qps_gain")]
+    ratio = {(p.variant, p.figure): p.ratio for p in c.pairs}[("student", "qps_gain")]
     assert ratio.value == pytest.approx(39 / 65) and ratio.lo < ratio.value < ratio.hi < 1.0
-    assert agree_cli.main([str(a), str(b), "--names", "r7", "r8"]) == 1
-    rows = md_table(capsys.readouterr().out)
+    assert agree_cli.main([str(a), str(b), "--names", "r7", "r8"]) == 1  # a decided difference wins
+    out = capsys.readouterr().out
+    rows = md_table(out.split("\n\n")[0])
     assert list(rows[0]) == ["variant", "figure", "r7", "r8", "r7 / r8 [95 % CI]", "verdict"]
     shown = {(r["variant"].strip("`"), r["figure"]): r["verdict"] for r in rows}
-    assert shown == {(v, agree.FIGURES[k]): {True: "consistent", False: "**differ**"}.get(o, "– (missing in a run)")
-                     for (v, k), o in ps.items()}  # fmt: skip
-    assert agree_cli.main([str(a), str(a)]) == 0  # a run agrees with itself
+    assert shown[("student", agree.FIGURES["speedup_p99_unloaded"])] == "undecided (2.6× wide)"
+    assert shown[("student", agree.FIGURES["qps_gain"])] == "**differ**"
+    assert shown[("int8", agree.FIGURES["speedup_p99_unloaded"])] == "consistent"
+    assert shown[("triton", agree.FIGURES["qps_gain"])] == "– (missing in a run)"
+    last = out.strip().splitlines()[-1]
+    assert last.startswith(
+        "differ: 3 of 4 figures decidable; 1 consistent (run-ratio 95 % interval holds 1, "
+    )
+    assert (
+        "2 differ (it excludes 1), 1 undecided (it holds 1 but is open or wider than 2×); 2 missing" in last
+    )
+    # a run against itself: every ratio is 1, but two of its intervals are wider than 2x (their runs' own
+    # intervals are wide), so it cannot vouch for them; a wider allowance decides them
+    assert agree_cli.main([str(a), str(a)]) == 3
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("undecided: 2 of 4 figures decidable")
+    assert agree_cli.main([str(a), str(a), "--max-width", "4"]) == 0
+    assert capsys.readouterr().out.strip().splitlines()[-1].startswith("consistent: 4 of 4 figures decidable")
 
 
-def test_agree_bad_input_names_file_and_column(tmp_path):
+def test_agree_says_undecided_when_every_interval_is_open(tmp_path, capsys):
+    """Issue 47: two runs whose ratios are all [0, inf) were '12 of 12 consistent', exit 0."""
     from reco.cli import agree as agree_cli
 
+    inf = float("inf")
+    a = _comparison_csv(
+        tmp_path / "run20.csv",
+        {"pruned": {"speedup_p99_unloaded": (1.73, 0.0, inf)}, "distilled": {"qps_gain": (3.7, 2.1, inf)}},
+    )
+    b = _comparison_csv(
+        tmp_path / "run21.csv",
+        {"pruned": {"speedup_p99_unloaded": (2.6, 0.0, inf)}, "distilled": {"qps_gain": (5.6, 0.0, 9.0)}},
+    )
+    assert agree_cli.main([str(a), str(b)]) == 3
+    out = capsys.readouterr().out
+    verdicts = [r["verdict"] for r in md_table(out.split("\n\n")[0])]
+    assert verdicts == ["undecided (open interval)"] * 2
+    assert out.strip().splitlines()[-1].startswith("undecided: 0 of 2 figures decidable; 0 consistent")
+    # a wider --max-width never turns an open interval into "consistent"
+    assert agree_cli.main([str(a), str(b), "--max-width", "1000"]) == 3
+    capsys.readouterr()
+    with pytest.raises(SystemExit) as e:  # argparse's usage error
+        agree_cli.main([str(a), str(b), "--max-width", "1"])
+    assert e.value.code == 2
+    assert "--max-width: expected a factor above 1 (hi / lo), got '1'" in capsys.readouterr().err
+
+
+def test_agree_bad_input_names_file_and_column(tmp_path, capsys):
+    """Bad input exits 2 (not 1, which says the runs differ) with the file and the column named."""
+    from reco.cli import agree as agree_cli
+
+    def refused(a, b) -> str:
+        assert agree_cli.main([str(a), str(b)]) == 2
+        return capsys.readouterr().err
+
+    ok = _comparison_csv(tmp_path / "ok.csv", {"student": {"qps_gain": (39.0, 24.0, 41.0)}})
     not_csv = tmp_path / "report.md"
     not_csv.write_text("# a report, not comparison.csv\n")
-    with pytest.raises(SystemExit, match="report.md: expected a study's comparison.csv"):
-        agree_cli.main([str(not_csv), str(not_csv)])
+    assert "report.md: expected a study's comparison.csv with a 'variant' column" in refused(not_csv, not_csv)
     bad = _comparison_csv(tmp_path / "bad.csv", {"student": {"qps_gain": ("many", 1, 2)}})
-    with pytest.raises(SystemExit, match=r"bad.csv: variant 'student', column 'qps_gain': expected numbers"):
-        agree_cli.main([str(bad), str(bad)])
-    with pytest.raises(SystemExit, match="missing.csv: cannot read"):
-        agree_cli.main([str(tmp_path / "missing.csv"), str(bad)])
+    assert "bad.csv: variant 'student', column 'qps_gain': expected numbers" in refused(bad, bad)
+    assert "missing.csv: cannot read" in refused(tmp_path / "missing.csv", bad)
+
+    other = _comparison_csv(tmp_path / "other.csv", {"student": {"qps_gain": (39.0, 24.0, 41.0)}}, "batching")
+    assert "other.csv: column 'experiment' is 'batching' where " in refused(ok, other)
+    strangers = _comparison_csv(tmp_path / "strangers.csv", {"bert": {"qps_gain": (2.0, 1.0, 3.0)}}, "")
+    assert "strangers.csv: column 'variant' has none of " in refused(ok, strangers)
+
+    no_figures = tmp_path / "kd_trials.csv"  # an accuracy-only study: nothing to compare
+    no_figures.write_text("variant,experiment,auc\nstudent,case_study,0.71\n")
+    assert "kd_trials.csv: none of the columns speedup_p99_unloaded, " in refused(ok, no_figures)
+    no_interval = tmp_path / "old.csv"  # a figure without its interval
+    no_interval.write_text("variant,experiment,qps_gain\nstudent,case_study,2.0\n")
+    assert "old.csv: column 'qps_gain' without qps_gain_lo and qps_gain_hi" in refused(ok, no_interval)
 
 
 def test_slo_sensitivity_rejudges_each_step_at_the_searchs_own_confidence():

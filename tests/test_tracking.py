@@ -9,6 +9,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 from mlflow import MlflowClient
 
 from reco.cli.compose import compose
@@ -67,3 +68,80 @@ def test_an_infinite_figure_is_logged_and_read_back_as_inf(tmp_path):
     m = rows["baseline"]
     assert m["e2e_p99_ms"] == math.inf and m["e2e_p50_ms"] == 3.5
     assert "no_figure" not in m and "flag" not in m
+
+
+def test_a_failed_run_says_why_on_its_mlflow_page(tmp_path):
+    """Issue 47: a FAILED run showed no error in the UI. Tracker.end keeps it as the tag `error` and as the
+    run's description (`mlflow.note.content`, shown at the top of the run page), verbatim in a code block."""
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    t = Tracker(uri, "failing", artifact_root=str(tmp_path / "a"))
+    error = 'ValueError: model_config.dense_arch: expected a list of ints, got "64x32"\n  at step `prune`'
+    failed = t.start_run("pruned")
+    t.end(failed, status="FAILED", error=error)
+    run = t.client.get_run(failed)
+    assert run.info.status == "FAILED" and run.data.tags["error"] == error
+    assert run.data.tags["mlflow.note.content"] == f"**FAILED**\n\n```\n{error}\n```\n"
+    ok = t.start_run("baseline")
+    t.end(ok)
+    run = t.client.get_run(ok)
+    assert run.info.status == "FINISHED" and not {"error", "mlflow.note.content"} & set(run.data.tags)
+    # a long traceback is cut to what MLflow's tag limit takes, not refused (the run must still end)
+    long = t.start_run("distilled")
+    t.end(long, status="FAILED", error="Traceback (most recent call last):\n" + "  frame\n" * 3000)
+    run = t.client.get_run(long)
+    assert run.info.status == "FAILED" and len(run.data.tags["error"]) == 5000
+    # an error holding a code fence of its own still reads as one block
+    fenced = t.start_run("fenced")
+    t.end(fenced, status="FAILED", error="bad YAML:\n```\nx: [\n```")
+    assert (
+        t.client.get_run(fenced).data.tags["mlflow.note.content"].startswith("**FAILED**\n\n~~~~\nbad YAML")
+    )
+
+
+def test_an_experiment_that_fails_leaves_its_error_on_the_parent_run(tmp_path):
+    """The pipeline's parent run ends FAILED with the exception that stopped it (here: data not found,
+    the first thing after the run starts), and the exception still reaches the user."""
+    from reco import pipeline
+    from reco.experiment import RunContext, experiment_config
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    cfg = compose(["experiment=smoke", "data=movielens", f"data.params.path={tmp_path}/no_such_dir",
+                   f"tracking.uri={uri}", f"tracking.artifact_root={tmp_path}/a", f"cache_dir={tmp_path}/cache",
+                   f"report_dir={tmp_path}/report"])  # fmt: skip
+    exp = experiment_config(cfg)
+    with pytest.raises(FileNotFoundError, match="no_such_dir does not exist"):
+        pipeline.run(exp, RunContext(out_dir=tmp_path / "out"))
+    client = MlflowClient(tracking_uri=uri)
+    (run,) = client.search_runs([client.get_experiment_by_name(exp.experiment_name).experiment_id])
+    assert run.info.status == "FAILED"
+    assert run.data.tags["error"].startswith("FileNotFoundError: data.params.path: MovieLens directory")
+    assert "no_such_dir does not exist" in run.data.tags["mlflow.note.content"]
+
+
+def test_the_printed_link_opens_one_executions_variants_as_rows(tmp_path):
+    """The link a run prints carries `viewStateShareKey`; the view it names (an experiment tag, as MLflow's
+    UI "Share" stores one) filters to the execution's variant runs -- the same search the UI sends, run
+    here through MLflow's API -- in build order, with the decision columns."""
+    import json
+
+    from reco.pipeline import DECISION_COLUMNS, runs_table_url, study_view
+    from reco.tracking import SHARED_VIEW_TAG
+
+    uri = f"sqlite:///{tmp_path}/mlflow.db"
+    t = Tracker(uri, "view", artifact_root=str(tmp_path / "a"))
+    old = t.start_run("study")  # an earlier execution: not in this one's view
+    t.start_run("baseline", parent_id=old)
+    parent = t.start_run("study")
+    children = [t.start_run(name, parent_id=parent) for name in ("baseline", "pruned", "distilled")]
+    t.share_view(parent, study_view(parent))
+    view = json.loads(t.client.get_experiment(t.experiment_id).tags[SHARED_VIEW_TAG + parent])
+    assert view["selectedColumns"] == DECISION_COLUMNS
+    order = f"{view['orderByKey']} {'ASC' if view['orderByAsc'] else 'DESC'}"
+    rows = t.client.search_runs([t.experiment_id], view["searchFilter"], order_by=[order])
+    assert sorted(r.info.run_id for r in rows) == sorted(children)  # the parent and the old run left out
+    starts = [r.info.start_time for r in rows]
+    assert starts == sorted(starts)  # build order (runs started in one millisecond may tie)
+    url = runs_table_url(uri, t.experiment_id, view=parent)
+    assert url.startswith(
+        f"http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs?viewStateShareKey={parent}"
+    )

@@ -1,12 +1,15 @@
 """Do two runs of one study agree? Issue 9's reproducibility check, from two comparison.csv files.
 
 For every variant in both files and every ratio the report gives an interval for (speed-ups and QPS
-gains), the runs DIFFER on a figure when the 95 % interval of run A / run B excludes 1 (reco.report.agree
-says how it is formed); a figure missing from either run is listed as such, never counted as consistent.
+gains), the runs DIFFER on a figure when the 95 % interval of run A / run B excludes 1, are CONSISTENT
+when it holds 1 and is closed and at most --max-width wide (hi / lo), and are UNDECIDED when it holds 1
+but is open or wider (reco.report.agree says why); a figure missing from either run is listed as such.
 
     python -m reco.cli.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run A" "run B"
 
-Prints a Markdown table and a one-line summary; exits 1 when the runs differ on some figure.
+Prints a Markdown table and a one-line summary starting with the overall verdict. Exit codes:
+0 consistent, 1 differ on some figure, 2 bad input (the message names the file and the column),
+3 undecided (no figure differs, but some could not be told, or none could be compared).
 """
 
 from __future__ import annotations
@@ -15,19 +18,42 @@ import argparse
 import sys
 from pathlib import Path
 
-from reco.report.agree import markdown, pairs, summary
+from reco.cli.errors import exits_cleanly
+from reco.report.agree import MAX_WIDTH, Verdict, compare, markdown, summary
+
+EXIT = {Verdict.CONSISTENT: 0, Verdict.DIFFER: 1, Verdict.UNDECIDED: 3}
 
 
+def width(s: str) -> float:
+    """--max-width: a factor above 1 (an interval no wider than 1x would need identical runs)."""
+    try:
+        x = float(s)
+    except ValueError:
+        x = 0.0
+    if not x > 1.0:
+        raise argparse.ArgumentTypeError(f"expected a factor above 1 (hi / lo), got {s!r}")
+    return x
+
+
+@exits_cleanly("reco.cli.agree")
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m reco.cli.agree", description=__doc__.splitlines()[0])
     ap.add_argument("a", type=Path, help="run A's comparison.csv")
     ap.add_argument("b", type=Path, help="run B's comparison.csv")
     ap.add_argument("--names", nargs=2, default=("run A", "run B"), metavar=("A", "B"))
+    ap.add_argument(
+        "--max-width",
+        type=width,
+        default=MAX_WIDTH,
+        metavar="FACTOR",
+        help=f"widest run-ratio interval (hi / lo) that decides 'consistent' (default {MAX_WIDTH:g}); "
+        "wider or open intervals that hold 1 are 'undecided'",
+    )
     args = ap.parse_args(argv)
-    ps = pairs(args.a, args.b)
-    print(markdown(ps, tuple(args.names)))
-    print("\n" + summary(ps))
-    return 0 if all(p.consistent is not False for p in ps) else 1
+    c = compare(args.a, args.b, args.max_width)
+    print(markdown(c, tuple(args.names)))
+    print("\n" + summary(c))
+    return EXIT[c.overall]
 
 
 if __name__ == "__main__":

@@ -12,6 +12,7 @@ import hydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import DictConfig
 
+from reco import known_warnings
 from reco.cli.compose import register
 from reco.cli.errors import report, user_errors
 from reco.config import CONF_DIR, typed
@@ -44,16 +45,23 @@ def main(cfg: DictConfig) -> float | None:
     from reco.pipeline import join, run
 
     signal.signal(signal.SIGTERM, _terminate)
+    ctx = run_context()
+    # before any TorchRec code runs: its warnings go to a file, the sharding plan and progress stay on screen
+    noise = ctx.out_dir / "third_party_warnings.log"
+    known_warnings.divert(noise)
     try:
         exp = experiment_config(cfg)
         if exp.trainer.distributed.node_rank > 0:  # another host's share of node 0's training
             join(exp)
             return None
-        built = run(exp, run_context())
+        built = run(exp, ctx)
         if "search" in cfg:
             from reco.search import SearchConfig, finish_trial
 
             return finish_trial(exp, typed(cfg.search, SearchConfig, "search"), built)
     except user_errors() as e:
         sys.exit(report("reco", e))
+    finally:
+        if line := known_warnings.summary(noise):
+            print(line, flush=True)
     return None

@@ -29,6 +29,16 @@ def num(x: float | None, spec: str | None = None) -> str:
     return format(x, spec or _spec(x))
 
 
+def rounded(x: float) -> str:
+    """A figure for a title or label: three significant digits, never in exponent form, no trailing
+    zeros: 12.3464 -> '12.3', 4.20684 -> '4.21', 107.6613 -> '108', 1234.5 -> '1230', 0.5 -> '0.5'
+    (issue 47: a plot's title printed `12.3464 req/s`)."""
+    if not math.isfinite(x):
+        return num(x)
+    r = float(f"{x:.3g}")
+    return f"{r:.0f}" if r == int(r) else f"{r:f}".rstrip("0")
+
+
 def est(e: Estimate | None, spec: str | None = None, unit: str = "") -> str:
     """'12.3 [11.9, 13.0] (n=4,000)', 'n/a (n=120)', or '–' when not measured."""
     if e is None:

@@ -31,6 +31,8 @@ def csv_row(f: VariantFigures, g: Gate, ctx: StudyContext) -> dict:
     v = f.result.variant
     return {
         "variant": v.name,
+        # which study the row belongs to: `python -m reco.cli.agree` refuses two files of different ones
+        "experiment": ctx.experiment,
         "parent": v.parent or "",
         "step": v.step,
         "backend": v.backend,

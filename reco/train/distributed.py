@@ -38,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from reco import known_warnings
 from reco.config import ConfigError
 from reco.data.schema import Dataset, Split
 from reco.models.protocol import ArchConfig, RankingModel
@@ -296,6 +297,7 @@ def train_rank(
     rank starts from the model the single-process loop would). `host`: this host's HostInputs when there
     are several hosts (None: one launcher handed every rank the same objects, nothing to compare).
     Returns rank 0's result, None elsewhere."""
+    known_warnings.follow_parent()  # a spawned rank: TorchRec's warnings to the entry point's file
     d = cfg.distributed
     dist.init_process_group(d.backend, timeout=timedelta(seconds=d.timeout_s))
     try:
