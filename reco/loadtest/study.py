@@ -341,6 +341,7 @@ def run_study(
     serve: ServeConfig,
     out_dir: str | Path,
     log: Log | None = None,
+    headline: str | None = None,
 ) -> StudyOutcome:
     """Load-test every variant (see the module docstring).
 
@@ -354,6 +355,9 @@ def run_study(
         out_dir: raw files: out_dir/requests.jsonl, out_dir/<variant>/{unloaded,capacity,common,equal_util}/r<k>/.
         log: called as log(variant_name, artifact_paths, artifact_subdir) as raw files arrive (no
             metrics: the report logs the figures, see the module docstring).
+        headline: the row the study's targets are judged on (the experiment's `headline`): its first
+            capacity search, like the reference's, gets `reference_share` shares and runs late in its round,
+            because its QPS gain needs both brackets.
     Returns:
         The StudyOutcome; a variant whose load test failed has LoadOutcome.error set.
     """
@@ -401,7 +405,7 @@ def run_study(
         pool as s.pool,
     ):
         s.seconds["servers' start"] = {"all": time.time() - t_start}
-        _measure_all(s, result, ref, order)
+        _measure_all(s, result, ref, order, headline if headline in order else None)
     result.seconds = s.seconds
     result.budget = summary(s.budget)
     _say(f"[load] measured in {time.time() - t_start:.0f} s; " + time_spent(s.seconds))
@@ -499,7 +503,7 @@ def _servers(
         stop_keep_warm(spinners)
 
 
-def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) -> None:
+def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str], headline: str | None) -> None:
     lt, st = s.lt, s.lt.study
     relative = lt.capacity.slo_p99_ms is None
     if st.settle_s > 0:
@@ -531,8 +535,13 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
         _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: {st.repeats} x {len(order)}, interleaved")
         for r in range(st.repeats):
             names = s.alive()
-            if r == 0:  # the reference last: it also gets whatever the others' shares leave
-                names = [n for n in names if n != ref] + [n for n in names if n == ref]
+            heavy = {ref} | ({headline} if headline else set())
+            if r == 0:  # the headline, then the reference last: they also get what the others' shares leave
+                names = (
+                    [n for n in names if n not in heavy]
+                    + [n for n in names if n == headline and n != ref]
+                    + [n for n in names if n == ref]
+                )
             for i, n in enumerate(names):
                 if r == 0:
                     # every variant's first search before the other repeats (the reference's sets the
@@ -547,7 +556,7 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
                         r,
                         slo,
                         leave_s=sum(s.search_s(m, slo) for m in names[i + 1 :]),
-                        share=first_share(names[i:], ref, st.reference_share),
+                        share=first_share(names[i:], heavy, st.reference_share),
                     )
                 else:  # further repeats only in the time the common load leaves
                     s.reserve_s = _reserve(s, ref, slots, slo)
@@ -578,10 +587,11 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
     _unloaded_rounds(s, slots, points, len(points) - 1)
 
 
-def first_share(left: list[str], ref: str, reference_share: float) -> float:
+def first_share(left: list[str], heavy: set[str], heavy_share: float) -> float:
     """What a first capacity search may use, as 1/share of the time left: left[0]'s weight over the weights
-    of every search still to run (left), where the reference weighs `reference_share` and the others 1."""
-    weight = {n: reference_share if n == ref else 1.0 for n in left}
+    of every search still to run (left), where the reference and the headline (`heavy`) weigh
+    `heavy_share` (loadtest.study.reference_share) and the others 1."""
+    weight = {n: heavy_share if n in heavy else 1.0 for n in left}
     return sum(weight.values()) / weight[left[0]]
 
 
