@@ -2,8 +2,9 @@
 
     outcome = run_study(variants, data, data_path, loadtest, serve, out_dir, log)
 
-Order of work (every kind of run `study.repeats` times, interleaved across variants -- A B C A B C --
-so drift of the machine hits all variants alike):
+Order of work (every kind of run in blocks: each variant once per block, in a random order -- B A C |
+C B A -- so drift of the machine hits a block's variants alike and cancels in their paired ratios,
+reco.stats.paired; each run carries its block):
 
 1. **Servers.** Every variant's server is started up front, all pinned to the server core(s), and the
    variants are tested one at a time against their own server (idle servers cost memory -- the heavy
@@ -31,14 +32,16 @@ so drift of the machine hits all variants alike):
    offline scores of the same requests (reco.loadtest.correctness).
 
 With `study.budget_min` the whole of 2-6 fits a wall-time budget (reco.loadtest.budget): a window that
-would start past it is skipped and listed, a capacity search stops between steps early enough to leave
-the unloaded rounds and a round of common load their time (_reserve), and a first search takes at most
-its share of what is left (the reference `study.reference_share` shares and searched last, so it also
-gets what the others leave; every other variant one), and leaves the variants still to be searched their
-estimates (search_s);
-the common-load windows come next (a second capacity search leaves all their rounds their time); equal
-utilisation, the lowest priority, runs on what is left before the last unloaded round; and a budget too
-small for the reference's first windows stops the study before it starts.
+would start past it is skipped and listed. The unloaded blocks come first (they decide the like-for-like
+speed-ups): a capacity search stops between steps early enough to leave them and a round of common load
+their time (_reserve), a common-load window yields to the blocks still to come. A first search takes at
+most its share of what is left (the reference and the declared headline `study.reference_share` shares
+each and searched last, so they also get what the others leave; every other variant one) and leaves the
+variants still to be searched their estimates (search_s); the common-load windows come next (a second
+capacity search leaves all their rounds their time, each window priced at the rate it will run at:
+_common_plan); equal utilisation, the lowest priority, runs on what is left before the last unloaded
+round; and a budget too small for the reference's first windows and one block of every variant stops the
+study before it starts.
 
 Nothing here touches MLflow or the caller's objects: raw files go under out_dir/<variant>/, and
 `log(variant_name, artifact_paths, artifact_subdir)` (optional) is called as they arrive, so the pipeline
