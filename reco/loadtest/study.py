@@ -506,22 +506,49 @@ def _servers(
         stop_keep_warm(spinners)
 
 
+@dataclasses.dataclass(frozen=True)
+class _Schedule:
+    """Who is measured in what order, and where the unloaded blocks fall between the phases."""
+
+    ref: str
+    order: list[str]
+    headline: str | None
+    points: list[str]  # the checkpoints between phases (checkpoints())
+    slots: list[int]  # the checkpoint of each unloaded block (unloaded_slots())
+
+
 def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str], headline: str | None) -> None:
-    lt, st = s.lt, s.lt.study
-    relative = lt.capacity.slo_p99_ms is None
-    if st.settle_s > 0:
-        _say(f"[load] settling: {st.settle_s:g} s of unrecorded traffic per variant")
+    """The study's phases in their order (module docstring), each spending the budget as its kind allows."""
+    st = s.lt.study
+    points = checkpoints(st.repeats)
+    plan = _Schedule(ref, order, headline, points, unloaded_slots(unloaded_repeats(st), len(points)))
+    _settle_all(s)
+    _unloaded_rounds(s, plan.slots, points, 0)
+    _slo(s, result, plan)
+    if s.lt.capacity.enabled and result.slo_p99_ms is not None:
+        _capacity_phase(s, result.slo_p99_ms, plan)
+    _unloaded_rounds(s, plan.slots, points, 1)
+    _common_phase(s, result, plan)
+    _equal_util_phase(s, plan)
+    _unloaded_rounds(s, plan.slots, points, len(points) - 1)
+
+
+def _settle_all(s: _Study) -> None:
+    if s.lt.study.settle_s > 0:
+        _say(f"[load] settling: {s.lt.study.settle_s:g} s of unrecorded traffic per variant")
         for n in s.alive():
             s.settle(n)
-    points = checkpoints(st.repeats)
-    slots = unloaded_slots(unloaded_repeats(st), len(points))
-    _unloaded_rounds(s, slots, points, 0)
-    if relative:  # the SLO needs the reference's median over reference_repeats runs before any search
-        first = len(slots)
-        for r in range(first, first + max(lt.capacity.reference_repeats - slots.count(0), 0)):
+
+
+def _slo(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
+    """Fix the SLO before any search: the configured one, else slo_factor x the reference's median unloaded
+    p99 over reference_repeats runs (extra reference runs first); without one every variant says why."""
+    lt, ref = s.lt, plan.ref
+    if lt.capacity.slo_p99_ms is None:
+        first = len(plan.slots)
+        for r in range(first, first + max(lt.capacity.reference_repeats - plan.slots.count(0), 0)):
             if ref in s.alive():
                 s.unloaded(ref, r)
-
     ref_p99s = [u.quantiles["p99"].value for u in s.outcomes[ref].unloaded if u.valid]
     try:
         result.slo_p99_ms, result.slo_source = resolve_slo(lt.capacity, ref_p99s)
@@ -530,64 +557,64 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str], he
         err = s.outcomes[ref].error
         why = f"failed its load test ({err})" if err else "gave too few usable unloaded p99s"
         result.slo_source = f"none: the reference {ref!r} {why}; {e}"
-        for n in order:
+        for n in plan.order:
             s.fail(n, f"no SLO, so no capacity search: the reference {ref!r} {why}; {e}")
 
-    slo = result.slo_p99_ms
-    if lt.capacity.enabled and slo is not None:
-        _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: {st.repeats} x {len(order)}, interleaved")
-        for r in range(st.repeats):
-            names = s.alive()
-            heavy = {ref} | ({headline} if headline else set())
-            if r == 0:  # the headline, then the reference last: they also get what the others' shares leave
-                names = (
-                    [n for n in names if n not in heavy]
-                    + [n for n in names if n == headline and n != ref]
-                    + [n for n in names if n == ref]
-                )
-            for i, n in enumerate(names):
-                if r == 0:
-                    # every variant's first search before the other repeats (the reference's sets the
-                    # common load; each one's bracket is a QPS gain), leaving the unloaded rounds and one
-                    # common-load round their time, each within its share of the rest (first_share): a
-                    # slow reference whose steps stay undecided took 1,217 s of 1,947 (run 13) and left
-                    # five variants without a bracket; with equal shares it got one undecided step and no
-                    # passing rate, so no QPS gain at all (run 15, experiments/ecommerce_case_study/README.md)
-                    s.reserve_s = _reserve(s, ref, slots, slo, rounds=1)
-                    s.capacity(
-                        n,
-                        r,
-                        slo,
-                        leave_s=sum(s.search_s(m, slo) for m in names[i + 1 :]),
-                        share=first_share(names[i:], heavy, st.reference_share),
-                    )
-                else:  # further repeats only in the time the common load leaves
-                    s.reserve_s = _reserve(s, ref, slots, slo)
-                    s.capacity(n, r, slo, share=len(names) - i)
-    _unloaded_rounds(s, slots, points, 1)
 
-    result.common_rate_qps = _common_rate(s, ref, result)
+def _capacity_phase(s: _Study, slo: float, plan: _Schedule) -> None:
+    """Every variant's first search before anyone's second: the reference's sets the common load and
+    each one's bracket is a QPS gain. A first search leaves the unloaded blocks and one common-load round
+    their time and takes its share of the rest (first_share: the reference and the headline, searched
+    last, `reference_share` shares; a slow reference with equal shares got no passing rate:
+    experiments/ecommerce_case_study/README.md); later repeats run only in the time the common load leaves."""
+    st, ref = s.lt.study, plan.ref
+    heavy = {ref} | ({plan.headline} if plan.headline else set())
+    _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: {st.repeats} x {len(plan.order)}, interleaved")
+    for r in range(st.repeats):
+        names = s.alive()
+        if r > 0:
+            for i, n in enumerate(names):
+                s.reserve_s = _reserve(s, ref, plan.slots, slo)
+                s.capacity(n, r, slo, share=len(names) - i)
+            continue
+        names = [n for n in names if n not in heavy] + [n for n in names if n in heavy and n != ref]
+        names += [ref] if ref in s.alive() else []
+        for i, n in enumerate(names):
+            s.reserve_s = _reserve(s, ref, plan.slots, slo, rounds=1)
+            leave = sum(s.search_s(m, slo) for m in names[i + 1 :])
+            s.capacity(n, r, slo, leave_s=leave, share=first_share(names[i:], heavy, st.reference_share))
+
+
+def _common_phase(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
+    """study.repeats blocks at the common load, each followed by the unloaded blocks of its checkpoint; a
+    common window yields to the unloaded blocks still to come (they decide the like-for-like ratios)."""
+    st = s.lt.study
+    result.common_rate_qps = _common_rate(s, plan.ref, result)
     if result.common_rate_qps is not None:
         _say(
-            f"\n[load] common load {result.common_rate_qps:.1f} req/s: {st.repeats} x {len(order)}, interleaved"
+            f"\n[load] common load {result.common_rate_qps:.1f} req/s: {st.repeats} x {len(plan.order)}, interleaved"
         )
     for r in range(st.repeats):
-        # a common window yields to the unloaded blocks still to come: they decide the like-for-like ratios
-        s.reserve_s = _unloaded_left(s, slots, 2 + r)
+        s.reserve_s = _unloaded_left(s, plan.slots, 2 + r)
         if result.common_rate_qps is not None:
             for n in s.block_order("common", r):
                 s.loaded(n, r, "common", result.common_rate_qps)
-        _unloaded_rounds(s, slots, points, 2 + r)
+        _unloaded_rounds(s, plan.slots, plan.points, 2 + r)
 
+
+def _equal_util_phase(s: _Study, plan: _Schedule) -> None:
+    """Each variant at equal_util_fraction x its own median capacity, on what the budget leaves before the
+    last unloaded blocks (the lowest priority)."""
+    st = s.lt.study
     own = {n: median_capacity(s.outcomes[n]) for n in s.alive()}
-    s.reserve_s = _unloaded_left(s, slots, len(points) - 1)
-    if st.equal_util_fraction > 0 and any(own.values()):
-        _say(f"\n[load] equal utilisation: {st.equal_util_fraction:g} x each variant's own median capacity")
-        for r in range(st.repeats):
-            for n in s.block_order("equal_util", r):
-                if own.get(n):
-                    s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n])
-    _unloaded_rounds(s, slots, points, len(points) - 1)
+    s.reserve_s = _unloaded_left(s, plan.slots, len(plan.points) - 1)
+    if st.equal_util_fraction <= 0 or not any(own.values()):
+        return
+    _say(f"\n[load] equal utilisation: {st.equal_util_fraction:g} x each variant's own median capacity")
+    for r in range(st.repeats):
+        for n in s.block_order("equal_util", r):
+            if own.get(n):
+                s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n])
 
 
 def first_share(left: list[str], heavy: set[str], heavy_share: float) -> float:
