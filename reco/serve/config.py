@@ -98,6 +98,17 @@ class RedisConfig:
 
 
 @dataclass
+class HttpConfig:
+    """Limits below the application (reco/serve/connection.py): what one connection may cost a worker."""
+
+    max_header_bytes: int = MISSING  # request line + headers larger -> 431, connection closed
+    max_headers: int = MISSING  # more header fields -> 431
+    header_timeout_s: float = MISSING  # head not complete this long after its first byte (or connect) -> 408
+    keepalive_timeout_s: float = MISSING  # an idle keep-alive connection is closed after this long
+    max_connections: int = MISSING  # open connections per worker; one more -> 503 + Retry-After, closed
+
+
+@dataclass
 class FaultsConfig:
     """Test-only fault injection (tests/test_serve_faults.py); every value 0 in production."""
 
@@ -126,6 +137,7 @@ class ServeConfig:
     max_candidates: int = MISSING  # most candidate ids a request may send
     max_body_bytes: int = MISSING  # larger bodies -> 413
     body_timeout_s: float = MISSING  # a body not fully received this long after its headers -> 408
+    http: HttpConfig = MISSING  # header size, count and read timeout, keep-alive, connections per worker
     model_timeout_s: float = MISSING  # a request waiting longer for its model call (queue + call) -> 504
     warmup_calls: int = MISSING  # model calls at startup so the first request is not the slow one
     user_once: bool = MISSING  # user and context embedded once per request, not per candidate (reco.runtime)
@@ -140,6 +152,10 @@ class ServeConfig:
     # admitted and before its work starts; older -> 503 + Retry-After (reco/serve/admission.py); null: off
     max_wait_ms: float | None = MISSING
     retry_after_s: int = MISSING  # the Retry-After of a 503, seconds
+    # An X-Request-Start older than this, or further ahead of the server's clock, is not trusted (a
+    # client's clock or a forged stamp): ignored, age counted from handler entry, reco_request_start_ignored
+    request_start_max_age_s: float = MISSING
+    request_start_max_ahead_s: float = MISSING
 
     faults: FaultsConfig = MISSING
 
@@ -165,8 +181,20 @@ class ServeConfig:
             "redis.port": 0,
             "redis.maxmemory_mb": 1,
             "redis.load_batch": 1,
+            "http.max_header_bytes": 256,  # below it not even a request line with a few headers fits
+            "http.max_headers": 1,
+            "http.max_connections": 1,
         }
-        positive = ("body_timeout_s", "model_timeout_s", "redis.timeout_ms", "redis.connect_timeout_s")
+        positive = (
+            "body_timeout_s",
+            "model_timeout_s",
+            "redis.timeout_ms",
+            "redis.connect_timeout_s",
+            "http.header_timeout_s",
+            "http.keepalive_timeout_s",
+            "request_start_max_age_s",
+            "request_start_max_ahead_s",
+        )
         flat = _flatten(asdict(self))
         for key, lo in at_least.items():
             if flat[key] < lo:

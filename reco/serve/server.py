@@ -108,7 +108,8 @@ def _run(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
             return run_workers(variant_dir, dataset_path, cfg)
         import uvicorn
 
-        uvicorn.run(app, host=cfg.host, port=cfg.port, **uvicorn_options(cfg))
+        options = uvicorn_options(cfg, app.state.service.metrics.count_refused)
+        uvicorn.run(app, host=cfg.host, port=cfg.port, **options)
         return 0
     finally:
         stop_keep_warm(spinners)
