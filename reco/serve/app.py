@@ -278,6 +278,8 @@ class RecoService:
                 "batcher_restarts": self.ranker.restarts,
                 "retrieval": self.store.retrieval_name,
                 "features": self.cfg.features.value,
+                # redis: what the last sample check found missing (requests are 503 meanwhile), else null
+                "features_lost": None if self.online is None else self.online.lost,
                 "n_users": int(self.store.users.cold),
                 "n_items": int(self.store.items.cold),
                 "n_candidates": self.cfg.n_candidates,
@@ -340,6 +342,8 @@ def create_app(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Starlet
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         await svc.ranker.start()
+        if svc.online is not None:
+            svc.online.start()
         yield
         await svc.ranker.stop()
         if svc.online is not None:

