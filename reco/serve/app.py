@@ -44,6 +44,7 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reco.serve.admission import REQUEST_START, Overdue, ShedReason, WorkGate, request_age_s
+from reco.serve.auth import RequireSecret, check_expected_digest, shared_secret
 from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher
 from reco.serve.config import FeatureSource, ServeConfig
 from reco.serve.connection import error_body
@@ -337,6 +338,8 @@ def create_app(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Starlet
     Returns:
         The app; `app.state.service` is its RecoService.
     """
+    check_expected_digest(variant_dir, cfg)
+    secret = shared_secret(cfg)  # before the model loads: a missing secret stops the server at once
     svc = RecoService(variant_dir, dataset_path, cfg)
 
     @contextlib.asynccontextmanager
@@ -367,6 +370,8 @@ def create_app(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Starlet
     # No trailing-slash redirect: Starlette builds its Location from the Host header, so
     # `POST /recommend/` with `Host: evil.example` answered 307 to http://evil.example/recommend.
     app.router.redirect_slashes = False
+    if secret is not None:
+        app.add_middleware(RequireSecret, secret=secret)
     app.add_middleware(GuardErrors)
     app.state.service = svc
     return app

@@ -9,6 +9,7 @@ a study, and its worker processes, get the typed settings as one JSON file or st
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
@@ -161,6 +162,11 @@ class ServeConfig:
 
     faults: FaultsConfig = MISSING
 
+    # SHA-256 of the variant's variant.json, held outside its directory (--expect-sha256); null: not checked
+    expect_sha256: str | None = MISSING
+    # name of the environment variable holding a shared secret (Authorization: Bearer); null: no secret
+    secret_env: str | None = MISSING
+
     def check(self, where: str) -> None:
         """Range checks the types cannot express (reco.config.typed runs it); ConfigError names `where.<key>`."""
         at_least = {
@@ -213,6 +219,23 @@ class ServeConfig:
             )
         if self.max_wait_ms is not None and not self.max_wait_ms > 0:
             raise ConfigError(f"{where}.max_wait_ms: expected > 0 ms or null (off), got {self.max_wait_ms}")
+        if self.expect_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", self.expect_sha256):
+            raise ConfigError(
+                f"{where}.expect_sha256: expected 64 hex digits (sha256sum of variant.json) or null, got "
+                f"{self.expect_sha256!r}"
+            )
+        if self.secret_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.secret_env):
+            raise ConfigError(
+                f"{where}.secret_env: expected the name of an environment variable or null, got {self.secret_env!r}"
+            )
+        if self.backend != ServeBackend.reco and (
+            self.secret_env is not None or self.expect_sha256 is not None
+        ):
+            # never silently unguarded: Triton's front end neither checks the secret nor the digest
+            raise ConfigError(
+                f"{where}.secret_env / {where}.expect_sha256: only {where}.backend=reco checks them, got "
+                f"backend={self.backend.value}"
+            )
         sizes = self.triton.preferred_batch_sizes
         if not all(1 <= b <= self.triton.max_batch_size for b in sizes):
             raise ConfigError(
