@@ -53,12 +53,13 @@ def _port(h) -> int:
 
 
 def _read_all(s: socket.socket) -> bytes:
-    """Everything the server sends until it closes (or the socket's timeout)."""
+    """Everything the server sends until it closes; TimeoutError when it does not close within the
+    socket's (generous) timeout."""
     out = b""
     while True:
         try:
             chunk = s.recv(65536)
-        except (ConnectionResetError, TimeoutError):
+        except ConnectionResetError:
             return out
         if not chunk:
             return out
@@ -154,14 +155,12 @@ def test_slow_headers_are_closed_within_the_header_timeout_and_do_not_stall_othe
     h = servers["guarded"]
     n = 200
     socks = [socket.create_connection(("127.0.0.1", _port(h)), timeout=30) for _ in range(n)]
-    t0 = time.monotonic()
     try:
         for s in socks:
             s.sendall(b"POST /recommend HTTP/1.1\r\nHost: x\r\nX-Slow: ")
         assert len(_latencies(h.url, 10)) == 10  # answered while the 200 heads hang
         with ThreadPoolExecutor(16) as pool:
-            answers = list(pool.map(_read_all, socks))
-        took = time.monotonic() - t0
+            answers = list(pool.map(_read_all, socks))  # each closed by the server, or TimeoutError
     finally:
         for s in socks:
             s.close()
@@ -171,8 +170,6 @@ def test_slow_headers_are_closed_within_the_header_timeout_and_do_not_stall_othe
             "error": f"request headers not received within serve.http.header_timeout_s={HEADER_TIMEOUT_S:g} s",
             "field": "headers",
         }
-    # Closed by the timeout, not by the read's own 30 s timeout (which would have left answers empty).
-    assert took < 30
     # A connection that sends nothing at all is closed too, without an answer.
     with socket.create_connection(("127.0.0.1", _port(h)), timeout=30) as s:
         assert _read_all(s) == b""
@@ -217,10 +214,8 @@ def test_connections_beyond_the_cap_get_503_json_and_idle_ones_are_closed(server
     # serve.http.keepalive_timeout_s=3: an idle keep-alive connection is closed by the server.
     with socket.create_connection(("127.0.0.1", _port(h)), timeout=30) as s:
         s.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
-        t = time.monotonic()
-        raw = _read_all(s)  # the answer, then the server's close
+        raw = _read_all(s)  # the answer, then the server's close (TimeoutError if it kept it open)
         assert raw.startswith(b"HTTP/1.1 200"), raw[:200]
-        assert time.monotonic() - t < 30  # not the socket's own timeout
 
 
 @pytest.mark.parametrize(
