@@ -186,6 +186,13 @@ def test_framing_errors_and_unknown_paths_are_json_and_no_redirect_uses_host(ser
     )
     status, _, body = _parse(_raw(port, bad_chunk))
     assert status == 400 and body["field"] == "http", body
+    # No websockets: an Upgrade request is answered as plain HTTP (and logs nothing per request).
+    upgrade = (
+        b"GET /healthz HTTP/1.1\r\nHost: x\r\nConnection: Upgrade\r\nUpgrade: websocket\r\n"
+        b"Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Version: 13\r\n\r\n"
+    )
+    status, _, body = _parse(_raw(port, upgrade))
+    assert status == 200 and body["status"] == "ok"
     # Starlette's trailing-slash redirect built its Location from Host: off (issue 48: 307 to evil.example).
     req = (
         b"POST /recommend/ HTTP/1.1\r\nHost: evil.example\r\nContent-Type: application/json\r\n"

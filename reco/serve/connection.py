@@ -112,7 +112,7 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         except _Refuse as e:
             self._refuse(e)
         except httptools.HttpParserUpgrade:
-            self._unsupported_upgrade_warning()  # no websockets here
+            pass  # no websockets (uvicorn ws="none"): the request went to the app as plain HTTP
         except httptools.HttpParserError as e:
             # A _Refuse raised in a parser callback arrives wrapped (HttpParserCallbackError, its context).
             cause = e.__context__

@@ -37,7 +37,8 @@ def uvicorn_options(cfg: ServeConfig, on_refused: Callable[[str], None] | None =
         cfg: the serve settings (log_level, http, retry_after_s).
         on_refused: called with the reason of each connection-level refusal (the app's metric).
     Returns:
-        The options (uvloop, httptools with serve.http's limits, no access log, graceful shutdown limit).
+        The options (uvloop, httptools with serve.http's limits, no websockets, no access log, graceful
+        shutdown limit).
     """
     from reco.serve.connection import protocol_class
 
@@ -45,6 +46,7 @@ def uvicorn_options(cfg: ServeConfig, on_refused: Callable[[str], None] | None =
         "loop": "uvloop",
         "http": protocol_class(cfg.http, cfg.retry_after_s, on_refused),
         "timeout_keep_alive": cfg.http.keepalive_timeout_s,
+        "ws": "none",  # no websocket routes: an Upgrade request is answered as plain HTTP
         "access_log": False,
         "log_level": cfg.log_level,
         "timeout_graceful_shutdown": GRACEFUL_S,
