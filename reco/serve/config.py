@@ -219,6 +219,23 @@ class ServeConfig:
             )
         if self.max_wait_ms is not None and not self.max_wait_ms > 0:
             raise ConfigError(f"{where}.max_wait_ms: expected > 0 ms or null (off), got {self.max_wait_ms}")
+        self._check_guards(where)
+        sizes = self.triton.preferred_batch_sizes
+        if not all(1 <= b <= self.triton.max_batch_size for b in sizes):
+            raise ConfigError(
+                f"{where}.triton.preferred_batch_sizes: expected sizes in [1, triton.max_batch_size="
+                f"{self.triton.max_batch_size}], got {sizes}"
+            )
+        if self.features == FeatureSource.redis and self.backend != ServeBackend.reco:
+            raise ConfigError(
+                f"{where}.features=redis: only {where}.backend=reco reads an online store, got backend="
+                f"{self.backend.value}"
+            )
+        if not 0.0 <= self.retrieval.share <= 1.0:
+            raise ConfigError(f"{where}.retrieval.share: expected in [0, 1], got {self.retrieval.share}")
+
+    def _check_guards(self, where: str) -> None:
+        """The digest and the shared secret: well-formed, and only where the front end checks them."""
         if self.expect_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", self.expect_sha256):
             raise ConfigError(
                 f"{where}.expect_sha256: expected 64 hex digits (sha256sum of variant.json) or null, got "
@@ -236,19 +253,6 @@ class ServeConfig:
                 f"{where}.secret_env / {where}.expect_sha256: only {where}.backend=reco checks them, got "
                 f"backend={self.backend.value}"
             )
-        sizes = self.triton.preferred_batch_sizes
-        if not all(1 <= b <= self.triton.max_batch_size for b in sizes):
-            raise ConfigError(
-                f"{where}.triton.preferred_batch_sizes: expected sizes in [1, triton.max_batch_size="
-                f"{self.triton.max_batch_size}], got {sizes}"
-            )
-        if self.features == FeatureSource.redis and self.backend != ServeBackend.reco:
-            raise ConfigError(
-                f"{where}.features=redis: only {where}.backend=reco reads an online store, got backend="
-                f"{self.backend.value}"
-            )
-        if not 0.0 <= self.retrieval.share <= 1.0:
-            raise ConfigError(f"{where}.retrieval.share: expected in [0, 1], got {self.retrieval.share}")
 
 
 def serve_config(node: Any, where: str = "serve") -> ServeConfig:
