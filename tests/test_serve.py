@@ -38,6 +38,21 @@ def serve_settings(*overrides: str) -> ServeConfig:
     return serve_config(compose([f"serve.{o}" for o in overrides]).serve)
 
 
+def running_servers(vdir, dpath, specs: dict[str, list[str]], root):
+    """Yield {name: ready ServerHandle}, one server per spec's overrides started side by side; all
+    stopped at the end (for module fixtures: `yield from running_servers(...)`)."""
+    handles = {
+        name: start_server(vdir, dpath, serve_settings(*over), wait=False, work_dir=root / name)
+        for name, over in specs.items()
+    }
+    try:
+        for h in handles.values():
+            h.wait_ready(timeout_s=180)
+        yield handles
+    finally:
+        stop_servers(list(handles.values()))
+
+
 @pytest.fixture(scope="module")
 def served(tiny_data, tmp_path_factory):
     """Servers started side by side: plain, dynamic batching, a tiny admission limit, two workers.
@@ -56,13 +71,7 @@ def served(tiny_data, tmp_path_factory):
         "limited": ["keep_warm=false", "queue_limit=2", "retry_after_s=1", "body_timeout_s=3"],
         "workers": ["workers=2"],
     }
-    handles = {
-        name: start_server(vdir, dpath, serve_settings(*over), wait=False, work_dir=root / name)
-        for name, over in specs.items()
-    }
-    try:
-        for h in handles.values():
-            h.wait_ready(timeout_s=180)
+    for handles in running_servers(vdir, dpath, specs, root):
         yield {
             "handles": handles,
             "data": tiny_data,
@@ -70,8 +79,6 @@ def served(tiny_data, tmp_path_factory):
             "dpath": dpath,
             "settings": serve_settings(),
         }
-    finally:
-        stop_servers(list(handles.values()))
 
 
 class Client:

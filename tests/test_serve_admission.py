@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 from conftest import make_variant
 from prometheus_client.parser import text_string_to_metric_families
-from test_serve import Client, serve_settings
+from test_serve import Client, running_servers, serve_settings
 
 from reco.cli.compose import compose
 from reco.config import ConfigError
@@ -30,7 +30,7 @@ from reco.loadtest.runner import run_load, with_settings
 from reco.serve.admission import Overdue, WorkGate, request_age_s, request_start_epoch
 from reco.serve.batcher import DirectRanker
 from reco.serve.faults import SLOW_CALL_STARTED
-from reco.serve.process import ServerHandle, start_server
+from reco.serve.process import ServerHandle
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -49,19 +49,7 @@ def servers(tiny_data, tmp_path_factory):
         "slow_batched": [*SLOW, "batching.enabled=true"],
         "off": [f"faults.model_delay_s={DELAY_S}", "faults.slow_calls=1"],  # max_wait_ms null: no shedding
     }
-    handles = {
-        name: start_server(
-            vdir, dpath, serve_settings("keep_warm=false", *o), wait=False, work_dir=root / name
-        )
-        for name, o in specs.items()
-    }
-    try:
-        for h in handles.values():
-            h.wait_ready(timeout_s=180)
-        yield handles
-    finally:
-        for h in handles.values():
-            h.stop()
+    yield from running_servers(vdir, dpath, {n: ["keep_warm=false", *o] for n, o in specs.items()}, root)
 
 
 def _stamp(age_s: float, unit: float = 1e6) -> str:

@@ -15,10 +15,9 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from conftest import make_variant
 from prometheus_client.parser import text_string_to_metric_families
-from test_serve import Client, serve_settings
+from test_serve import Client, running_servers, serve_settings
 
 from reco.config import ConfigError
-from reco.serve.process import start_server
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -35,17 +34,7 @@ def servers(tiny_data, tmp_path_factory):
         "guarded": ["keep_warm=false", f"http.header_timeout_s={HEADER_TIMEOUT_S}"],
         "few": ["keep_warm=false", "http.max_connections=3", "http.keepalive_timeout_s=3"],
     }
-    handles = {
-        name: start_server(vdir, dpath, serve_settings(*o), wait=False, work_dir=root / name)
-        for name, o in specs.items()
-    }
-    try:
-        for h in handles.values():
-            h.wait_ready(timeout_s=180)
-        yield handles
-    finally:
-        for h in handles.values():
-            h.stop()
+    yield from running_servers(vdir, dpath, specs, root)
 
 
 def _port(h) -> int:
