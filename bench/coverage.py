@@ -106,17 +106,27 @@ def coverage(
     s: Setting, windows: int, n: int, runs: int, rng: np.random.Generator
 ) -> dict[tuple[str, str], float]:
     """(method, quantile) -> share of `runs` simulated runs of `windows` x `n` requests whose interval
-    holds the truth; methods 'iid' (pooled order statistics) and 'dependent' (reco.stats.dependent)."""
+    holds the truth; methods 'iid' (pooled order statistics) and 'dependent' (reco.stats.dependent).
+    Beside them ('open', quantile): the share of reco's intervals open above (or unsupported), and
+    ('width', quantile): their median hi/lo among the closed ones -- an interval that is always open
+    always covers, so coverage alone says nothing."""
     truths = {k: truth(s, q, rng) for k, q in QS.items()}
     x = simulate(s, runs * windows, n, rng).reshape(runs, windows, n)
     hits = {(m, k): 0 for m in ("iid", "dependent") for k in QS}
+    widths: dict[str, list[float]] = {k: [] for k in QS}
     for r in range(runs):
         for k, q in QS.items():
             iid = quantile_ci(x[r].ravel(), q)
             dep = dependent_quantile_ci(list(x[r]), q)
             hits["iid", k] += iid.lo <= truths[k] <= iid.hi
             hits["dependent", k] += dep.lo <= truths[k] <= dep.hi
-    return {key: v / runs for key, v in hits.items()}
+            if dep.supported and math.isfinite(dep.hi) and dep.lo > 0:
+                widths[k].append(dep.hi / dep.lo)
+    out = {key: v / runs for key, v in hits.items()}
+    for k in QS:
+        out["open", k] = 1 - len(widths[k]) / runs
+        out["width", k] = float(np.median(widths[k])) if widths[k] else math.inf
+    return out
 
 
 def false_pass(s: Setting, runs: int, rng: np.random.Generator, c: CapacityConfig) -> float:
