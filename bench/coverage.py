@@ -191,13 +191,15 @@ def _line(row: dict) -> str:
     s, cov, fp = row["setting"], row["coverage"], row["false_pass"]
     cells = [s.model, f"{s.utilisation:.0%}", f"{s.drift:.0%}", f"{row['windows']} x {row['n']}"]
     cells += [f"{cov[m, k]:.3f}" for k in QS for m in ("iid", "dependent")]
+    cells += [f"{cov['open', k]:.2f} / {cov['width', k]:.2f}" for k in QS]
     cells += ["–" if fp is None else f"{fp:.3f}", str(row["runs"])]
     return "| " + " | ".join(cells) + " |"
 
 
 HEADER = (
     "| service | utilisation | drift | windows x n | p50 iid | p50 reco | p99 iid | p99 reco | "
-    "false PASS at capacity | runs |\n|---|---|---|---|---|---|---|---|---|---|"
+    "p50 reco open / hi/lo | p99 reco open / hi/lo | false PASS at capacity | runs |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
