@@ -101,7 +101,16 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
             ready = [(b.name, b.variant) for b in built if b.variant is not None]
             add_serving_rows(built, ready, exp.loadtest.study.servings, tracker, parent_run)
             log = study_log(tracker, {b.name: b.run_id for b in built})
-            study = run_study(ready, data, data_path, exp.loadtest, exp.serve, ctx.out_dir / "load", log)
+            study = run_study(
+                ready,
+                data,
+                data_path,
+                exp.loadtest,
+                exp.serve,
+                ctx.out_dir / "load",
+                log,
+                headline=exp.headline,
+            )
         report_dir = ctx.out_dir / "report" if ctx.multirun else exp.report_dir
         paths = write_study_report(exp, built, data, study, report_dir, tracker)
         tracker.log_artifacts(parent_run, paths, "report")

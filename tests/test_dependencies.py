@@ -22,7 +22,7 @@ NOT_IMPORTED = {
     "pyre-extensions": "torchrec's run-time dependency",
     "iopath": "torchrec's run-time dependency",
     "onnxscript": "the dynamo ONNX exporter (accelerate.exporter=dynamo) imports it inside torch",
-    "uvicorn": "imported by reco.serve; [standard] brings uvloop/httptools it picks up itself",
+    "uvicorn": "imported by reco.serve; [standard] brings uvloop it picks up itself",
     "hydra-joblib-launcher": "a Hydra plugin (hydra_plugins namespace): hydra/launcher=joblib loads it",
     "hydra-optuna-sweeper": "a Hydra plugin (hydra_plugins namespace): experiment=search's sweeper",
     "hydra-submitit-launcher": "a Hydra plugin (hydra_plugins namespace): hydra/launcher=submitit_local loads it",

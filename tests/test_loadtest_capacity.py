@@ -276,6 +276,16 @@ def test_config_typos_fail_naming_the_key(lt):
     assert compose(["loadtest.capacity.step_requests=500"]).loadtest.capacity.step_requests == 500
 
 
+def test_capacity_ranges_fail_at_compose_time_before_any_server_starts(lt):
+    """Issue 46: a bad loadtest.capacity.* stops when the config is typed, naming the key."""
+    bad = {**dataclasses.asdict(lt), "capacity": {**dataclasses.asdict(lt.capacity), "growth": 1.0}}
+    with pytest.raises(ConfigError, match=r"loadtest\.capacity: expected .*growth > 1"):
+        loadtest_config(bad)
+    small = {**dataclasses.asdict(lt), "study": {**dataclasses.asdict(lt.study), "unloaded_requests": 50}}
+    with pytest.raises(ConfigError, match=r"loadtest\.study\.unloaded_requests: expected >= 100"):
+        loadtest_config(small)
+
+
 # -- shortcuts that must not change the answer: screening windows and a prior bracket ----------------
 def test_screening_lower_bound_exists_for_small_n_and_is_rarely_above_the_truth():
     """The screening window's p99 lower bound (reco.stats.dependent) exists at n = 80 though the p99 is not

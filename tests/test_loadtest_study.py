@@ -322,13 +322,16 @@ def test_a_spent_budget_skips_and_lists_windows_never_guesses(tiny_data, built, 
 
 def test_the_reference_first_search_gets_its_shares_and_what_the_others_leave():
     left = ["student", "pruned", "baseline"]  # the round's order: the reference last
-    assert (
-        first_share(left, "baseline", 3.0) == 5.0
-    )  # 1 share of 5: the student may use a fifth of what is left
-    assert first_share(left[1:], "baseline", 3.0) == 4.0
-    assert first_share(left[2:], "baseline", 3.0) == 1.0  # the reference, last: everything left
-    assert first_share(left, "baseline", 1.0) == 3.0  # one share each: equal shares
-    assert first_share(["baseline", "student"], "baseline", 3.0) == pytest.approx(4 / 3)  # 3 of 4 shares
+    ref = {"baseline"}
+    assert first_share(left, ref, 3.0) == 5.0  # 1 share of 5: the student may use a fifth of what is left
+    assert first_share(left[1:], ref, 3.0) == 4.0
+    assert first_share(left[2:], ref, 3.0) == 1.0  # the reference, last: everything left
+    assert first_share(left, ref, 1.0) == 3.0  # one share each: equal shares
+    assert first_share(["baseline", "student"], ref, 3.0) == pytest.approx(4 / 3)  # 3 of 4 shares
+    # the declared headline weighs as the reference: its QPS gain needs both brackets
+    heavy = {"baseline", "student"}
+    assert first_share(["pruned", "student", "baseline"], heavy, 3.0) == 7.0
+    assert first_share(["student", "baseline"], heavy, 3.0) == 2.0
 
 
 def test_median_capacity_leaves_out_a_search_the_budget_stopped_before_any_pass():

@@ -27,7 +27,7 @@ from reco.config import ConfigError
 from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.histogram import read_latencies
 from reco.loadtest.runner import run_load, with_settings
-from reco.serve.admission import Overdue, WorkGate, request_start_epoch
+from reco.serve.admission import Overdue, WorkGate, request_age_s, request_start_epoch
 from reco.serve.batcher import DirectRanker
 from reco.serve.faults import SLOW_CALL_STARTED
 from reco.serve.process import ServerHandle, start_server
@@ -120,14 +120,46 @@ def test_malformed_or_missing_stamp_is_ignored(servers, stamp):
     c.close()
 
 
-def test_stamp_from_the_future_is_age_zero(servers):
+def _ignored(c: Client) -> dict[str, float]:
+    """reco_request_start_ignored_total by reason, from /metrics."""
+    text = c.request("GET", "/metrics")[2].decode()
+    for fam in text_string_to_metric_families(text):
+        if fam.name == "reco_request_start_ignored":
+            return {s.labels["reason"]: s.value for s in fam.samples if s.name.endswith("_total")}
+    raise AssertionError("reco_request_start_ignored_total not exported")
+
+
+def test_stamp_slightly_ahead_is_age_zero_implausible_stamps_are_ignored_and_counted(servers):
+    """Within request_start_max_ahead_s (1 s) a stamp ahead is clock skew: age 0. Further ahead, or older
+    than request_start_max_age_s (60 s), it is not trusted: served as without the header, and counted
+    (issue 48: t=1 was shed as "waited 1796417980784 ms", a stamp an hour ahead skipped the age check)."""
     c = Client(servers["aged"].url)
-    shed0, _ = _counts(c)
-    for ahead_s in (1.0, 3600.0):
-        status, _, resp = _post(c, _stamp(-ahead_s))
-        assert status == 200, resp
+    shed0, ignored0 = _counts(c)[0], _ignored(c)
+    status, _, resp = _post(c, _stamp(-0.5))
+    assert status == 200, resp
+    assert _ignored(c) == ignored0
+    for stamp, reason in [
+        (_stamp(-3600.0), "future"),
+        ("t=1", "too_old"),
+        (_stamp(61.0), "too_old"),
+        (_stamp(3600.0 * 24 * 365, 1.0), "too_old"),
+    ]:
+        before = _ignored(c)
+        status, _, resp = _post(c, stamp)
+        assert status == 200 and len(resp["items"]) == 3, (stamp, resp)
+        assert _ignored(c)[reason] == before[reason] + 1, stamp
     assert _counts(c)[0] == shed0
     c.close()
+
+
+def test_request_age_bounds():
+    now = time.time()
+    t0 = time.perf_counter()
+    for stamp, ignored in [(now - 5, None), (now + 0.5, None), (now + 5, "future"), (now - 100, "too_old")]:
+        age, why = request_age_s(f"t={stamp * 1e6:.0f}", t0, t0 + 0.25, 60.0, 1.0)
+        assert why == ignored, stamp
+        assert age == (0.25 if ignored else pytest.approx(max(0.0, now - stamp), abs=1.0))
+    assert request_age_s(None, t0, t0 + 0.25, 60.0, 1.0) == (0.25, None)
 
 
 def test_request_start_spellings():

@@ -165,3 +165,57 @@ def test_served_from_redis_same_answers_and_clear_errors_when_the_store_fails(ti
         c.close()
     finally:
         stop_servers(list(handles.values()))
+
+
+def test_a_store_that_lost_its_rows_is_503_never_cold_start_and_a_reload_brings_it_back(tiny_data, tmp_path):
+    """Issue 48: a Redis that came back empty was served as cold start, silently. Flushed: every request
+    is a 503 naming serve.redis (the sentinel is read in the same MGET); rows lost one by one: 503 once a
+    sample check misses them; after load_features, 200 again without a restart."""
+    vdir, dpath = make_variant(tiny_data, tmp_path)
+    base = serve_settings("features=redis", "redis.check_interval_s=0.2", "keep_warm=false")
+    with redis_server(base.redis, tmp_path / "redis") as rcfg:
+        store = FeatureStore(tiny_data, base.retrieval)
+        load_features(store, tiny_data.fingerprint, rcfg)
+        direct = redis.Redis(host=rcfg.host, port=rcfg.port)
+        h = start_server(vdir, dpath, dataclasses.replace(base, redis=rcfg), work_dir=tmp_path / "r")
+        c = Client(h.url)
+        try:
+            body = a_test_row(tiny_data)
+            status, _, want = c.recommend(body)
+            assert status == 200
+            direct.flushall()
+            for _ in range(3):
+                status, headers, resp = c.recommend(body)
+                assert status == 503 and resp["field"] == "features", resp
+                assert "(serve.redis) has no feature rows" in resp["error"] and headers.get("retry-after")
+            assert not load_features(store, tiny_data.fingerprint, rcfg).reused
+            status, _, resp = c.recommend(body)
+            assert status == 200 and scores(resp) == pytest.approx(scores(want), abs=1e-6)
+
+            # Rows lost one by one (as evicted): the sentinel stays, the sample check finds them missing.
+            prefix = f"{rcfg.prefix}:{tiny_data.fingerprint}:"
+            lost = [
+                k for k in direct.scan_iter(match=prefix + "*", count=10_000) if not k.endswith(b"sentinel")
+            ]
+            direct.delete(*lost)
+            deadline = time.monotonic() + 30
+            while h.health()["features_lost"] is None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            status, _, resp = c.recommend(body)
+            assert status == 503 and "sampled row keys missing" in resp["error"], resp
+            assert not load_features(store, tiny_data.fingerprint, rcfg).reused  # the sample says: rewrite
+            while h.health()["features_lost"] is not None and time.monotonic() < deadline:
+                time.sleep(0.1)
+            status, _, resp = c.recommend(body)
+            assert status == 200 and scores(resp) == pytest.approx(scores(want), abs=1e-6)
+        finally:
+            c.close()
+            direct.close()
+            h.stop()
+
+
+def test_redis_check_settings_are_checked():
+    with pytest.raises(ConfigError, match=r"serve\.redis\.check_interval_s: expected > 0, got 0"):
+        serve_settings("redis.check_interval_s=0")
+    with pytest.raises(ConfigError, match=r"serve\.redis\.check_sample: expected >= 1, got 0"):
+        serve_settings("redis.check_sample=0")

@@ -1,4 +1,4 @@
-"""python -m reco.cli.serve --variant DIR --dataset PATH.pt [--host H] [--port P] [--settings FILE.json] [key=value ...]
+"""python -m reco.cli.serve --variant DIR --dataset PATH.pt [--host H] [--port P] [--expect-sha256 HEX] [--settings FILE.json] [key=value ...]
 
 Settings: the project config's `serve` group (conf/serve/default.yaml, schema reco/serve/config.py) with
 `key=value` overrides of its keys (dotted: batching.enabled=true, cpu_affinity=[1]), composed with Hydra
@@ -29,16 +29,24 @@ def arg_parser(prog: str, description: str) -> argparse.ArgumentParser:
     )
     p.add_argument("--host", help="bind address (default: serve.host)")
     p.add_argument("--port", type=int, help="port (default: serve.port)")
+    p.add_argument(
+        "--expect-sha256",
+        help="SHA-256 of the variant's variant.json, kept outside its directory (serve.expect_sha256)",
+    )
     p.add_argument("--settings", type=Path, help="the typed serve settings as one JSON file (from a study)")
     p.add_argument("overrides", nargs="*", help="key=value overrides of the serve settings")
     return p
 
 
 def settings(
-    overrides: list[str], host: str | None = None, port: int | None = None, file: Path | None = None
+    overrides: list[str],
+    host: str | None = None,
+    port: int | None = None,
+    file: Path | None = None,
+    expect_sha256: str | None = None,
 ) -> ServeConfig:
     """The serve settings: `file` (JSON), or the composed `serve` with `serve.<override>` applied;
-    `host` / `port` win over either. ConfigError names a bad key or value."""
+    `host` / `port` / `expect_sha256` win over either. ConfigError names a bad key or value."""
     if file is not None:
         if overrides:
             raise ValueError("--settings: give either a settings file or key=value overrides, not both")
@@ -46,14 +54,17 @@ def settings(
     else:
         cfg = serve_config(compose([f"serve.{o}" for o in overrides]).serve)
     port = port if port is not None else cfg.port
-    return serve_config(dataclasses.replace(cfg, host=host or cfg.host, port=port), "serve")
+    digest = expect_sha256 if expect_sha256 is not None else cfg.expect_sha256
+    return serve_config(
+        dataclasses.replace(cfg, host=host or cfg.host, port=port, expect_sha256=digest), "serve"
+    )
 
 
 def start(prog: str, argv: list[str] | None, serve) -> int:
     """Parse the command line, resolve the settings, and run serve(variant, dataset, settings)."""
     args = arg_parser(prog, __doc__.splitlines()[0]).parse_args(argv)
     try:
-        cfg = settings(args.overrides, args.host, args.port, args.settings)
+        cfg = settings(args.overrides, args.host, args.port, args.settings, args.expect_sha256)
     except user_errors() as e:
         return report(f"{prog}: cannot start", e)
     return serve(args.variant, args.dataset, cfg)

@@ -14,7 +14,7 @@ the least n whose p99 CI upper bound is an observed latency). Failed requests co
 
 (the spirit of MLPerf LoadGen's early stopping: more samples only where the answer is close). The p99
 interval is reco.stats.dependent's (requests under load are not independent). A step looks at its
-pooled requests up to `looks` times (the first window, then each doubling up to max_step_requests) and
+pooled requests up to `CapacityConfig.looks` times (the first window, then each doubling up to max_step_requests) and
 stops at the first look with a verdict, so each look's interval is at confidence 1 - 5 % / looks
 (Bonferroni): a step at exactly the true capacity PASSes at most ~2.5 % of the time however many looks
 it took (bench/coverage.py measures it). That is why step_requests must be >= the n whose p99 upper
@@ -91,25 +91,15 @@ def resolve_slo(capacity: CapacityConfig, reference_p99s_ms: Sequence[float | No
     )
 
 
-def looks(c: CapacityConfig) -> int:
-    """How many times a step may judge its pooled requests: the first window, then each doubling up to
-    max_step_requests."""
-    return 1 + max(0, math.ceil(math.log2(c.max_step_requests / c.step_requests)))
-
-
 def step_cap(rate: float, c: CapacityConfig) -> int:
     """Requests a step at `rate` may pool before it is INCONCLUSIVE: max_step_requests, and with max_step_s
-    no more than rate x max_step_s (never fewer than step_requests). Bonferroni's `looks` count the
-    doublings up to max_step_requests, which a time-capped step never exceeds: its looks stay covered."""
+    no more than rate x max_step_s (never fewer than step_requests). Bonferroni's looks
+    (CapacityConfig.looks) count the doublings up to max_step_requests, which a time-capped step never
+    exceeds: its looks stay covered."""
     cap = int(c.max_step_requests)
     if c.max_step_s is not None:
         cap = min(cap, max(int(c.step_requests), round(rate * float(c.max_step_s))))
     return cap
-
-
-def step_conf(c: CapacityConfig) -> float:
-    """Confidence of each look's p99 interval (Bonferroni over the looks, module docstring)."""
-    return 1 - (1 - CONF) / looks(c)
 
 
 def step_verdict(
@@ -156,7 +146,7 @@ def run_step(
             return CapacityStep(rate, runs[0], Verdict.FAIL, f"{reason} {slo_p99_ms:.2f} ms")
         say(f"{rate:.1f} req/s: screening window n={runs[0].n} not a clear FAIL, measuring on")
     runs.append(measure(rate, int(c.step_requests) - screen, out_dir / f"w{len(runs):02d}"))
-    cap, conf = step_cap(rate, c), step_conf(c)
+    cap, conf = step_cap(rate, c), c.step_conf
     while True:
         pooled = pool_runs(runs)
         verdict, reason, p99 = step_verdict(pooled, slo_p99_ms, c.max_error_rate, conf)
@@ -223,24 +213,8 @@ def find_capacity(
         Capacity with every step in run order.
     """
     c = capacity
+    c.check("loadtest.capacity")  # also at compose time; here for a config built by hand (bench, tests)
     lo, hi, growth, tol = float(c.min_rate), float(c.max_rate), float(c.growth), float(c.tolerance)
-    if not (0 < lo <= hi) or growth <= 1:
-        raise ValueError(
-            f"loadtest.capacity: expected 0 < min_rate <= max_rate and growth > 1, "
-            f"got min_rate={lo}, max_rate={hi}, growth={growth}"
-        )
-    need = min_n_for_quantile(0.99, step_conf(c)) if c.max_step_requests >= c.step_requests > 0 else P99_MIN_N
-    if (
-        not (need <= c.step_requests <= c.max_step_requests)
-        or c.screen_s < 0
-        or (c.max_step_s is not None and c.max_step_s <= 0)
-    ):
-        raise ValueError(
-            f"loadtest.capacity: expected {need} <= step_requests <= max_step_requests (a p99 upper bound at "
-            f"each look's confidence needs n >= {need}: loadtest/capacity.py), screen_s >= 0 and max_step_s "
-            f"null or > 0, got step_requests={c.step_requests}, max_step_requests={c.max_step_requests}, "
-            f"screen_s={c.screen_s}, max_step_s={c.max_step_s}"
-        )
     rate = min(max(float(c.start_rate if c.start_rate is not None else lo), lo), hi)
     best, fail, invalid = 0.0, math.inf, math.inf
     steps: list[CapacityStep] = []
@@ -280,7 +254,7 @@ def find_capacity(
         lowest_fail=lowest_fail,
         steps=steps,
         lowest_invalid=None if math.isinf(invalid) else invalid,
-        conf=step_conf(c),
+        conf=c.step_conf,
         stopped_by_budget=stopped,
     )
 

@@ -8,6 +8,7 @@ Functions of reco.loadtest take a `LoadtestConfig`; a plain dict/DictConfig is a
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any
@@ -16,6 +17,7 @@ from omegaconf import MISSING
 
 from reco.config import ConfigError, typed
 from reco.serve.config import FeatureSource, ServeBackend
+from reco.stats import CONF, min_n_for_quantile
 from reco.stats.paired import block_min_n
 
 
@@ -69,6 +71,39 @@ class CapacityConfig:
     step_warmup_s: float = MISSING  # unrecorded traffic before each window of a step
     screen_s: float = MISSING  # a step first runs rate x this many seconds of requests when fewer than
     # step_requests: a clear FAIL (p99's CI lower bound above the SLO) ends it there; 0: no screening
+
+    @property
+    def looks(self) -> int:
+        """How many times a step may judge its pooled requests: the first window, then each doubling up to
+        max_step_requests (reco.loadtest.capacity)."""
+        return 1 + max(0, math.ceil(math.log2(self.max_step_requests / self.step_requests)))
+
+    @property
+    def step_conf(self) -> float:
+        """Confidence of each look's p99 interval: Bonferroni over the looks."""
+        return 1 - (1 - CONF) / self.looks
+
+    def check(self, where: str) -> None:
+        """Ranges, at compose time: a bad `loadtest.capacity.*` stops before any server starts."""
+        lo, hi, growth = self.min_rate, self.max_rate, self.growth
+        if not (0 < lo <= hi) or growth <= 1:
+            raise ConfigError(
+                f"{where}: expected 0 < min_rate <= max_rate and growth > 1, "
+                f"got min_rate={lo}, max_rate={hi}, growth={growth}"
+            )
+        ok = self.max_step_requests >= self.step_requests > 0
+        need = min_n_for_quantile(0.99, self.step_conf) if ok else min_n_for_quantile(0.99)
+        if (
+            not (need <= self.step_requests <= self.max_step_requests)
+            or self.screen_s < 0
+            or (self.max_step_s is not None and self.max_step_s <= 0)
+        ):
+            raise ConfigError(
+                f"{where}: expected {need} <= step_requests <= max_step_requests (a p99 upper bound at each "
+                f"look's confidence needs n >= {need}: reco/loadtest/capacity.py), screen_s >= 0 and max_step_s "
+                f"null or > 0, got step_requests={self.step_requests}, max_step_requests="
+                f"{self.max_step_requests}, screen_s={self.screen_s}, max_step_s={self.max_step_s}"
+            )
 
 
 @dataclass

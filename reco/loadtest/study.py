@@ -2,8 +2,9 @@
 
     outcome = run_study(variants, data, data_path, loadtest, serve, out_dir, log)
 
-Order of work (every kind of run `study.repeats` times, interleaved across variants -- A B C A B C --
-so drift of the machine hits all variants alike):
+Order of work (every kind of run in blocks: each variant once per block, in a random order -- B A C |
+C B A -- so drift of the machine hits a block's variants alike and cancels in their paired ratios,
+reco.stats.paired; each run carries its block):
 
 1. **Servers.** Every variant's server is started up front, all pinned to the server core(s), and the
    variants are tested one at a time against their own server (idle servers cost memory -- the heavy
@@ -31,14 +32,16 @@ so drift of the machine hits all variants alike):
    offline scores of the same requests (reco.loadtest.correctness).
 
 With `study.budget_min` the whole of 2-6 fits a wall-time budget (reco.loadtest.budget): a window that
-would start past it is skipped and listed, a capacity search stops between steps early enough to leave
-the unloaded rounds and a round of common load their time (_reserve), and a first search takes at most
-its share of what is left (the reference `study.reference_share` shares and searched last, so it also
-gets what the others leave; every other variant one), and leaves the variants still to be searched their
-estimates (search_s);
-the common-load windows come next (a second capacity search leaves all their rounds their time); equal
-utilisation, the lowest priority, runs on what is left before the last unloaded round; and a budget too
-small for the reference's first windows stops the study before it starts.
+would start past it is skipped and listed. The unloaded blocks come first (they decide the like-for-like
+speed-ups): a capacity search stops between steps early enough to leave them and a round of common load
+their time (_reserve), a common-load window yields to the blocks still to come. A first search takes at
+most its share of what is left (the reference and the declared headline `study.reference_share` shares
+each and searched last, so they also get what the others leave; every other variant one) and leaves the
+variants still to be searched their estimates (search_s); the common-load windows come next (a second
+capacity search leaves all their rounds their time, each window priced at the rate it will run at:
+_common_plan); equal utilisation, the lowest priority, runs on what is left before the last unloaded
+round; and a budget too small for the reference's first windows and one block of every variant stops the
+study before it starts.
 
 Nothing here touches MLflow or the caller's objects: raw files go under out_dir/<variant>/, and
 `log(variant_name, artifact_paths, artifact_subdir)` (optional) is called as they arrive, so the pipeline
@@ -341,6 +344,7 @@ def run_study(
     serve: ServeConfig,
     out_dir: str | Path,
     log: Log | None = None,
+    headline: str | None = None,
 ) -> StudyOutcome:
     """Load-test every variant (see the module docstring).
 
@@ -354,6 +358,9 @@ def run_study(
         out_dir: raw files: out_dir/requests.jsonl, out_dir/<variant>/{unloaded,capacity,common,equal_util}/r<k>/.
         log: called as log(variant_name, artifact_paths, artifact_subdir) as raw files arrive (no
             metrics: the report logs the figures, see the module docstring).
+        headline: the row the study's targets are judged on (the experiment's `headline`): its first
+            capacity search, like the reference's, gets `reference_share` shares and runs late in its round,
+            because its QPS gain needs both brackets.
     Returns:
         The StudyOutcome; a variant whose load test failed has LoadOutcome.error set.
     """
@@ -401,7 +408,7 @@ def run_study(
         pool as s.pool,
     ):
         s.seconds["servers' start"] = {"all": time.time() - t_start}
-        _measure_all(s, result, ref, order)
+        _measure_all(s, result, ref, order, headline if headline in order else None)
     result.seconds = s.seconds
     result.budget = summary(s.budget)
     _say(f"[load] measured in {time.time() - t_start:.0f} s; " + time_spent(s.seconds))
@@ -499,22 +506,49 @@ def _servers(
         stop_keep_warm(spinners)
 
 
-def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) -> None:
-    lt, st = s.lt, s.lt.study
-    relative = lt.capacity.slo_p99_ms is None
-    if st.settle_s > 0:
-        _say(f"[load] settling: {st.settle_s:g} s of unrecorded traffic per variant")
+@dataclasses.dataclass(frozen=True)
+class _Schedule:
+    """Who is measured in what order, and where the unloaded blocks fall between the phases."""
+
+    ref: str
+    order: list[str]
+    headline: str | None
+    points: list[str]  # the checkpoints between phases (checkpoints())
+    slots: list[int]  # the checkpoint of each unloaded block (unloaded_slots())
+
+
+def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str], headline: str | None) -> None:
+    """The study's phases in their order (module docstring), each spending the budget as its kind allows."""
+    st = s.lt.study
+    points = checkpoints(st.repeats)
+    plan = _Schedule(ref, order, headline, points, unloaded_slots(unloaded_repeats(st), len(points)))
+    _settle_all(s)
+    _unloaded_rounds(s, plan.slots, points, 0)
+    _slo(s, result, plan)
+    if s.lt.capacity.enabled and result.slo_p99_ms is not None:
+        _capacity_phase(s, result.slo_p99_ms, plan)
+    _unloaded_rounds(s, plan.slots, points, 1)
+    _common_phase(s, result, plan)
+    _equal_util_phase(s, plan)
+    _unloaded_rounds(s, plan.slots, points, len(points) - 1)
+
+
+def _settle_all(s: _Study) -> None:
+    if s.lt.study.settle_s > 0:
+        _say(f"[load] settling: {s.lt.study.settle_s:g} s of unrecorded traffic per variant")
         for n in s.alive():
             s.settle(n)
-    points = checkpoints(st.repeats)
-    slots = unloaded_slots(unloaded_repeats(st), len(points))
-    _unloaded_rounds(s, slots, points, 0)
-    if relative:  # the SLO needs the reference's median over reference_repeats runs before any search
-        first = len(slots)
-        for r in range(first, first + max(lt.capacity.reference_repeats - slots.count(0), 0)):
+
+
+def _slo(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
+    """Fix the SLO before any search: the configured one, else slo_factor x the reference's median unloaded
+    p99 over reference_repeats runs (extra reference runs first); without one every variant says why."""
+    lt, ref = s.lt, plan.ref
+    if lt.capacity.slo_p99_ms is None:
+        first = len(plan.slots)
+        for r in range(first, first + max(lt.capacity.reference_repeats - plan.slots.count(0), 0)):
             if ref in s.alive():
                 s.unloaded(ref, r)
-
     ref_p99s = [u.quantiles["p99"].value for u in s.outcomes[ref].unloaded if u.valid]
     try:
         result.slo_p99_ms, result.slo_source = resolve_slo(lt.capacity, ref_p99s)
@@ -523,65 +557,71 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str]) ->
         err = s.outcomes[ref].error
         why = f"failed its load test ({err})" if err else "gave too few usable unloaded p99s"
         result.slo_source = f"none: the reference {ref!r} {why}; {e}"
-        for n in order:
+        for n in plan.order:
             s.fail(n, f"no SLO, so no capacity search: the reference {ref!r} {why}; {e}")
 
-    slo = result.slo_p99_ms
-    if lt.capacity.enabled and slo is not None:
-        _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: {st.repeats} x {len(order)}, interleaved")
-        for r in range(st.repeats):
-            names = s.alive()
-            if r == 0:  # the reference last: it also gets whatever the others' shares leave
-                names = [n for n in names if n != ref] + [n for n in names if n == ref]
-            for i, n in enumerate(names):
-                if r == 0:
-                    # every variant's first search before the other repeats (the reference's sets the
-                    # common load; each one's bracket is a QPS gain), leaving the unloaded rounds and one
-                    # common-load round their time, each within its share of the rest (first_share): a
-                    # slow reference whose steps stay undecided took 1,217 s of 1,947 (run 13) and left
-                    # five variants without a bracket; with equal shares it got one undecided step and no
-                    # passing rate, so no QPS gain at all (run 15, experiments/ecommerce_case_study/README.md)
-                    s.reserve_s = _reserve(s, ref, slots, slo, rounds=1)
-                    s.capacity(
-                        n,
-                        r,
-                        slo,
-                        leave_s=sum(s.search_s(m, slo) for m in names[i + 1 :]),
-                        share=first_share(names[i:], ref, st.reference_share),
-                    )
-                else:  # further repeats only in the time the common load leaves
-                    s.reserve_s = _reserve(s, ref, slots, slo)
-                    s.capacity(n, r, slo, share=len(names) - i)
-    _unloaded_rounds(s, slots, points, 1)
 
-    result.common_rate_qps = _common_rate(s, ref, result)
+def _capacity_phase(s: _Study, slo: float, plan: _Schedule) -> None:
+    """Every variant's first search before anyone's second: the reference's sets the common load and
+    each one's bracket is a QPS gain. A first search leaves the unloaded blocks and one common-load round
+    their time and takes its share of the rest (first_share: the reference and the headline, searched
+    last, `reference_share` shares; a slow reference with equal shares got no passing rate:
+    experiments/ecommerce_case_study/README.md); later repeats run only in the time the common load leaves."""
+    st, ref = s.lt.study, plan.ref
+    heavy = {ref} | ({plan.headline} if plan.headline else set())
+    _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: {st.repeats} x {len(plan.order)}, interleaved")
+    for r in range(st.repeats):
+        names = s.alive()
+        if r > 0:
+            for i, n in enumerate(names):
+                s.reserve_s = _reserve(s, ref, plan.slots, slo)
+                s.capacity(n, r, slo, share=len(names) - i)
+            continue
+        names = [n for n in names if n not in heavy] + [n for n in names if n in heavy and n != ref]
+        names += [ref] if ref in s.alive() else []
+        for i, n in enumerate(names):
+            s.reserve_s = _reserve(s, ref, plan.slots, slo, rounds=1)
+            leave = sum(s.search_s(m, slo) for m in names[i + 1 :])
+            s.capacity(n, r, slo, leave_s=leave, share=first_share(names[i:], heavy, st.reference_share))
+
+
+def _common_phase(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
+    """study.repeats blocks at the common load, each followed by the unloaded blocks of its checkpoint; a
+    common window yields to the unloaded blocks still to come (they decide the like-for-like ratios)."""
+    st = s.lt.study
+    result.common_rate_qps = _common_rate(s, plan.ref, result)
     if result.common_rate_qps is not None:
         _say(
-            f"\n[load] common load {result.common_rate_qps:.1f} req/s: {st.repeats} x {len(order)}, interleaved"
+            f"\n[load] common load {result.common_rate_qps:.1f} req/s: {st.repeats} x {len(plan.order)}, interleaved"
         )
     for r in range(st.repeats):
-        # a common window yields to the unloaded blocks still to come: they decide the like-for-like ratios
-        s.reserve_s = _unloaded_left(s, slots, 2 + r)
+        s.reserve_s = _unloaded_left(s, plan.slots, 2 + r)
         if result.common_rate_qps is not None:
             for n in s.block_order("common", r):
                 s.loaded(n, r, "common", result.common_rate_qps)
-        _unloaded_rounds(s, slots, points, 2 + r)
+        _unloaded_rounds(s, plan.slots, plan.points, 2 + r)
 
+
+def _equal_util_phase(s: _Study, plan: _Schedule) -> None:
+    """Each variant at equal_util_fraction x its own median capacity, on what the budget leaves before the
+    last unloaded blocks (the lowest priority)."""
+    st = s.lt.study
     own = {n: median_capacity(s.outcomes[n]) for n in s.alive()}
-    s.reserve_s = _unloaded_left(s, slots, len(points) - 1)
-    if st.equal_util_fraction > 0 and any(own.values()):
-        _say(f"\n[load] equal utilisation: {st.equal_util_fraction:g} x each variant's own median capacity")
-        for r in range(st.repeats):
-            for n in s.block_order("equal_util", r):
-                if own.get(n):
-                    s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n])
-    _unloaded_rounds(s, slots, points, len(points) - 1)
+    s.reserve_s = _unloaded_left(s, plan.slots, len(plan.points) - 1)
+    if st.equal_util_fraction <= 0 or not any(own.values()):
+        return
+    _say(f"\n[load] equal utilisation: {st.equal_util_fraction:g} x each variant's own median capacity")
+    for r in range(st.repeats):
+        for n in s.block_order("equal_util", r):
+            if own.get(n):
+                s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n])
 
 
-def first_share(left: list[str], ref: str, reference_share: float) -> float:
+def first_share(left: list[str], heavy: set[str], heavy_share: float) -> float:
     """What a first capacity search may use, as 1/share of the time left: left[0]'s weight over the weights
-    of every search still to run (left), where the reference weighs `reference_share` and the others 1."""
-    weight = {n: reference_share if n == ref else 1.0 for n in left}
+    of every search still to run (left), where the reference and the headline (`heavy`) weigh
+    `heavy_share` (loadtest.study.reference_share) and the others 1."""
+    weight = {n: heavy_share if n in heavy else 1.0 for n in left}
     return sum(weight.values()) / weight[left[0]]
 
 

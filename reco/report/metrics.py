@@ -81,16 +81,7 @@ def variant_metrics(f: VariantFigures, g: Gate, ctx: StudyContext) -> dict[str, 
     Returns:
         flat dict; figures that were not measured or not supported are absent.
     """
-    m: dict[str, float] = {"gate": VERDICT_CODE[g.overall], "gate_accuracy": VERDICT_CODE[g.accuracy.verdict]}
-    if g.latency is not None:
-        m["gate_latency"] = VERDICT_CODE[g.latency.verdict]
-    if g.quality is not None:
-        m["gate_quality"] = VERDICT_CODE[g.quality.verdict]
-    q = f.result.quality
-    if q is not None:  # names carry k: NDCG@10 and NDCG@20 are different figures
-        m |= with_ci(f"ndcg_at_{q.k}", q.ndcg) | with_ci(f"recall_at_{q.k}", q.recall)
-        m |= with_ci(f"ndcg_at_{q.k}_delta_rel", q.ndcg_delta) | with_ci(f"overlap_at_{q.k}", q.overlap)
-        m |= with_ci(f"rbo_at_{q.k}", q.rbo)
+    m = _gate_metrics(g) | _quality_metrics(f)
     if ctx.slo_p99_ms is not None:
         m["slo_p99_ms"] = ctx.slo_p99_ms
     if ctx.common_rate_qps is not None:
@@ -104,7 +95,34 @@ def variant_metrics(f: VariantFigures, g: Gate, ctx: StudyContext) -> dict[str, 
             m[f"{PREFIX[kind] or 'common_'}utilisation"] = util
     for (kind, key), ratio in f.speedup.items():
         m |= with_ci(f"speedup_{key}_{kind}", ratio.pooled)
-    m |= with_range("max_qps_at_slo", f.max_qps) | with_ci("qps_gain", f.qps_gain)
+    return m | _capacity_metrics(f) | _correctness_metrics(f)
+
+
+def _gate_metrics(g: Gate) -> dict[str, float]:
+    m = {"gate": VERDICT_CODE[g.overall], "gate_accuracy": VERDICT_CODE[g.accuracy.verdict]}
+    if g.latency is not None:
+        m["gate_latency"] = VERDICT_CODE[g.latency.verdict]
+    if g.quality is not None:
+        m["gate_quality"] = VERDICT_CODE[g.quality.verdict]
+    return m
+
+
+def _quality_metrics(f: VariantFigures) -> dict[str, float]:
+    q = f.result.quality
+    if q is None:
+        return {}
+    # names carry k: NDCG@10 and NDCG@20 are different figures
+    return (
+        with_ci(f"ndcg_at_{q.k}", q.ndcg)
+        | with_ci(f"recall_at_{q.k}", q.recall)
+        | with_ci(f"ndcg_at_{q.k}_delta_rel", q.ndcg_delta)
+        | with_ci(f"overlap_at_{q.k}", q.overlap)
+        | with_ci(f"rbo_at_{q.k}", q.rbo)
+    )
+
+
+def _capacity_metrics(f: VariantFigures) -> dict[str, float]:
+    m = with_range("max_qps_at_slo", f.max_qps) | with_ci("qps_gain", f.qps_gain)
     fails = [c.lowest_fail for c in f.capacity if c.lowest_fail is not None]
     if fails:
         m["lowest_fail_qps"] = median(fails)
@@ -112,12 +130,17 @@ def variant_metrics(f: VariantFigures, g: Gate, ctx: StudyContext) -> dict[str, 
         if factor != 1.0:
             m |= with_range(f"max_qps_at_slo_x{factor:g}", f.max_qps_at[factor])
             m |= with_ci(f"qps_gain_at_slo_x{factor:g}", f.qps_gain_at[factor])
+    return m
+
+
+def _correctness_metrics(f: VariantFigures) -> dict[str, float]:
     check = f.result.load.correctness if f.result.load else None
-    if check is not None:
-        m |= {"correctness_n": check.n_requests, "correctness_max_abs_diff": check.max_abs_diff}
-        m["correctness_passed"] = float(check.passed)
-        if check.batch_spread:
-            m |= {"correctness_batch_spread": check.batch_spread, "correctness_allowed": check.allowed}
+    if check is None:
+        return {}
+    m = {"correctness_n": check.n_requests, "correctness_max_abs_diff": check.max_abs_diff}
+    m["correctness_passed"] = float(check.passed)
+    if check.batch_spread:
+        m |= {"correctness_batch_spread": check.batch_spread, "correctness_allowed": check.allowed}
     return m
 
 

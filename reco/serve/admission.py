@@ -11,7 +11,12 @@ The age counts from the request's `X-Request-Start` header when it has one -- th
 system (a proxy's receive time, or the load generator's scheduled send time), as Heroku's router and
 New Relic use it -- and otherwise from the moment the handler started. The stamp must come from a clock
 in step with the server's (same host, or NTP): a skew shows up as age. It is read leniently: a missing
-or malformed header counts as absent (never a 4xx), a stamp from the future as age 0.
+or malformed header counts as absent (never a 4xx), a stamp slightly ahead (within
+serve.request_start_max_ahead_s, clock skew) as age 0. It is not trusted beyond reason: a stamp further
+ahead, or older than serve.request_start_max_age_s, is a wrong clock or a forged header -- taken at its
+word, t=1 was shed as "waited 1796417980784 ms" and a stamp an hour ahead skipped the age check -- so
+it is ignored (the age counts from handler entry, as without the header) and counted
+(reco_request_start_ignored_total{reason}).
 
 Where the age is checked matters as much as the limit: a request should wait where waiting is free and
 be shed BEFORE its expensive work (retrieval, features), not after it. WorkGate is that place for an
@@ -37,6 +42,13 @@ class ShedReason(StrEnum):
     queue_limit = "queue_limit"  # serve.queue_limit requests already admitted
     age_at_admission = "age_at_admission"  # older than serve.max_wait_ms when its body had been read
     wait_before_model = "wait_before_model"  # passed serve.max_wait_ms while waiting for its model call
+
+
+class StampIgnored(StrEnum):
+    """Why an X-Request-Start stamp was not trusted (the `reason` label of reco_request_start_ignored_total)."""
+
+    future = "future"  # further ahead of the server's clock than serve.request_start_max_ahead_s
+    too_old = "too_old"  # older than serve.request_start_max_age_s
 
 
 class Overdue(Exception):
@@ -76,21 +88,31 @@ def request_start_epoch(value: str | None) -> float | None:
     return None
 
 
-def request_age_s(header: str | None, entered_perf: float, now_perf: float) -> float:
+def request_age_s(
+    header: str | None, entered_perf: float, now_perf: float, max_age_s: float, max_ahead_s: float
+) -> tuple[float, StampIgnored | None]:
     """How long a request has waited so far.
 
     Args:
         header: its X-Request-Start value, or None.
-        entered_perf: time.perf_counter() when the handler started (the age origin without a header).
+        entered_perf: time.perf_counter() when the handler started (the age origin without a usable stamp).
         now_perf: time.perf_counter() now.
+        max_age_s: a stamp older than this is not trusted (serve.request_start_max_age_s).
+        max_ahead_s: a stamp further in the future is not trusted; up to it, age 0 (clock skew).
     Returns:
-        Seconds since its X-Request-Start (0 when that lies in the future), or since `entered_perf` when
-        the header is absent or malformed.
+        (seconds since its X-Request-Start, or since `entered_perf` when the header is absent, malformed
+        or not trusted; why a parsed stamp was not trusted, else None).
     """
+    in_server = max(0.0, now_perf - entered_perf)
     start = request_start_epoch(header)
     if start is None:
-        return max(0.0, now_perf - entered_perf)
-    return max(0.0, time.time() - start)
+        return in_server, None
+    age = time.time() - start
+    if age < -max_ahead_s:
+        return in_server, StampIgnored.future
+    if age > max_age_s:
+        return in_server, StampIgnored.too_old
+    return max(0.0, age), None
 
 
 class WorkGate:

@@ -44,8 +44,10 @@ from starlette.routing import Route
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reco.serve.admission import REQUEST_START, Overdue, ShedReason, WorkGate, request_age_s
+from reco.serve.auth import RequireSecret, check_expected_digest, shared_secret
 from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher
 from reco.serve.config import FeatureSource, ServeConfig
+from reco.serve.connection import error_body
 from reco.serve.faults import slowed
 from reco.serve.metrics import STAGES, ServeMetrics
 from reco.serve.openapi import openapi_schema
@@ -63,7 +65,8 @@ def _json(obj: object, status: int = 200, headers: dict | None = None) -> Respon
 
 
 def _error(status: int, field: str, message: str, headers: dict | None = None) -> Response:
-    return _json({"error": message, "field": field}, status, headers)
+    # One error body for the whole service: the connection layer's refusals write the same bytes.
+    return Response(error_body(field, message), status, headers, media_type="application/json")
 
 
 def _internal_error(where: str, e: BaseException) -> Response:
@@ -135,11 +138,17 @@ class RecoService:
         except ClientDisconnect:  # nobody is left to read an answer
             return self._count(_error(400, "body", "body: client disconnected before sending it all"))
         now = time.perf_counter()
-        age = (
-            0.0
-            if self.cfg.max_wait_ms is None
-            else request_age_s(request.headers.get(REQUEST_START), t0, now)
-        )
+        age = 0.0
+        if self.cfg.max_wait_ms is not None:
+            age, ignored = request_age_s(
+                request.headers.get(REQUEST_START),
+                t0,
+                now,
+                self.cfg.request_start_max_age_s,
+                self.cfg.request_start_max_ahead_s,
+            )
+            if ignored is not None:
+                self.metrics.stamp_ignored.labels(reason=ignored.value).inc()
         if age > self.max_wait_s:
             msg = f"server overloaded: request waited {age * 1000:.0f} ms (max_wait_ms {self.cfg.max_wait_ms:g})"
             return self._count(self._shed(ShedReason.age_at_admission, msg))
@@ -270,6 +279,8 @@ class RecoService:
                 "batcher_restarts": self.ranker.restarts,
                 "retrieval": self.store.retrieval_name,
                 "features": self.cfg.features.value,
+                # redis: what the last sample check found missing (requests are 503 meanwhile), else null
+                "features_lost": None if self.online is None else self.online.lost,
                 "n_users": int(self.store.users.cold),
                 "n_items": int(self.store.items.cold),
                 "n_candidates": self.cfg.n_candidates,
@@ -327,11 +338,15 @@ def create_app(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Starlet
     Returns:
         The app; `app.state.service` is its RecoService.
     """
+    check_expected_digest(variant_dir, cfg)
+    secret = shared_secret(cfg)  # before the model loads: a missing secret stops the server at once
     svc = RecoService(variant_dir, dataset_path, cfg)
 
     @contextlib.asynccontextmanager
     async def lifespan(app: Starlette):
         await svc.ranker.start()
+        if svc.online is not None:
+            svc.online.start()
         yield
         await svc.ranker.stop()
         if svc.online is not None:
@@ -352,6 +367,11 @@ def create_app(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Starlet
         exception_handlers={HTTPException: http_error},
         lifespan=lifespan,
     )
+    # No trailing-slash redirect: Starlette builds its Location from the Host header, so
+    # `POST /recommend/` with `Host: evil.example` answered 307 to http://evil.example/recommend.
+    app.router.redirect_slashes = False
+    if secret is not None:
+        app.add_middleware(RequireSecret, secret=secret)
     app.add_middleware(GuardErrors)
     app.state.service = svc
     return app

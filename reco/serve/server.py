@@ -29,9 +29,12 @@ def check_servable(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Non
         ServeConfigError / ArtifactError naming what is wrong.
     """
     from reco.data.schema import Dataset
+    from reco.serve.auth import check_expected_digest, shared_secret
     from reco.serve.features import FeatureStore
     from reco.variant import Variant
 
+    check_expected_digest(variant_dir, cfg)
+    shared_secret(cfg)
     v = Variant.load(variant_dir)
     for role in v.artifacts:
         v.verify(role)
@@ -80,12 +83,15 @@ def serve(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
 
 def _run(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
     from reco.serve.app import create_app
+    from reco.serve.auth import exposed_without_secret
     from reco.serve.workers import run_workers, uvicorn_options
     from reco.variant import ArtifactError
 
     app = None
     try:
         logging.basicConfig(level=cfg.log_level.upper(), format="%(asctime)s %(name)s %(message)s")
+        if warning := exposed_without_secret(cfg):
+            logging.getLogger("reco.serve").warning(warning)
         if cfg.workers == 1:
             # Loaded on any core, then pinned: a study starts all its servers at once, and pinned first
             # they queued their loading on the one server core.
@@ -108,7 +114,8 @@ def _run(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
             return run_workers(variant_dir, dataset_path, cfg)
         import uvicorn
 
-        uvicorn.run(app, host=cfg.host, port=cfg.port, **uvicorn_options(cfg))
+        options = uvicorn_options(cfg, app.state.service.metrics.count_refused)
+        uvicorn.run(app, host=cfg.host, port=cfg.port, **options)
         return 0
     finally:
         stop_keep_warm(spinners)

@@ -21,6 +21,7 @@ import shutil
 import signal
 import socket
 import tempfile
+from collections.abc import Callable
 from dataclasses import asdict
 
 from reco.children import die_with_parent
@@ -29,17 +30,23 @@ from reco.serve.config import ServeConfig, serve_config
 GRACEFUL_S = 5  # uvicorn's limit on finishing in-flight requests at shutdown
 
 
-def uvicorn_options(cfg: ServeConfig) -> dict:
+def uvicorn_options(cfg: ServeConfig, on_refused: Callable[[str], None] | None = None) -> dict:
     """uvicorn.Config keyword arguments shared by the single-process server and the workers.
 
     Args:
-        cfg: the serve settings (log_level).
+        cfg: the serve settings (log_level, http, retry_after_s).
+        on_refused: called with the reason of each connection-level refusal (the app's metric).
     Returns:
-        The options (uvloop, httptools, no access log, graceful shutdown limit).
+        The options (uvloop, httptools with serve.http's limits, no websockets, no access log, graceful
+        shutdown limit).
     """
+    from reco.serve.connection import protocol_class
+
     return {
         "loop": "uvloop",
-        "http": "httptools",
+        "http": protocol_class(cfg.http, cfg.retry_after_s, on_refused),
+        "timeout_keep_alive": cfg.http.keepalive_timeout_s,
+        "ws": "none",  # no websocket routes: an Upgrade request is answered as plain HTTP
         "access_log": False,
         "log_level": cfg.log_level,
         "timeout_graceful_shutdown": GRACEFUL_S,
@@ -66,9 +73,8 @@ def serve_worker(spec: str, parent_pid: int) -> None:
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     sock.bind((cfg.host, cfg.port))
     sock.listen(2048)
-    uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, **uvicorn_options(cfg))).run(
-        sockets=[sock]
-    )
+    options = uvicorn_options(cfg, app.state.service.metrics.count_refused)
+    uvicorn.Server(uvicorn.Config(app, host=cfg.host, port=cfg.port, **options)).run(sockets=[sock])
 
 
 def run_workers(variant: str, dataset: str, cfg: ServeConfig) -> int:
