@@ -108,4 +108,4 @@ clean:
 
 # Every command the README shows, checked against the code (compose + plan, --help flags, make targets).
 readme-check: $(STAMP)
-	$(PY) -m pytest -q tests/test_readme.py
+	$(PY) -m pytest -q tests/test_readme.py tests/test_readme_result.py

@@ -3,15 +3,16 @@ carry at the SLO.
 
 Each capacity step at a slow variant's few requests per second costs minutes (>= 477 requests), so a
 search that starts far too high (0.6 / in-process rank p50 put the eager baseline's first step at 2.7x
-its capacity: experiments/ecommerce_case_study/README.md, run 10) spends several of them walking down.
+its capacity: experiments/ecommerce_case_study/README.md#capacity-search-start) spends several of them
+walking down.
 Here the unloaded latencies measured at the start of the study stand in for the service time of a
 single-server FCFS queue with Poisson arrivals (M/G/1, the service times resampled from them), simulated
 with Lindley's recursion (W' = max(0, W + S - A)); the start is the rate whose simulated p99 sojourn
 time equals the SLO, found by bisection. It is a starting point, never a figure: the search measures
 from there. It errs both ways: client-side time inside an unloaded latency makes the service look longer
 than it is, a server that overlaps requests (threads, batching) carries more than one queue would, and
-a server under load runs slower than an idle one answering one request at a time (predicted against found capacities:
-experiments/ecommerce_case_study/README.md, attempts 11 and 12).
+a server under load runs slower than an idle one answering one request at a time (predicted against found
+capacities: experiments/ecommerce_case_study/README.md#capacity-search-start).
 """
 
 from __future__ import annotations

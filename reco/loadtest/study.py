@@ -12,7 +12,7 @@ reco.stats.paired; each run carries its block):
    the whole study: no restart between repeats, the same process answers every run of that variant.
 2. **Settle** (`study.settle_s` seconds of one closed-loop user per variant, in study order, recorded
    nowhere): the first measured window otherwise catches the tail of the servers' start-up
-   (experiments/ecommerce_case_study/README.md, runs 4 and 5).
+   (experiments/ecommerce_case_study/README.md#settle-time).
    **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant, `study.unloaded_repeats`
    rounds spread over the study's checkpoints -- start, after the capacity searches, after each
    common-load round, end (unloaded_slots) -- so drift over the study shows in their spread. With a
@@ -565,8 +565,9 @@ def _capacity_phase(s: _Study, slo: float, plan: _Schedule) -> None:
     """Every variant's first search before anyone's second: the reference's sets the common load and
     each one's bracket is a QPS gain. A first search leaves the unloaded blocks and one common-load round
     their time and takes its share of the rest (first_share: the reference and the headline, searched
-    last, `reference_share` shares; a slow reference with equal shares got no passing rate:
-    experiments/ecommerce_case_study/README.md); later repeats run only in the time the common load leaves."""
+    last, `reference_share` shares; a slow reference with equal shares gets no passing rate:
+    experiments/ecommerce_case_study/README.md#reference-share); later repeats run only in the time the
+    common load leaves."""
     st, ref = s.lt.study, plan.ref
     heavy = {ref} | ({plan.headline} if plan.headline else set())
     _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: {st.repeats} x {len(plan.order)}, interleaved")

@@ -15,7 +15,7 @@ labelled so. Each figure gets one verdict:
   from twelve intervals that were all [0, inf).
 - MISSING when a run lacks the figure (an empty cell: not measured, or n too small).
 
-    python -m reco.cli.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run 7" "run 8"
+    python -m reco.cli.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run A" "run B"
 
 The two files must be comparison.csv files of one load-tested study (check_same_study); otherwise
 AgreeInputError names the file and the column.
