@@ -270,7 +270,7 @@ TOY_LOAD = [
     "loadtest.requests.n=500",
     "loadtest.capacity={slo_p99_ms: 100.0, start_rate: 150, min_rate: 150, max_rate: 150, steps: 1,"
     " step_requests: 368, max_step_requests: 368, step_warmup_s: 0.5}",
-    "loadtest.study={repeats: 1, common_rate: 150, equal_util_fraction: 0, unloaded_requests: 50, settle_s: 0.5,"
+    "loadtest.study={repeats: 1, common_rate: 150, equal_util_fraction: 0, unloaded_requests: 100, settle_s: 0.5,"
     " load_requests: 368}",
 ]
 
