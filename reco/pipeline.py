@@ -573,7 +573,7 @@ def write_study_report(
     test scores, so a cached variant is compared without scoring the test split again.
     """
     from reco.report import Machine, StudyContext, VariantResult, study_metrics, write_report
-    from reco.stats import auc_delta
+    from reco.stats import auc_ci, auc_delta
     from reco.stats.topk import topk_quality
 
     base = next(b for b in built if b.node.spec.root)
@@ -615,6 +615,7 @@ def write_study_report(
         headline=exp.headline,
         retrieval=retrieval_label(exp.serve),
         front=json.loads(f.read_text()) if (f := front_file(exp)) is not None and f.exists() else None,
+        baseline_auc=auc_ci(labels, base_scores) if base_scores is not None else None,
     )
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = write_report(results, ctx, out_dir)

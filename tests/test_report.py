@@ -1206,3 +1206,25 @@ def test_slo_sensitivity_rejudges_each_step_at_the_searchs_own_confidence():
     assert bracket_at(cap, slo, 0.01) == (0.0, 10.0)
     loose = dataclasses.replace(cap, conf=0.95)  # judged at 95 %, the same step passes
     assert bracket_at(loose, slo, 0.01) == (10.0, None)
+
+
+def test_small_data_is_flagged_in_the_summarys_first_line(tmp_path):
+    """Issue 47 (finding 5): a baseline whose own test AUC CI holds 0.5 (Taobao's 0.445 on a sample), or a
+    test split too small for the intervals, opens the Summary with a plumbing-check line; real data do not.
+    The AUC CI is DeLong's on the test rows (reco.stats.auc_ci)."""
+    from reco.stats import auc_ci
+
+    rng = np.random.default_rng(0)
+    labels = rng.integers(0, 2, 400)
+    chance = auc_ci(labels, rng.random(400))
+    assert chance.lo <= 0.5 <= chance.hi and chance.n == 400
+    signal = rng.normal(0, 1, 20_000)
+    good = auc_ci((signal + rng.normal(0, 1, 20_000) > 0).astype(int), signal)
+    assert good.lo > 0.5 and good.n == 20_000
+    results = [VariantResult(variant("base", "train", None))]
+    for auc, flagged in ((chance, True), (good, False)):
+        write_report(results, context(results, None, baseline_auc=auc), tmp_path)
+        first = md_sections((tmp_path / "report.md").read_text())["Summary"].strip().splitlines()[0]
+        assert first.startswith("**Small data: a plumbing check, not a result**") is flagged, first
+        if flagged:
+            assert "does not exclude 0.5" in first and "400 rows" in first

@@ -74,6 +74,8 @@ class StudyContext:
     max_ndcg_drop: float | None = None  # quality gate: relative ΔNDCG@k limit as a fraction; None: off
     retrieval: str = ""  # the candidates' source as served (FeatureStore.retrieval_name's wording)
     front: dict | None = None  # the served two-tower stage's index front (reco.pipeline._measure_front)
+    # the baseline's own test AUC with its DeLong CI: a CI holding 0.5 means the data decide nothing
+    baseline_auc: Estimate | None = None
 
     @property
     def slo_p99_ms(self) -> float | None:

@@ -153,6 +153,29 @@ def tally(targets: list[TargetResult]) -> str:
     return ", ".join(f"**{n} {o}**" for o, n in counts.items() if n)
 
 
+MIN_TEST_ROWS = 1_000  # below this a ΔAUC's DeLong CI spans several tenths of a percent at best
+
+
+def small_data(ctx: StudyContext) -> str:
+    """The Summary's first line when the data cannot carry a result: the baseline's own test AUC CI holds
+    0.5 (it ranks no better than chance here), or the test split is too small for the intervals below
+    to decide anything; '' otherwise."""
+    auc = ctx.baseline_auc
+    if auc is None or auc.value is None:
+        return ""
+    why = []
+    if auc.lo <= 0.5 <= auc.hi:
+        why.append(f"the baseline's test AUC {auc.fmt('.3f')} does not exclude 0.5 (chance)")
+    if auc.n < MIN_TEST_ROWS:
+        why.append(f"the test split has {auc.n:,} rows (< {MIN_TEST_ROWS:,})")
+    if not why:
+        return ""
+    return (
+        f"**Small data: a plumbing check, not a result** — {'; '.join(why)}, so the comparisons below say the "
+        "pipeline runs, not how the variants compare."
+    )
+
+
 def summary(
     figs: list[VariantFigures],
     gates: dict[str, Gate],
@@ -162,7 +185,8 @@ def summary(
     out_dir: Path,
 ) -> list[str]:
     """The one screen: headline, the seed's comparison, the targets' tally and the lead picture."""
-    lines = [headline(figs, gates, ctx), "", *variant_table(figs, gates, summary_columns(figs)), ""]
+    lines = [warning, ""] if (warning := small_data(ctx)) else []
+    lines += [headline(figs, gates, ctx), "", *variant_table(figs, gates, summary_columns(figs)), ""]
     lines += [summary_note(figs, ctx), ""]
     if targets:
         lines += [f"Targets: {tally(targets)} (see Targets).", ""]

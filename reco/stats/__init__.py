@@ -217,6 +217,20 @@ def auc_delta(
     return absolute, relative
 
 
+def auc_ci(labels: np.ndarray, scores: np.ndarray, conf: float = CONF) -> Estimate:
+    """One model's AUC with its DeLong CI (n = rows); Estimate(None, ...) when one class is missing."""
+    from scipy import stats as sps
+
+    try:
+        aucs, cov = delong(labels, [scores])
+    except ValueError:
+        return Estimate(None, None, None, len(labels))
+    z = float(sps.norm.ppf(1 - (1 - conf) / 2))
+    se = math.sqrt(max(float(cov[0, 0]), 0.0))
+    a = float(aucs[0])
+    return Estimate(a, a - z * se, a + z * se, len(labels))
+
+
 def nearest_rank(x: np.ndarray, q: float) -> float:
     """Nearest-rank q-quantile of `x` (the point quantile_ci reports), by partial sort.
 
