@@ -117,7 +117,7 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
         print(f"\nReport: {report_dir / 'report.md'}", flush=True)
         tracker.share_view(parent_run, study_view(parent_run))
         url = runs_table_url(exp.tracking.uri, tracker.experiment_id, view=parent_run)
-        print(f"MLflow runs table (this run's variants as rows): {url}", flush=True)
+        print(f"MLflow runs table (this run's variants, under their parent row): {url}", flush=True)
         status = "FINISHED"
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (reco.cli.run turns it into this)
         status, error = "KILLED", f"interrupted: {e or 'SIGINT'}"
