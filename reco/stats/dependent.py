@@ -148,6 +148,18 @@ def _iid_half_width(n: int, q: float, conf: float) -> float:
     return float(sps.norm.ppf(1 - (1 - conf) / 2)) * math.sqrt(q * (1 - q) / n)
 
 
+def _spread(windows: Sequence[np.ndarray], q: float, conf: float) -> tuple[np.ndarray, float, float]:
+    """(pooled samples sorted, nearest-rank q-quantile, half-width h in probability) of non-empty windows.
+    h is the wider of the empirical CDF's spreads just below and at the point: where many requests tie at
+    it (a service time that hardly varies), the two fractions differ, and so may their spread."""
+    parts = [np.asarray(w, np.float64).ravel() for w in windows]
+    parts = [w for w in parts if len(w)]
+    s = np.sort(np.concatenate(parts))
+    point = float(s[max(math.ceil(q * len(s)), 1) - 1])
+    h = max(half_width([w <= point for w in parts], q, conf), half_width([w < point for w in parts], q, conf))
+    return s, point, h
+
+
 def dependent_bounds(
     windows: Sequence[np.ndarray], q: float, conf: float = CONF, floor: float = 0.0
 ) -> tuple[float, float, float, bool]:
@@ -155,21 +167,13 @@ def dependent_bounds(
     docstring). `floor`: the lower bound when the interval reaches below the smallest sample (0 for a
     latency). supported is False when n is too small for the i.i.d. interval's upper bound to be a
     sample (reco.stats.min_n_for_quantile); lo is meaningful either way (a screening window)."""
-    parts = [np.asarray(w, np.float64).ravel() for w in windows]
-    parts = [w for w in parts if len(w)]
-    x = np.concatenate(parts) if parts else np.zeros(0)
-    n = len(x)
+    n = sum(len(np.ravel(w)) for w in windows)
     if n == 0:
         return math.nan, floor, math.inf, False
-    s = np.sort(x)
-    k = max(math.ceil(q * n), 1) - 1
-    point = float(s[k])
+    s, point, h = _spread(windows, q, conf)
     lo_iid, hi_iid = _order_bounds(n, q, conf)
-    # The empirical CDF's spread on both sides of the point: where many requests tie at it (a service time
-    # that hardly varies), the fractions just below and at it differ, and so may their spread.
-    h = max(half_width([w <= point for w in parts], q, conf), half_width([w < point for w in parts], q, conf))
-    extra = round(n * h - n * _iid_half_width(n, q, conf))
-    r_lo, r_hi = lo_iid - max(extra, 0), hi_iid + max(extra, 0)
+    extra = max(round(n * h - n * _iid_half_width(n, q, conf)), 0)
+    r_lo, r_hi = lo_iid - extra, hi_iid + extra
     lo = float(s[r_lo - 1]) if r_lo >= 1 else floor
     hi = float(s[r_hi - 1]) if r_hi <= n else math.inf
     return point, lo, hi, n >= min_n_for_quantile(q, conf)
@@ -183,13 +187,11 @@ def requests_to_close(windows: Sequence[np.ndarray], q: float, conf: float = CON
     at 70-85 %)."""
     from scipy import stats as sps
 
-    parts = [np.asarray(w, np.float64).ravel() for w in windows if len(w)]
-    n = sum(len(w) for w in parts)
+    n = sum(len(np.ravel(w)) for w in windows)
     if n == 0:
         return min_n_for_quantile(q, conf)
-    point = float(np.sort(np.concatenate(parts))[max(math.ceil(q * n), 1) - 1])
-    h = max(half_width([w <= point for w in parts], q, conf), _iid_half_width(n, q, conf))
-    tau = (h / _iid_half_width(n, q, conf)) ** 2
+    iid = _iid_half_width(n, q, conf)
+    tau = max(_spread(windows, q, conf)[2] / iid, 1.0) ** 2
     z = float(sps.norm.ppf(1 - (1 - conf) / 2))
     return max(math.ceil(z * z * q * tau / (1 - q)), min_n_for_quantile(q, conf))
 

@@ -35,8 +35,9 @@ BOOTSTRAP = 400  # paired block bootstrap replicates (the interval's standard er
 
 
 def block_min_n(q: float) -> int:
-    """Fewest requests a block needs for its nearest-rank q-quantile not to be its largest (100 for p99)."""
-    return max(math.ceil(1.0 / (1.0 - q) - 1e-9), 1) if q >= 0.5 else max(math.ceil(1.0 / q - 1e-9), 1)
+    """Fewest requests a block needs for its nearest-rank q-quantile not to be its largest (or smallest)
+    request: 100 for a p99, 2 for a p50."""
+    return math.ceil(1.0 / min(q, 1.0 - q) - 1e-9)
 
 
 def paired_ratio(
