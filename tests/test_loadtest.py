@@ -28,7 +28,7 @@ from reco.loadtest.runner import LOCUSTFILE, LoadTestError, plan_cpus, run_load,
 from reco.loadtest.runs import run_metrics
 from reco.serve.process import free_port, start_server
 from reco.stats import Verdict
-from reco.tracking import Tracker
+from reco.tracking import Tracker, _unclamp
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -118,10 +118,9 @@ def test_closed_loop_exact_percentiles_land_in_mlflow(server, tmp_path):
     tracker.log_artifacts(run_id, res.artifacts, "loadtest")
     logged = client.get_run(run_id).data
     for name in (*METRICS, "e2e_p99_ms_lo", "e2e_p99_ms_hi"):
-        if math.isinf(m[name]):  # an interval open above: its +inf bound is not logged (absent = open)
-            assert name not in logged.metrics
-        else:
-            assert logged.metrics[name] == pytest.approx(m[name], rel=1e-12)
+        # An interval open above (a busy machine's bursts can leave the p99's bound past every request):
+        # +inf is logged, and MLflow's SQL store keeps it as the largest float (reco.tracking._unclamp).
+        assert _unclamp(logged.metrics[name]) == pytest.approx(m[name], rel=1e-12)
     assert logged.params["loadtest.mode"] == "closed"
     arts = {a.path for a in client.list_artifacts(run_id, "loadtest")}
     assert "loadtest/latency_cdf.png" in arts and "loadtest/latencies.csv" in arts
