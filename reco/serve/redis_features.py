@@ -73,17 +73,31 @@ def _keys(prefix: str, fingerprint: str) -> tuple[str, str, str]:
     return f"{base}:u:", f"{base}:i:", f"{base}:sentinel"
 
 
-def _stored(side: SideTable) -> np.ndarray:
-    """The entity ids of `side` that have a row (each one key in the store)."""
-    return np.flatnonzero(side.row != side.cold)
+@dataclass(frozen=True)
+class _Rows:
+    """The entity ids that have a row in the store (one key each), per side: found once per store, not
+    at every sample check (a scan of every user and item)."""
+
+    users: np.ndarray
+    items: np.ndarray
+
+    @classmethod
+    def of(cls, store: FeatureStore) -> _Rows:
+        return cls(*(np.flatnonzero(side.row != side.cold) for side in (store.users, store.items)))
+
+    def sample_keys(self, ukey: str, ikey: str, n: int, rng: np.random.Generator) -> list[str]:
+        """`n` random keys that must exist while the store holds these rows (users and items alike)."""
+        nu, total = len(self.users), len(self.users) + len(self.items)
+        picks = rng.integers(0, total, size=n) if total else []
+        return [f"{ukey}{self.users[j]}" if j < nu else f"{ikey}{self.items[j - nu]}" for j in picks]
 
 
-def _sentinel(store: FeatureStore, fingerprint: str) -> bytes:
+def _sentinel(store: FeatureStore, rows: _Rows, fingerprint: str) -> bytes:
     """What the sentinel key holds once every row of `store` has been written."""
     return orjson.dumps(
         {
             "fingerprint": fingerprint,
-            "rows": int(len(_stored(store.users)) + len(_stored(store.items))),
+            "rows": len(rows.users) + len(rows.items),
             "user_bytes": _record_dtype(store.users).itemsize,
             "item_bytes": _record_dtype(store.items).itemsize,
             "n_users": int(store.users.cold),
@@ -91,13 +105,6 @@ def _sentinel(store: FeatureStore, fingerprint: str) -> bytes:
         },
         option=orjson.OPT_SORT_KEYS,
     )
-
-
-def _sample_keys(store: FeatureStore, ukey: str, ikey: str, n: int, rng: np.random.Generator) -> list[str]:
-    """`n` random keys that must exist while the store holds this dataset's rows (users and items alike)."""
-    users, items = _stored(store.users), _stored(store.items)
-    picks = rng.integers(0, len(users) + len(items), size=n) if len(users) + len(items) else []
-    return [f"{ukey}{users[j]}" if j < len(users) else f"{ikey}{items[j - len(users)]}" for j in picks]
 
 
 def _where(cfg: RedisConfig) -> str:
@@ -133,16 +140,16 @@ def load_features(store: FeatureStore, fingerprint: str, cfg: RedisConfig) -> Lo
     """
     t0 = time.perf_counter()
     ukey, ikey, sentinel = _keys(cfg.prefix, fingerprint)
-    expected = _sentinel(store, fingerprint)
+    rows = _Rows.of(store)
+    expected = _sentinel(store, rows, fingerprint)
     client = sync_client(cfg)
     try:
-        sample = _sample_keys(store, ukey, ikey, cfg.check_sample, np.random.default_rng())
+        sample = rows.sample_keys(ukey, ikey, cfg.check_sample, np.random.default_rng())
         if client.get(sentinel) == expected and (not sample or client.exists(*sample) == len(sample)):
             return LoadReport(store.users.cold, store.items.cold, 0, time.perf_counter() - t0, True)
         client.delete(sentinel)  # a reader must never see the sentinel of a store being rewritten
         written = 0
-        for side, key in ((store.users, ukey), (store.items, ikey)):
-            ids = _stored(side)
+        for side, key, ids in ((store.users, ukey, rows.users), (store.items, ikey, rows.items)):
             for a in range(0, len(ids), cfg.load_batch):
                 chunk = ids[a : a + cfg.load_batch]
                 rec = _encode(side, side.row[chunk])
@@ -173,7 +180,8 @@ class RedisFeatures:
         """
         self.store, self.cfg, self.fingerprint = store, cfg, fingerprint
         self.ukey, self.ikey, self.sentinel = _keys(cfg.prefix, fingerprint)
-        self.expected = _sentinel(store, fingerprint)
+        self.rows = _Rows.of(store)
+        self.expected = _sentinel(store, self.rows, fingerprint)
         self.udt, self.idt = _record_dtype(store.users), _record_dtype(store.items)
         client = sync_client(cfg)
         try:
@@ -218,7 +226,7 @@ class RedisFeatures:
         Raises:
             FeatureReadError: Redis unreachable (503) or not answering within serve.redis.timeout_ms (504).
         """
-        sample = _sample_keys(self.store, self.ukey, self.ikey, self.cfg.check_sample, self._rng)
+        sample = self.rows.sample_keys(self.ukey, self.ikey, self.cfg.check_sample, self._rng)
         pipe = self._aclient().pipeline(transaction=False)
         pipe.get(self.sentinel)
         if sample:
