@@ -187,8 +187,9 @@ DECISION_COLUMNS = [
 
 
 def study_view(parent_run: str) -> dict:
-    """One execution in MLflow's runs table: its variant runs as flat rows in build order (the filter
-    leaves out the parent, so the UI does not fold them under one collapsed row), with DECISION_COLUMNS."""
+    """One execution in MLflow's runs table: its variant runs in build order with DECISION_COLUMNS. The
+    filter leaves out the parent, yet MLflow 3.17's UI still shows the variants folded under it (seen in
+    Chromium): a shared view cannot expand rows."""
     return {
         "searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run}'",
         "orderByKey": "attributes.start_time",
@@ -288,7 +289,7 @@ def build_all(
         except Exception as e:  # a failed variant must not stop the comparison
             b.error = f"variant {node.name!r} (step {node.step}): {type(e).__name__}: {e}"
             print(f"  FAILED: {b.error}", flush=True)
-            tracker.log(run_id, tags={"error": b.error[:5000], "status": "failed"})  # the page's note: at end
+            tracker.log(run_id, tags={"status": "failed"})  # its error: tag and page note at its end (run())
             failed = exp.cache_dir / "failed"
             failed.mkdir(parents=True, exist_ok=True)
             atomic_write(failed / f"{node.name}.txt", traceback.format_exc())
