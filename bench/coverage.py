@@ -237,9 +237,17 @@ def _block(shape: str, u: float, scale: np.ndarray, n: int, rng: np.random.Gener
     if u == 0:
         return s
     gaps = rng.exponential(1.0 / u, s.shape) * scale[:, None]  # the rate follows the speed: same utilisation
-    c = np.concatenate([np.zeros((len(scale), 1)), np.cumsum(s - gaps, axis=1)[:, :-1]], axis=1)
-    wait = c - np.minimum.accumulate(np.minimum(c, 0.0), axis=1)
-    return (wait + s)[:, warm:]
+    return sojourn(s, gaps)[:, warm:]
+
+
+def sojourn(service: np.ndarray, gaps: np.ndarray) -> np.ndarray:
+    """Wait + service of a FCFS queue starting empty, along the last axis: Lindley's recursion
+    W_t = max(W_(t-1) + S_(t-1) - A_t, 0) in closed form, W_t = C_t - min(0, C_1..C_t) with C the running
+    sum of S - A (vectorised; `simulate` keeps its loop so its seeded draws, and the committed tables,
+    stay as they were)."""
+    c = np.cumsum(service - gaps, axis=-1)
+    c = np.concatenate([np.zeros_like(c[..., :1]), c[..., :-1]], axis=-1)
+    return c - np.minimum.accumulate(np.minimum(c, 0.0), axis=-1) + service
 
 
 def _drift(d: float, size: int, rng: np.random.Generator) -> np.ndarray:
@@ -328,8 +336,7 @@ def tau_table(models: list[str], utilisations: list[float], n: int, seed: int) -
     for m in models:
         for u in utilisations:
             serve = _service(m, rng, WARMUP + n)
-            c = np.concatenate([[0.0], np.cumsum(serve - rng.exponential(1.0 / u, WARMUP + n))[:-1]])
-            x = (c - np.minimum.accumulate(np.minimum(c, 0.0)) + serve)[WARMUP:]  # Lindley, vectorised
+            x = sojourn(serve, rng.exponential(1.0 / u, WARMUP + n))[WARMUP:]
             taus = []
             for q in qs:
                 ind = (x > np.quantile(x, q)).astype(np.float64)
