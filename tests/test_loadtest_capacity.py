@@ -185,8 +185,8 @@ def test_a_close_step_is_extended_to_the_cap_then_inconclusive(lt, tmp_path):
 
 
 def test_no_step_or_extension_starts_that_would_end_past_the_deadline(lt, tmp_path):
-    """A 500-request step at 300 req/s is expected to take 500 / 300 + 1 s warm-up + 2 s = 4.7 s: with
-    5 s left it runs (for 1 s here), its 500-request extension (another 4.7 s) does not start; with 2 s
+    """A 500-request step at 300 req/s is expected to take 500 / 300 + 1 s warm-up + 0.4 s = 3.1 s: with
+    3.5 s left it runs (for 1 s here), its 500-request extension (another 3.1 s) does not start; with 2 s
     left nothing does."""
     import time
 
@@ -201,7 +201,7 @@ def test_no_step_or_extension_starts_that_would_end_past_the_deadline(lt, tmp_pa
         return fake(rate, n, out_dir)
 
     said: list[str] = []
-    cap = find_capacity(one_second_a_window, 100.0, c, tmp_path, say=said.append, deadline=time.time() + 5.0)
+    cap = find_capacity(one_second_a_window, 100.0, c, tmp_path, say=said.append, deadline=time.time() + 3.5)
     (s,) = cap.steps
     assert fake.calls == [(300.0, 500)] and s.verdict == Verdict.INCONCLUSIVE, said
     assert "not extended (time budget)" in s.reason and "would end past the time budget" in said[-1]
@@ -284,6 +284,13 @@ def test_capacity_ranges_fail_at_compose_time_before_any_server_starts(lt):
     small = {**dataclasses.asdict(lt), "study": {**dataclasses.asdict(lt.study), "unloaded_requests": 50}}
     with pytest.raises(ConfigError, match=r"loadtest\.study\.unloaded_requests: expected >= 100"):
         loadtest_config(small)
+    for key, value, expected in (
+        ("unloaded_warmup_s", -1.0, ">= 0 s"),
+        ("headline_tolerance", 1.0, "0 < tolerance < 1"),
+    ):
+        bad = {**dataclasses.asdict(lt), "study": {**dataclasses.asdict(lt.study), key: value}}
+        with pytest.raises(ConfigError, match=rf"loadtest\.study\.{key}: expected {expected}"):
+            loadtest_config(bad)
 
 
 # -- shortcuts that must not change the answer: screening windows and a prior bracket ----------------

@@ -101,8 +101,8 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
     # the variants with a capacity.
     has_cap = [n for n in ("baseline", "student") if median_capacity(out.outcomes[n])]
     # Interleaved in blocks: every kind of run gives each variant one run per block (A B | B A, never
-    # A A B B), in a random order within the block (RMIT); the reference's first capacity search runs
-    # last in its round (it gets what the others leave of the budget).
+    # A A B B), in a random order within the block (RMIT). The reference's first capacity search runs
+    # before the common load (its capacity sets it), the other variant's after it (a lower priority).
     for sub, names in (("unloaded", None), ("capacity", None), ("common", None), ("equal_util", has_cap)):
         names = names if names is not None else ["baseline", "student"]
         order = [(name, d) for name, _, d in calls if d.startswith(f"loadtest/{sub}/")]
@@ -110,13 +110,16 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
         assert [sorted(n for n, _ in b) for b in blocks] == [sorted(names)] * (2 if names else 0), order
         assert [{d for _, d in b} for b in blocks] == [{f"loadtest/{sub}/r{r}"} for r in range(len(blocks))]
         if sub == "capacity":
-            assert [n for n, _ in blocks[0]] == names[::-1]
+            assert [n for n, _ in blocks[0]] == names
     for kind in ("unloaded", "common"):
         for name in ("baseline", "student"):
             assert [r.block for r in getattr(out.outcomes[name], kind)] == [0, 1]
     # Unloaded rounds are spread: with 2 repeats, one before the capacity searches, one after everything.
     at = [d for *_, d in calls]
     assert at.index("loadtest/unloaded/r0") < at.index("loadtest/capacity/r0")
+    first = [i for i, (n, _, d) in enumerate(calls) if d == "loadtest/capacity/r0"]
+    common = [i for i, (*_, d) in enumerate(calls) if d.startswith("loadtest/common/")]
+    assert calls[first[0]][0] == "baseline" and first[0] < min(common) < max(common) < first[-1]
     assert at.index("loadtest/unloaded/r1") > max(
         i for i, d in enumerate(at) if d.startswith(("loadtest/equal_util/", "loadtest/common/"))
     )

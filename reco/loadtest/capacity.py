@@ -170,7 +170,10 @@ def run_step(
         runs.append(measure(rate, more, out_dir / f"w{len(runs):02d}"))
 
 
-WINDOW_OVERHEAD_S = 2.0  # a window's start and stop beside its warm-up and requests (measured: ~2 s)
+# A window's start and stop beside its warm-up and requests: with the study's Locust processes kept across
+# windows (reco.loadtest.locust_pool) the gap between one window's end and the next one's start is
+# 0.15-0.31 s (median by kind of run, case study on a 2-vCPU VM); the budget prices every window with it.
+WINDOW_OVERHEAD_S = 0.4
 
 
 def window_s(rate: float, requests: int, warmup_s: float) -> float:

@@ -155,6 +155,9 @@ class StudyConfig:
     )
     settle_s: float = MISSING  # unrecorded closed-loop traffic per variant before the first window (0: none)
     unloaded_requests: int = MISSING  # requests of an unloaded run (one closed-loop user)
+    # unrecorded traffic before an unloaded run (null: loadtest.warmup_s); short, because the server was
+    # settled and kept warm and one user has no queue to fill (reco.loadtest.study)
+    unloaded_warmup_s: float | None = MISSING
     unloaded_repeats: int | None = MISSING  # unloaded runs per variant (null: repeats), spread over the study
     load_requests: int = MISSING  # requests of a common-load window
     equal_util_requests: int = MISSING  # requests of an equal-utilisation window
@@ -164,12 +167,24 @@ class StudyConfig:
     # the reference's first capacity search may use this many shares of the budget's capacity time, every
     # other variant's one: each QPS gain divides by the reference's capacity (reco.loadtest.study)
     reference_share: float = MISSING
+    # the declared headline's capacity search bisects until its bracket is this narrow (null:
+    # capacity.tolerance): the QPS gain's interval is the product of two brackets, and a fast variant's
+    # steps are cheap where the reference's are not (reco.loadtest.study)
+    headline_tolerance: float | None = MISSING
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
     # name -> how to serve; each variant x serving pair is one row of the report: `<variant>` for the
     # serving named `reco`, `<variant>_<name>` for the others (reco.loadtest.servings)
     servings: dict[str, ServingConfig] = field(default_factory=dict)
 
     def check(self, where: str) -> None:
+        if self.unloaded_warmup_s is not None and self.unloaded_warmup_s < 0:
+            raise ConfigError(
+                f"{where}.unloaded_warmup_s: expected >= 0 s or null, got {self.unloaded_warmup_s}"
+            )
+        if self.headline_tolerance is not None and not 0 < self.headline_tolerance < 1:
+            raise ConfigError(
+                f"{where}.headline_tolerance: expected 0 < tolerance < 1 or null, got {self.headline_tolerance}"
+            )
         # A run is one block of the paired comparison (reco.stats.paired): its own p99 must not be its
         # largest request, or the block tells nothing about the tail.
         need = block_min_n(0.99)

@@ -23,7 +23,9 @@ reco.stats.paired; each run carries its block):
    LoadOutcome.error says so and no capacity is searched.
 4. **Capacity** at that SLO (reco.loadtest.capacity: count-based steps, CI verdicts, extension), each
    search starting where a queue of the variant's unloaded latencies would reach the SLO
-   (reco.loadtest.predict); every variant's first search runs before anyone's second.
+   (reco.loadtest.predict): first the declared headline's and the reference's (the QPS gain needs both
+   brackets, the common load the reference's); the other variants' after the common load, then every
+   variant's repeats, a round at a time.
 5. **Common load**: `study.common_rate`, else `common_load_fraction` x the reference's median capacity;
    the scores of every `correctness.every`-th request are recorded for step 7.
 6. **Equal utilisation**: each variant at `equal_util_fraction` x its OWN median capacity (so the report
@@ -32,16 +34,14 @@ reco.stats.paired; each run carries its block):
    offline scores of the same requests (reco.loadtest.correctness).
 
 With `study.budget_min` the whole of 2-6 fits a wall-time budget (reco.loadtest.budget): a window that
-would start past it is skipped and listed. The unloaded blocks come first (they decide the like-for-like
-speed-ups): a capacity search stops between steps early enough to leave them and a round of common load
-their time (_reserve), a common-load window yields to the blocks still to come. A first search takes at
-most its share of what is left (the reference and the declared headline `study.reference_share` shares
-each and searched last, so they also get what the others leave; every other variant one) and leaves the
-variants still to be searched their estimates (search_s); the common-load windows come next (a second
-capacity search leaves all their rounds their time, each window priced at the rate it will run at:
-_common_plan); equal utilisation, the lowest priority, runs on what is left before the last unloaded
-round; and a budget too small for the reference's first windows and one block of every variant stops the
-study before it starts.
+would start past it is skipped and listed. The study spends it on its own question first: the unloaded
+blocks (they decide the like-for-like speed-ups), the headline's and the reference's capacity searches,
+the common load, then the other variants' searches, every repeat search and equal utilisation. A search
+stops between steps early enough to leave the later, higher-priority runs their time (_reserve: each
+common-load window priced at the rate it will run at, _common_plan); a common-load window yields to the
+unloaded blocks still to come; the headline's and the reference's first searches share what is left
+(`study.reference_share` shares each); and a budget too small for the reference's first windows and one
+block of every variant stops the study before it starts.
 
 Nothing here touches MLflow or the caller's objects: raw files go under out_dir/<variant>/, and
 `log(variant_name, artifact_paths, artifact_subdir)` (optional) is called as they arrive, so the pipeline
@@ -54,6 +54,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 import os
 import statistics
 import time
@@ -118,6 +119,9 @@ class _Study:
         self.seconds: dict[str, dict[str, float]] = {}  # kind of run -> variant -> wall seconds spent
         self.budget = Budget(lt.study.budget_min)  # its clock starts with the servers (run_study)
         self.reserve_s = 0.0  # seconds later phases need: low-priority runs leave them (_reserve)
+        self.headline: str | None = (
+            None  # the experiment's declared headline (its search: headline_tolerance)
+        )
 
     def fail(self, name: str, msg: str) -> None:
         o = self.outcomes[name]
@@ -182,7 +186,11 @@ class _Study:
     def unloaded(self, name: str, r: int) -> None:
         # One request at a time cannot be split across distributed workers: one process sends it.
         s = self.window(
-            mode=LoadMode.closed, users=1, workers=1, window_requests=self.lt.study.unloaded_requests
+            mode=LoadMode.closed,
+            users=1,
+            workers=1,
+            window_requests=self.lt.study.unloaded_requests,
+            warmup_s=unloaded_warmup_s(self.lt),
         )
 
         def go(h: ServerHandle) -> LoadRun:
@@ -198,7 +206,7 @@ class _Study:
             )
 
         per_request_ms = self.rank_p50_ms.get(name, 20.0) + 1.0
-        est = window_s(1000.0 / per_request_ms, self.lt.study.unloaded_requests, self.lt.warmup_s)
+        est = window_s(1000.0 / per_request_ms, self.lt.study.unloaded_requests, s.warmup_s)
         run = self.measure(name, "unloaded", f"unloaded run {r}", go, est)
         if run is not None:
             run = dataclasses.replace(run, block=r)
@@ -210,8 +218,13 @@ class _Study:
 
     def start_rate(self, name: str, slo: float | None = None) -> float:
         """Where a capacity search starts: fewer steps the closer it is (each step costs >= 477 requests).
-        The earlier repeats' median pass, else capacity.start_rate, else the rate an M/G/1 queue of the
-        variant's own unloaded latencies carries at the SLO (reco.loadtest.predict), else 0.6 / rank p50."""
+        The earlier repeats' median pass, else capacity.start_rate, else sqrt(growth) x the rate an M/G/1
+        queue of the variant's own unloaded latencies carries at the SLO (reco.loadtest.predict), else
+        0.6 / rank p50. Above the prediction, because that prediction lands near the true capacity, where
+        a step cannot decide: the baseline's first step there took 240 s and stayed INCONCLUSIVE in one of
+        two runs (experiments/ecommerce_case_study/README.md#capacity-search-start), while a step a factor of
+        sqrt(growth) above it FAILs from its screening window and the next one down (growth lower) is
+        far enough below to PASS."""
         done = [c.highest_pass for c in self.outcomes[name].capacity if c.highest_pass > 0]
         if done:
             return statistics.median(done)
@@ -223,7 +236,8 @@ class _Study:
                 self.predicted[name] = predicted_capacity(np.concatenate(runs), slo)
             rate = self.predicted[name]
             if rate is not None:
-                return max(rate, float(self.lt.capacity.min_rate))
+                c = self.lt.capacity
+                return min(max(rate * math.sqrt(c.growth), float(c.min_rate)), float(c.max_rate))
         p50 = self.rank_p50_ms.get(name)
         return 0.6 * 1000.0 / p50 if p50 else float(self.lt.capacity.min_rate)
 
@@ -269,7 +283,12 @@ class _Study:
         to run that need their time) before its deadline, and may use 1/share of what is left, so one slow
         variant cannot starve the others."""
         d = self.out / name / "capacity" / f"r{r}"
-        cfg = dataclasses.replace(self.lt.capacity, start_rate=self.start_rate(name, slo))
+        tol = self.lt.study.headline_tolerance if name == self.headline else None
+        cfg = dataclasses.replace(
+            self.lt.capacity,
+            start_rate=self.start_rate(name, slo),
+            tolerance=self.lt.capacity.tolerance if tol is None else tol,
+        )
         hint = self.expect_fail(name)
 
         def go(h: ServerHandle) -> Capacity:
@@ -388,6 +407,7 @@ def run_study(
     result.reference = ref
     order = [ref] + [n for n in names if n != ref]
     s = _Study(lt, serve, out, log)
+    s.headline = headline if headline in names else None
     s.outcomes = {n: LoadOutcome(n) for n in order}
     result.outcomes = s.outcomes
     s.requests = write_requests(data, out / "requests.jsonl", lt.requests.n, lt.requests.k, lt.seed)
@@ -408,7 +428,7 @@ def run_study(
         pool as s.pool,
     ):
         s.seconds["servers' start"] = {"all": time.time() - t_start}
-        _measure_all(s, result, ref, order, headline if headline in order else None)
+        _measure_all(s, result, ref, order, s.headline)
     result.seconds = s.seconds
     result.budget = summary(s.budget)
     _say(f"[load] measured in {time.time() - t_start:.0f} s; " + time_spent(s.seconds))
@@ -525,10 +545,13 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str], he
     _settle_all(s)
     _unloaded_rounds(s, plan.slots, points, 0)
     _slo(s, result, plan)
-    if s.lt.capacity.enabled and result.slo_p99_ms is not None:
-        _capacity_phase(s, result.slo_p99_ms, plan)
+    slo = result.slo_p99_ms if s.lt.capacity.enabled else None
+    if slo is not None:
+        _first_searches(s, slo, plan)
     _unloaded_rounds(s, plan.slots, points, 1)
     _common_phase(s, result, plan)
+    if slo is not None:
+        _more_searches(s, slo, plan)
     _equal_util_phase(s, plan)
     _unloaded_rounds(s, plan.slots, points, len(points) - 1)
 
@@ -561,29 +584,35 @@ def _slo(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
             s.fail(n, f"no SLO, so no capacity search: the reference {ref!r} {why}; {e}")
 
 
-def _capacity_phase(s: _Study, slo: float, plan: _Schedule) -> None:
-    """Every variant's first search before anyone's second: the reference's sets the common load and
-    each one's bracket is a QPS gain. A first search leaves the unloaded blocks and one common-load round
-    their time and takes its share of the rest (first_share: the reference and the headline, searched
-    last, `reference_share` shares; a slow reference with equal shares gets no passing rate:
-    experiments/ecommerce_case_study/README.md#reference-share); later repeats run only in the time the
-    common load leaves."""
-    st, ref = s.lt.study, plan.ref
-    heavy = {ref} | ({plan.headline} if plan.headline else set())
-    _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: {st.repeats} x {len(plan.order)}, interleaved")
-    for r in range(st.repeats):
-        names = s.alive()
-        if r > 0:
-            for i, n in enumerate(names):
-                s.reserve_s = _reserve(s, ref, plan.slots, slo)
-                s.capacity(n, r, slo, share=len(names) - i)
-            continue
-        names = [n for n in names if n not in heavy] + [n for n in names if n in heavy and n != ref]
-        names += [ref] if ref in s.alive() else []
+def _first_searches(s: _Study, slo: float, plan: _Schedule) -> None:
+    """The searches the study's own question needs, before the common load: the declared headline's first
+    search, then the reference's (every QPS gain divides by its capacity, and it sets the common load).
+    Each leaves the unloaded blocks and every common-load round their time (_reserve) and takes its share
+    of the rest (first_share: `reference_share` shares each for the reference and the headline; a slow
+    reference with equal shares gets no passing rate:
+    experiments/ecommerce_case_study/README.md#reference-share). The other variants' searches come after
+    the common load (_more_searches): in a budget that cannot hold every search, a search that stops
+    before its bracket closes decides nothing, and the common load decides the like-for-like p99s."""
+    heavy = {plan.ref} | ({plan.headline} if plan.headline else set())
+    names = [n for n in s.alive() if n in heavy and n != plan.ref] + [n for n in s.alive() if n == plan.ref]
+    _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: first searches of {', '.join(names)}")
+    for i, n in enumerate(names):
+        s.reserve_s = _reserve(s, plan.ref, plan.slots, slo)
+        leave = sum(s.search_s(m, slo) for m in names[i + 1 :])
+        s.capacity(n, 0, slo, leave_s=leave, share=first_share(names[i:], heavy, s.lt.study.reference_share))
+
+
+def _more_searches(s: _Study, slo: float, plan: _Schedule) -> None:
+    """The other variants' first searches, then every variant's repeats (a round at a time), in what the
+    budget leaves before the last unloaded blocks; within a round each search may use an equal share."""
+    first = {plan.ref} | ({plan.headline} if plan.headline else set())
+    s.reserve_s = _unloaded_left(s, plan.slots, len(plan.points) - 1)
+    for r in range(s.lt.study.repeats):
+        names = [n for n in s.alive() if r > 0 or n not in first]
+        if names:
+            _say(f"\n[load] capacity round {r}: {', '.join(names)}")
         for i, n in enumerate(names):
-            s.reserve_s = _reserve(s, ref, plan.slots, slo, rounds=1)
-            leave = sum(s.search_s(m, slo) for m in names[i + 1 :])
-            s.capacity(n, r, slo, leave_s=leave, share=first_share(names[i:], heavy, st.reference_share))
+            s.capacity(n, r, slo, share=len(names) - i)
 
 
 def _common_phase(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
@@ -633,6 +662,14 @@ def checkpoints(repeats: int) -> list[str]:
         + [f"after common-load round {r}" for r in range(repeats)]
         + ["end"]
     )
+
+
+def unloaded_warmup_s(lt: LoadtestConfig) -> float:
+    """Warm-up of an unloaded run: study.unloaded_warmup_s, else warmup_s. One closed-loop user has no queue
+    to fill, and the server has been settled and kept warm, so the warm-up only has to bring the variant's
+    own working set back into the caches after the other variants' runs."""
+    w = lt.study.unloaded_warmup_s
+    return float(lt.warmup_s if w is None else w)
 
 
 def unloaded_repeats(st: StudyConfig) -> int:
@@ -711,7 +748,7 @@ def _minimum(s: _Study, ref: str, names: list[str]) -> tuple[float, str]:
     windows = max(lt.capacity.reference_repeats, 1) if lt.capacity.slo_p99_ms is None else 1
 
     def window(name: str) -> float:
-        return st.unloaded_requests * (s.rank_p50_ms.get(name, 20.0) + 1.0) / 1000.0 + lt.warmup_s
+        return st.unloaded_requests * (s.rank_p50_ms.get(name, 20.0) + 1.0) / 1000.0 + unloaded_warmup_s(lt)
 
     unloaded = windows * window(ref) + sum(window(n) for n in names if n != ref)
     need = 30.0 + len(names) * st.settle_s + unloaded
