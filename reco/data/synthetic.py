@@ -48,6 +48,23 @@ class Simulation:
     offset: float  # the constant added to their sum for the target CTR; sigmoid(sum + offset) = P(click)
     users: np.ndarray
     items: np.ndarray
+    model: ClickModel
+
+
+@dataclass(frozen=True)
+class ClickModel:
+    """The planted click model, for any (user, item, hour, device), not only the logged ones: what grades a
+    served list by its true expected clicks (reco.serve.quality.planted_gains)."""
+
+    cfg: SyntheticConfig
+    it: dict[str, np.ndarray]
+    us: dict[str, np.ndarray]
+    offset: float
+
+    def prob(self, users: np.ndarray, items: np.ndarray, hour: np.ndarray, device: np.ndarray) -> np.ndarray:
+        """True P(click) [n] of 0-based ids (a feature's id minus one: 0 is the unknown row there)."""
+        logit = sum(_click_terms(self.cfg, self.it, self.us, users, items, hour, device).values())
+        return 1 / (1 + np.exp(-(logit + self.offset)))
 
 
 def generate(cfg: SyntheticConfig) -> Dataset:
@@ -81,7 +98,7 @@ def simulate(cfg: SyntheticConfig) -> Simulation:
     tr, va, te = time_split(cfg.n_rows)
     ds = Dataset(_schema(cfg), full.take(tr), full.take(va), full.take(te), name="synthetic_ecommerce")
     ds.compute_fingerprint()
-    return Simulation(ds, terms, offset, users, items)
+    return Simulation(ds, terms, offset, users, items, ClickModel(cfg, it, us, offset))
 
 
 def planted_catalogue(cfg: SyntheticConfig, n_queries: int) -> tuple[np.ndarray, np.ndarray]:
