@@ -44,6 +44,7 @@ from reco.serve.quality import (
     popularity,
     quality_requests,
     reference_topk,
+    reproduces,
     request_candidates,
     served_topk,
 )
@@ -681,17 +682,18 @@ class _Truth:
 
 def _ground_truth(exp: ExperimentConfig, data: Dataset, topk: TopK) -> _Truth | None:
     """The planted P(click) of every quality request's candidates; None when the data has no planted
-    click model (any loader but synthetic_ecommerce, or a data set its config no longer regenerates)."""
+    click model (any loader but synthetic_ecommerce, or test rows whose logged P(click) the model its
+    config regenerates does not give back)."""
     if exp.data.loader != "synthetic_ecommerce":
         return None
     from reco.config import typed
-    from reco.data.synthetic import SyntheticConfig, simulate
+    from reco.data.synthetic import SyntheticConfig, click_model
 
-    sim = simulate(typed(exp.data.params, SyntheticConfig, "data.params"))
-    if sim.dataset.fingerprint != data.fingerprint:
+    model = click_model(typed(exp.data.params, SyntheticConfig, "data.params"))
+    if not reproduces(model, data):
         return None
     cands = request_candidates(topk.store, topk.requests, exp.serve.n_candidates)
-    return _Truth(cands, planted_gains(sim.model, data, topk.requests, cands))
+    return _Truth(cands, planted_gains(model, data, topk.requests, cands))
 
 
 def _references(

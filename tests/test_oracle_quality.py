@@ -4,16 +4,20 @@ served candidate; GAUC orders one user's rows; the gate judges the measure with 
 from __future__ import annotations
 
 import dataclasses
+import shutil
 
 import numpy as np
 import pytest
+import torch
 from conftest import TINY
 from test_report import context, delta, variant
 
 from reco.cli.compose import compose
 from reco.config import ConfigError, typed
-from reco.data.synthetic import simulate
-from reco.experiment import GateConfig
+from reco.data.synthetic import click_model, simulate
+from reco.experiment import GateConfig, experiment_config
+from reco.models.dlrm import DLRM, DLRMConfig
+from reco.pipeline import Built, TopK, measure_accuracy, write_study_report
 from reco.report import VariantResult, write_report
 from reco.report.figures import study_figures
 from reco.report.gate import gate
@@ -26,13 +30,16 @@ from reco.serve.quality import (
     popularity,
     quality_requests,
     reference_topk,
+    reproduces,
     request_candidates,
 )
 from reco.stats import Estimate, Verdict
 from reco.stats.gauc import GAUC, gauc, per_user_auc
 from reco.stats.graded import GradedQuality, graded_per_request, graded_quality
 from reco.stats.topk import ir_per_user
+from reco.tracking import Tracker
 from reco.train.metrics import auc
+from reco.variant import Variant
 
 
 @pytest.fixture(scope="module")
@@ -48,6 +55,9 @@ def test_the_click_model_gives_the_logged_rows_their_planted_probability(sim):
     ds = sim.dataset
     got = sim.model.prob(*(_ids(ds, c) - 1 for c in ("user_id", "item_id", "hour", "device")))
     np.testing.assert_allclose(got, ds.test.oracle.numpy(), rtol=1e-5)
+    assert click_model(TINY).offset == sim.model.offset and reproduces(click_model(TINY), ds)
+    # another seed's model is another data set's: its grades are not used
+    assert not reproduces(click_model(dataclasses.replace(TINY, seed=1)), ds)
 
 
 def test_a_popularity_tilt_moves_logged_ndcg_not_expected_clicks(sim):
@@ -64,7 +74,9 @@ def test_a_popularity_tilt_moves_logged_ndcg_not_expected_clicks(sim):
     assert (base["clicks"] > 0).all() and base["ndcg"] == pytest.approx(1.0)  # no request scores 0
     logged = ir_per_user(oracle, reqs.relevant, k)["ndcg"]
     for tilt in (0.02, -0.02):
-        top = reference_topk(cands, [g + tilt * np.log(pop[c] + 1) for g, c in zip(gains, cands)], k)
+        top = reference_topk(
+            cands, [g + tilt * np.log(pop[c] + 1) for g, c in zip(gains, cands, strict=True)], k
+        )
         moved = ir_per_user(top, reqs.relevant, k)["ndcg"].mean() / logged.mean() - 1
         q = graded_quality(gains_of(top, cands, gains), gains, gains_of(oracle, cands, gains))
         assert abs(moved) > 0.05, tilt
@@ -137,3 +149,54 @@ def test_gate_limits_are_checked_naming_the_key(key, bad):
     assert good.max_expected_clicks_drop_pct == 1.0 and good.max_gauc_drop_pct == 0.5
     with pytest.raises(ConfigError, match=rf"gate\.{key}={bad}: expected"):
         typed({**vars(good), key: bad}, GateConfig, "gate")
+
+
+def _untrained(data, root, seed: int) -> Variant:
+    torch.manual_seed(seed)
+    model = DLRM(DLRMConfig.from_schema(data.schema, embedding_dim=16, bottom=[32, 16], top=[64, 32]))
+    v = Variant(f"untrained{seed}", "train", None, "torch", {}, dir=str(root / f"v{seed}"))
+    v.save_torch(model)
+    v.save()
+    return Variant.load(v.path)
+
+
+def test_the_study_report_grades_served_lists_and_adds_the_reference_rows(sim, parent, tmp_path):
+    """write_study_report as the pipeline calls it, on the planted tiny data: a trained baseline and an
+    untrained variant, their served top-k graded by the planted model, GAUC from their test scores, the
+    popularity and oracle rows beside them, the gate on expected clicks, the figures logged to MLflow."""
+    ds = sim.dataset
+    params = {f.name: getattr(TINY, f.name) for f in dataclasses.fields(TINY)}
+    over = [f"data.params.{k}={v}" for k, v in params.items() if k in ("n_rows", "n_users", "n_items",
+            "n_categories", "n_brands", "latent_dim", "max_recent")]  # fmt: skip
+    exp = experiment_config(
+        compose(
+            [
+                "data=synthetic_small",
+                "variants=chain",
+                "seed=0",
+                *over,
+                "quality.users=150",
+                "serve.n_candidates=60",
+            ]
+        )
+    )
+    shutil.copytree(parent.path, tmp_path / "base")
+    base, other = Variant.load(tmp_path / "base"), _untrained(ds, tmp_path, 1)
+    topk = TopK(exp, ds)
+    for v in (base, other):
+        measure_accuracy(v, ds, threads=1)
+        topk.measure(v)
+    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "users_see", str(tmp_path / "artifacts"))
+    nodes = exp.variants
+    base.name, other.name = nodes[0].name, nodes[1].name  # the report's rows are the graph's nodes
+    built = [Built(nodes[0], base, "", tracker.start_run("b"), False),
+             Built(nodes[1], other, "", tracker.start_run("o"), False)]  # fmt: skip
+    write_study_report(exp, built, ds, None, tmp_path / "report", tracker)
+    md = (tmp_path / "report" / "report.md").read_text()
+    section = md.split("## What users see")[1].split("\n## ")[0]
+    assert "*popularity* (reference)" in section and "*oracle* (reference)" in section
+    assert "do not apply" not in section and "Δexpected clicks@10" in section
+    m = tracker.client.get_run(built[1].run_id).data.metrics
+    assert {"expected_clicks_at_10_delta_rel", "oracle_ndcg_at_10", "gauc", "gauc_delta_rel"} <= set(m)
+    assert m["gauc_delta_rel"] < 0  # an untrained model orders a user's rows worse than a trained one
+    assert "ground truth" in md.split("## Gate")[1].split("\n## ")[0] or "PASS" in section

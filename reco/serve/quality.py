@@ -147,15 +147,31 @@ def reference_topk(cands: list[np.ndarray], scores: list[np.ndarray], k: int) ->
     return out
 
 
+def _context(data: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The click model's (hour, device) of test rows: feature ids are shifted by one (0: unknown)."""
+    s, t = data.schema, data.test
+    return t.ids[rows, s.index("hour"), 0].numpy() - 1, t.ids[rows, s.index("device"), 0].numpy() - 1
+
+
+def reproduces(model: ClickModel, data: Dataset, tol: float = 1e-5) -> bool:
+    """Whether `model` gives the test rows the P(click) logged with them (Split.oracle): the data is the
+    one it planted, so its grades of unlogged candidates can be trusted."""
+    t, s = data.test, data.schema
+    if t.oracle is None or s.user_key is None or s.item_key is None:
+        return False
+    rows = np.arange(len(t))
+    users, items = (t.ids[:, s.index(k), 0].numpy() - 1 for k in (s.user_key, s.item_key))
+    got = model.prob(users, items, *_context(data, rows))
+    return bool(np.allclose(got, t.oracle.numpy(), rtol=tol, atol=tol))
+
+
 def planted_gains(
     model: ClickModel, data: Dataset, reqs: QualityRequests, cands: list[np.ndarray]
 ) -> list[np.ndarray]:
     """True P(click) of each request's candidates (one [M] array per request, aligned with `cands`): the
     request's user, each candidate item and the context (hour, device) of the request's test row, through
     the planted click model. Feature ids are shifted by one (0: unknown), the model's are not."""
-    s, t = data.schema, data.test
-    hour = t.ids[:, s.index("hour"), 0].numpy()[reqs.rows] - 1
-    device = t.ids[:, s.index("device"), 0].numpy()[reqs.rows] - 1
+    hour, device = _context(data, reqs.rows)
     out = []
     for u, h, d, items in zip(reqs.users.tolist(), hour.tolist(), device.tolist(), cands, strict=True):
         m = len(items)

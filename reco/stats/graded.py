@@ -41,7 +41,10 @@ def graded_per_request(top_gain: np.ndarray, cand_gain: Sequence[np.ndarray]) ->
     k = top_gain.shape[1]
     d = discounts(k)
     ideal = np.array([np.sort(g)[::-1][:k] @ d[: min(k, len(g))] for g in cand_gain])
-    return {"clicks": top_gain.sum(axis=1), "ndcg": top_gain @ d / ideal}
+    dcg = top_gain @ d
+    # a request without candidates (ideal 0) serves nothing: 0, not a division by zero
+    ndcg = np.divide(dcg, ideal, out=np.zeros_like(dcg), where=ideal > 0)
+    return {"clicks": top_gain.sum(axis=1), "ndcg": ndcg}
 
 
 @dataclass(frozen=True)
