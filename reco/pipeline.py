@@ -638,7 +638,7 @@ def write_study_report(
         baseline=base.name,
         max_auc_drop=exp.gate.max_auc_drop_pct / 100,
         max_clicks_drop=exp.gate.max_expected_clicks_drop_pct / 100 if truth is not None else None,
-        max_gauc_drop=exp.gate.max_gauc_drop_pct / 100,
+        max_gauc_drop=exp.gate.max_gauc_drop_pct / 100 if users is not None else None,  # no users: no GAUC
         planted=truth is not None,
         references=references,
         max_error_rate=exp.loadtest.capacity.max_error_rate,

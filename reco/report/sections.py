@@ -478,7 +478,8 @@ def served_topk(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyCo
     ]
     if not ctx.planted:
         head += [
-            "The oracle-graded measures do not apply: this data set has no planted click probabilities.",
+            "The oracle-graded measures do not apply: no planted click probabilities for these requests (data "
+            "without a click model, or `quality.users=0`).",
             "",
         ]
     rows = []
