@@ -618,7 +618,7 @@ def write_study_report(
         if top is not None and (b is base or base_top is not None):
             quality = topk_quality(top, topk.requests.relevant, against, exp.quality.rbo_p, exp.seed)
             if truth is not None:
-                graded = truth.graded(top, None if b is base else base_top, exp.seed)
+                graded = truth.graded(top, against, exp.seed)
         results.append(
             VariantResult(
                 variant=v,
