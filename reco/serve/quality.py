@@ -187,5 +187,7 @@ def gains_of(top: np.ndarray, cands: list[np.ndarray], gains: list[np.ndarray]) 
         lookup = dict(zip(items.tolist(), g.tolist(), strict=True))
         for r, i in enumerate(row.tolist()):
             if i >= 0:
+                if i not in lookup:
+                    raise ValueError(f"request {u}: served item {i} is not among its candidates")
                 out[u, r] = lookup[i]
     return out
