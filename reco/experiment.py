@@ -37,7 +37,16 @@ class GateConfig:
     """`gate` (conf/config.yaml): the report's quality gate."""
 
     max_auc_drop_pct: float = MISSING  # relative AUC drop against the baseline a variant may have, in %
-    max_ndcg_drop_pct: float = MISSING  # relative NDCG@k drop of the served top-k (quality.k), in %
+    # relative drop of the served top-k's expected clicks@k (quality.k), graded by the planted P(click):
+    # gates on data with a planted click model
+    max_expected_clicks_drop_pct: float = MISSING
+    max_gauc_drop_pct: float = MISSING  # relative GAUC drop on the test split: gates on any other data
+
+    def check(self, where: str) -> None:
+        for key in ("max_auc_drop_pct", "max_expected_clicks_drop_pct", "max_gauc_drop_pct"):
+            v = getattr(self, key)
+            if not 0 <= v < 100:
+                raise ConfigError(f"{where}.{key}={v}: expected a drop in percent, 0 <= {key} < 100")
 
 
 @dataclass

@@ -20,6 +20,7 @@ import traceback
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 from omegaconf import OmegaConf
@@ -36,11 +37,25 @@ from reco.profile import profile_rank
 from reco.runtime import load_scorer
 from reco.serve.config import RetrievalKind, ServeConfig
 from reco.serve.features import FeatureStore
-from reco.serve.quality import QualityRequests, quality_requests, served_topk
+from reco.serve.quality import (
+    QualityRequests,
+    gains_of,
+    planted_gains,
+    popularity,
+    quality_requests,
+    reference_topk,
+    reproduces,
+    request_candidates,
+    served_topk,
+)
 from reco.steps import StepRun
 from reco.steps import train as train_step
 from reco.tracking import Tracker, environment_tags, flatten
 from reco.variant import ArtifactError, Variant, atomic_write
+
+if TYPE_CHECKING:
+    from reco.report.context import ReferenceRanking
+    from reco.stats.graded import GradedQuality
 
 FINISHED = "FINISHED"  # marker file: the variant directory is complete
 SCORES = "test_scores.npy"  # [N test rows] float32, the variant's own runtime's scores
@@ -430,6 +445,12 @@ class TopK:
             self._reqs = quality_requests(self.data, self.exp.quality.users, self.exp.seed)
         return self._reqs
 
+    @property
+    def store(self) -> FeatureStore:
+        if self._store is None:
+            self._store = FeatureStore(self.data, self.exp.serve.retrieval)
+        return self._store
+
     def measure(self, v: Variant) -> None:
         """Add v's `topk` artifact ([users, k] item ids) unless it holds these settings' already."""
         if (
@@ -438,11 +459,9 @@ class TopK:
             or v.artifacts.get("topk") == self.file
         ):
             return
-        if self._store is None:
-            self._store = FeatureStore(self.data, self.exp.serve.retrieval)
         shared = self.data.schema.shared_columns if self.exp.serve.user_once else None
         scorer = load_scorer(v, threads=self.exp.trainer.threads, shared=shared)
-        top = served_topk(scorer, self._store, self.data, self.requests, self.exp.serve, self.exp.quality.k)
+        top = served_topk(scorer, self.store, self.data, self.requests, self.exp.serve, self.exp.quality.k)
         np.save(v.path / self.file, top, allow_pickle=False)
         v.add_artifact("topk", self.file)
 
@@ -575,39 +594,53 @@ def write_study_report(
     """
     from reco.report import Machine, StudyContext, VariantResult, study_metrics, write_report
     from reco.stats import auc_ci, auc_delta
+    from reco.stats.gauc import gauc
     from reco.stats.topk import topk_quality
 
     base = next(b for b in built if b.node.spec.root)
     labels = data.test.labels.numpy()
+    s = data.schema
+    users = data.test.ids[:, s.index(s.user_key), 0].numpy() if s.user_key else None
     base_scores = _scores(base.variant)
     topk = TopK(exp, data)
     base_top = topk.load(base.variant)
+    truth = _ground_truth(exp, data, topk) if base_top is not None else None
     results = []
     for b in built:
         v = b.variant or Variant(b.name, b.node.step, b.node.parent, "torch", {})
         scores, top = _scores(b.variant), topk.load(b.variant)
-        delta = quality = None
+        against = None if b is base else base_top
+        delta = quality = graded = grouped = None
         if b is not base and scores is not None and base_scores is not None:
             delta = auc_delta(labels, base_scores, scores)
+        if users is not None and scores is not None and (b is base or base_scores is not None):
+            grouped = gauc(users, labels, scores, None if b is base else base_scores, exp.seed)
         if top is not None and (b is base or base_top is not None):
-            against = None if b is base else base_top
             quality = topk_quality(top, topk.requests.relevant, against, exp.quality.rbo_p, exp.seed)
+            if truth is not None:
+                graded = truth.graded(top, against, exp.seed)
         results.append(
             VariantResult(
                 variant=v,
                 load=study.outcomes.get(b.name) if study else None,
                 auc_delta=delta,
                 quality=quality,
+                graded=graded,
+                gauc=grouped,
                 status="ok" if b.variant else "failed",
                 error=b.error,
             )
         )
+    references = _references(exp, data, topk, base_top, truth, base_scores) if base_top is not None else []
     tags = environment_tags()
     ctx = StudyContext(
         experiment=exp.experiment_name,
         baseline=base.name,
         max_auc_drop=exp.gate.max_auc_drop_pct / 100,
-        max_ndcg_drop=exp.gate.max_ndcg_drop_pct / 100 if exp.quality.users else None,
+        max_clicks_drop=exp.gate.max_expected_clicks_drop_pct / 100 if truth is not None else None,
+        max_gauc_drop=exp.gate.max_gauc_drop_pct / 100 if users is not None else None,  # no users: no GAUC
+        planted=truth is not None,
+        references=references,
         max_error_rate=exp.loadtest.capacity.max_error_rate,
         study=study,
         machine=Machine.from_tags(tags),
@@ -628,3 +661,76 @@ def _scores(v: Variant | None) -> np.ndarray | None:
     if v is None or "test_scores" not in v.artifacts:
         return None
     return load_scores(v.verify("test_scores"))
+
+
+@dataclass
+class _Truth:
+    """The quality requests' candidates graded by the planted click model (synthetic data only)."""
+
+    cands: list[np.ndarray]
+    gains: list[np.ndarray]
+
+    def gains_of(self, top: np.ndarray) -> np.ndarray:
+        return gains_of(top, self.cands, self.gains)
+
+    def graded(self, top: np.ndarray, base: np.ndarray | None, seed: int) -> GradedQuality:
+        from reco.stats.graded import graded_quality
+
+        base_gain = None if base is None else self.gains_of(base)
+        return graded_quality(self.gains_of(top), self.gains, base_gain, seed)
+
+
+def _ground_truth(exp: ExperimentConfig, data: Dataset, topk: TopK) -> _Truth | None:
+    """The planted P(click) of every quality request's candidates; None when the data has no planted
+    click model (any loader but synthetic_ecommerce, or test rows whose logged P(click) the model its
+    config regenerates does not give back)."""
+    if exp.data.loader != "synthetic_ecommerce":
+        return None
+    from reco.config import typed
+    from reco.data.synthetic import SyntheticConfig, click_model
+
+    model = click_model(typed(exp.data.params, SyntheticConfig, "data.params"))
+    if not reproduces(model, data):
+        return None
+    cands = request_candidates(topk.store, topk.requests, exp.serve.n_candidates)
+    return _Truth(cands, planted_gains(model, data, topk.requests, cands))
+
+
+def _references(
+    exp: ExperimentConfig,
+    data: Dataset,
+    topk: TopK,
+    base_top: np.ndarray,
+    truth: _Truth | None,
+    base_scores: np.ndarray | None,
+) -> list[ReferenceRanking]:
+    """The reference rows of *What users see*: the same candidates ranked by training popularity and, with
+    a planted click model, by the true P(click); each also scores the test rows for its GAUC."""
+    from reco.report.context import ReferenceRanking
+    from reco.stats.gauc import gauc
+    from reco.stats.topk import topk_quality
+
+    s, t, q = data.schema, data.test, exp.quality
+    users = t.ids[:, s.index(s.user_key), 0].numpy()
+    labels = t.labels.numpy()
+    cands = (
+        truth.cands
+        if truth is not None
+        else request_candidates(topk.store, topk.requests, exp.serve.n_candidates)
+    )
+    pop = popularity(data)
+    rankers = {"popularity": ([pop[c] for c in cands], pop[t.ids[:, s.index(s.item_key), 0].numpy()])}
+    if truth is not None and t.oracle is not None:
+        rankers["oracle"] = (truth.gains, t.oracle.numpy())
+    out = []
+    for name, (cand_scores, row_scores) in rankers.items():
+        top = reference_topk(cands, cand_scores, q.k)
+        out.append(
+            ReferenceRanking(
+                name,
+                topk_quality(top, topk.requests.relevant, base_top, q.rbo_p, exp.seed),
+                truth.graded(top, base_top, exp.seed) if truth is not None else None,
+                gauc(users, labels, row_scores, base_scores, exp.seed),
+            )
+        )
+    return out

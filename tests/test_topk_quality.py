@@ -23,6 +23,7 @@ from reco.serve.features import FeatureStore
 from reco.serve.quality import QualityConfig, quality_requests, served_topk
 from reco.serve.recommend import top_k
 from reco.stats import Estimate, Verdict
+from reco.stats.graded import GradedQuality
 from reco.stats.topk import (
     MIN_DISCORDANT,
     TopKQuality,
@@ -137,23 +138,38 @@ def _q(delta_rel: float, half: float, rbo: float = 0.8) -> TopKQuality:
                        Estimate(delta_rel, delta_rel - half, delta_rel + half, 500))  # fmt: skip
 
 
+def _g(delta_rel: float, half: float) -> GradedQuality:
+    e, d = Estimate(1.0, 0.9, 1.1, 500), Estimate(delta_rel, delta_rel - half, delta_rel + half, 500)
+    return GradedQuality(10, e, e, d, d)
+
+
 def test_the_quality_gate_flags_a_pass_on_auc_that_users_would_see(tmp_path):
-    """AUC within its limit, but the served top-k's NDCG@10 drops 8 % [-10, -6]: FAIL overall, flagged."""
+    """AUC within its limit, but the served top-k's expected clicks@10 drop 8 % [-10, -6]: FAIL overall,
+    flagged; logged NDCG@10 is reported beside it and decides nothing."""
     e = Estimate(0.1, 0.09, 0.11, 500)
     results = [
-        VariantResult(variant("base", "train", None), quality=TopKQuality(10, e, e)),
+        VariantResult(variant("base", "train", None), quality=TopKQuality(10, e, e), graded=_g(0, 0)),
         VariantResult(
-            variant("same", "prune", "base"), auc_delta=delta(-0.001, 0.001), quality=_q(-0.005, 0.01)
+            variant("same", "prune", "base"),
+            auc_delta=delta(-0.001, 0.001),
+            quality=_q(-0.5, 0.01),  # logged NDCG halves: no verdict from it
+            graded=_g(-0.005, 0.004),
         ),
         VariantResult(
-            variant("worse", "prune", "base"), auc_delta=delta(-0.001, 0.001), quality=_q(-0.08, 0.02)
+            variant("worse", "prune", "base"),
+            auc_delta=delta(-0.001, 0.001),
+            quality=_q(+0.08, 0.02),
+            graded=_g(-0.08, 0.02),
         ),
         VariantResult(
-            variant("unsure", "prune", "base"), auc_delta=delta(-0.001, 0.001), quality=_q(-0.02, 0.03)
+            variant("unsure", "prune", "base"),
+            auc_delta=delta(-0.001, 0.001),
+            quality=_q(-0.02, 0.03),
+            graded=_g(-0.01, 0.03),
         ),
         VariantResult(variant("none", "prune", "base"), auc_delta=delta(-0.001, 0.001)),
     ]
-    ctx = dataclasses.replace(context(results, None), max_ndcg_drop=0.02)
+    ctx = dataclasses.replace(context(results, None), planted=True, max_clicks_drop=0.01)
     gates = {f.name: gate(f, ctx) for f in study_figures(results, ctx)}
     assert {n: g.quality.verdict for n, g in gates.items()} == {
         "base": Verdict.PASS,
@@ -163,14 +179,17 @@ def test_the_quality_gate_flags_a_pass_on_auc_that_users_would_see(tmp_path):
         "none": Verdict.INCONCLUSIVE,
     }
     assert gates["worse"].accuracy.verdict == Verdict.PASS and gates["worse"].overall == Verdict.FAIL
-    assert "ΔNDCG@10 -8.00% [-10.00, -6.00]" in gates["worse"].reason
+    assert (
+        "Δexpected clicks@10 (graded by the planted P(click), the ground truth) -8.00% [-10.00, -6.00]"
+        in (gates["worse"].reason)
+    )
     write_report(results, ctx, tmp_path)
     md = (tmp_path / "report.md").read_text()
     section = md.split("## What users see")[1].split("\n## ")[0]
     assert "`worse`" in section and "passes on AUC, fails on what users see" in section
     assert section.count("passes on AUC, fails on what users see") == 1
     m = study_metrics(results, ctx)
-    assert m["worse"]["ndcg_at_10_delta_rel"] == -0.08 and m["worse"]["gate_quality"] == 0.0
+    assert m["worse"]["ndcg_at_10_delta_rel"] == 0.08 and m["worse"]["gate_quality"] == 0.0
     assert m["base"]["ndcg_at_10"] == 0.1 and "rbo_at_10" not in m["base"] and m["same"]["rbo_at_10"] == 0.8
     # Off (quality.users=0): no part, no column verdict.
     off = gate(study_figures(results, context(results, None))[2], context(results, None))

@@ -48,6 +48,23 @@ class Simulation:
     offset: float  # the constant added to their sum for the target CTR; sigmoid(sum + offset) = P(click)
     users: np.ndarray
     items: np.ndarray
+    model: ClickModel
+
+
+@dataclass(frozen=True)
+class ClickModel:
+    """The planted click model, for any (user, item, hour, device), not only the logged ones: what grades a
+    served list by its true expected clicks (reco.serve.quality.planted_gains)."""
+
+    cfg: SyntheticConfig
+    it: dict[str, np.ndarray]
+    us: dict[str, np.ndarray]
+    offset: float
+
+    def prob(self, users: np.ndarray, items: np.ndarray, hour: np.ndarray, device: np.ndarray) -> np.ndarray:
+        """True P(click) [n] of 0-based ids (a feature's id minus one: 0 is the unknown row there)."""
+        logit = sum(_click_terms(self.cfg, self.it, self.us, users, items, hour, device).values())
+        return 1 / (1 + np.exp(-(logit + self.offset)))
 
 
 def generate(cfg: SyntheticConfig) -> Dataset:
@@ -61,16 +78,12 @@ def simulate(cfg: SyntheticConfig) -> Simulation:
     the same data, and the same fingerprint, every time; the helpers below keep that order.
     """
     rng = np.random.default_rng(cfg.seed)
-    it = _items(cfg, rng)
-    us = _users(cfg, rng, it)
-    users, items, hour, device = _impressions(cfg, rng, it, us)
-    terms = _click_terms(cfg, it, us, users, items, hour, device)
+    model, (users, items, hour, device), terms = _planted(cfg, rng)
     logit = sum(terms.values())  # left to right, in the order of _click_terms
-    offset = _offset_for_ctr(logit, cfg.target_ctr)
-    logit += offset
+    logit += model.offset
     prob = 1 / (1 + np.exp(-logit))
     labels = (rng.random(cfg.n_rows) < prob).astype(np.float32)
-    dense, ids, lengths = _features(cfg, it, us, users, items, hour, device)
+    dense, ids, lengths = _features(cfg, model.it, model.us, users, items, hour, device)
     full = Split(
         torch.from_numpy(dense),
         torch.from_numpy(ids),
@@ -81,7 +94,25 @@ def simulate(cfg: SyntheticConfig) -> Simulation:
     tr, va, te = time_split(cfg.n_rows)
     ds = Dataset(_schema(cfg), full.take(tr), full.take(va), full.take(te), name="synthetic_ecommerce")
     ds.compute_fingerprint()
-    return Simulation(ds, terms, offset, users, items)
+    return Simulation(ds, terms, model.offset, users, items, model)
+
+
+def click_model(cfg: SyntheticConfig) -> ClickModel:
+    """The click model `simulate(cfg)` plants, without building the data set (the same draws: the labels
+    and features come after it)."""
+    return _planted(cfg, np.random.default_rng(cfg.seed))[0]
+
+
+def _planted(
+    cfg: SyntheticConfig, rng: np.random.Generator
+) -> tuple[ClickModel, tuple[np.ndarray, ...], dict[str, np.ndarray]]:
+    """(the click model, the impressions (users, items, hours, devices), their logit terms)."""
+    it = _items(cfg, rng)
+    us = _users(cfg, rng, it)
+    impressions = _impressions(cfg, rng, it, us)
+    terms = _click_terms(cfg, it, us, *impressions)
+    offset = _offset_for_ctr(sum(terms.values()), cfg.target_ctr)
+    return ClickModel(cfg, it, us, offset), impressions, terms
 
 
 def planted_catalogue(cfg: SyntheticConfig, n_queries: int) -> tuple[np.ndarray, np.ndarray]:

@@ -9,6 +9,8 @@ from dataclasses import dataclass, field
 
 from reco.loadtest.outcome import LoadOutcome, StudyOutcome
 from reco.stats import Estimate
+from reco.stats.gauc import GAUC
+from reco.stats.graded import GradedQuality
 from reco.stats.topk import TopKQuality
 from reco.variant import Variant
 
@@ -23,6 +25,8 @@ class VariantResult:
     # None for the baseline itself and when accuracy was not compared.
     auc_delta: tuple[Estimate, Estimate] | None = None
     quality: TopKQuality | None = None  # its served top-k (reco.serve.quality); None: not measured
+    graded: GradedQuality | None = None  # that top-k graded by the planted P(click); None: no ground truth
+    gauc: GAUC | None = None  # per-user AUC on the test split (reco.stats.gauc); None: not measured
     status: str = "ok"  # "ok" | "failed" (the variant could not be built or measured)
     error: str = ""  # why it failed
 
@@ -57,6 +61,17 @@ class Machine:
         return " · ".join([self.cpu, f"{self.cores} cores", *(f"{k} {v}" for k, v in self.versions.items())])
 
 
+@dataclass(frozen=True)
+class ReferenceRanking:
+    """A ranker that is not a variant, in *What users see* to show what each measure rewards: the same
+    requests' candidates ranked by training popularity, or by the true P(click) (the oracle)."""
+
+    name: str
+    quality: TopKQuality  # logged measures of its top-k, agreement with the baseline's
+    graded: GradedQuality | None = None  # None: no planted click model
+    gauc: GAUC | None = None  # its scores of the test rows, grouped by user
+
+
 @dataclass
 class StudyContext:
     """The yardsticks and setup every variant is judged against."""
@@ -71,7 +86,12 @@ class StudyContext:
     targets: dict[str, float] = field(default_factory=dict)  # e.g. {"e2e_speedup": 3.4, "qps_gain": 2.9}
     # the variant the headline targets are judged on (reco.report.targets); None: the best is selected
     headline: str | None = None
-    max_ndcg_drop: float | None = None  # quality gate: relative ΔNDCG@k limit as a fraction; None: off
+    # quality gate, relative limits as fractions: Δexpected clicks@k where the data has a planted click
+    # model and the top-k was measured, else ΔGAUC; None: that measure does not gate
+    max_clicks_drop: float | None = None
+    max_gauc_drop: float | None = None
+    planted: bool = False  # the data carries a planted click model: the oracle-graded measures apply
+    references: list[ReferenceRanking] = field(default_factory=list)  # rows of *What users see*, no gate
     retrieval: str = ""  # the candidates' source as served (FeatureStore.retrieval_name's wording)
     front: dict | None = None  # the served two-tower stage's index front (reco.pipeline._measure_front)
     # the baseline's own test AUC with its DeLong CI: a CI holding 0.5 means the data decide nothing

@@ -10,10 +10,14 @@
   rate >= the common load decides it PASS: it bounded the p99 from above, at its Bonferroni confidence,
   under more load. That rests on latency not falling as the offered load rises, which the reason states;
   a FAIL at the common load is never overruled.
-- **What users see** (with quality.users > 0): the relative ΔNDCG@k of the served top-k vs the baseline's
-  for the same requests (paired bootstrap CI over users, reco.stats.topk) against `-max_ndcg_drop`,
-  decided like the accuracy part. A variant can pass on AUC and fail here: pointwise AUC does not see
-  the order of the few items a user is shown.
+- **What users see**: the measure with ground truth where the data has one -- on data with a planted
+  click model (and quality.users > 0), the relative Δ expected clicks@k of the served top-k vs the
+  baseline's for the same requests (paired bootstrap CI over requests, reco.stats.graded) against
+  `-max_clicks_drop` -- else the relative ΔGAUC on the test split (paired bootstrap over users,
+  reco.stats.gauc) against `-max_gauc_drop`; decided like the accuracy part, the reason naming the
+  measure. Logged NDCG@k is reported, never gating: its relevance is exposure x click, so a popularity
+  tilt that no user would notice moves it by ±10 % (issue 44). A variant can pass on AUC and fail here:
+  pointwise AUC does not see the order of the few items a user is shown.
 - **Overall**: the worst of the parts, FAIL > INVALID > INCONCLUSIVE > PASS. A figure that was not
   measured never passes.
 """
@@ -26,7 +30,7 @@ from reco.loadtest.outcome import Capacity, CapacityStep
 from reco.report.context import StudyContext
 from reco.report.figures import VariantFigures
 from reco.report.fmt import est, one_line, scaled
-from reco.stats import Verdict, verdict_at_least, verdict_at_most
+from reco.stats import Estimate, Verdict, verdict_at_least, verdict_at_most
 
 SEVERITY = {Verdict.PASS: 0, Verdict.INCONCLUSIVE: 1, Verdict.INVALID: 2, Verdict.FAIL: 3}
 
@@ -88,28 +92,37 @@ def accuracy_gate(f: VariantFigures, ctx: StudyContext) -> Decision:
 
 
 def quality_gate(f: VariantFigures, ctx: StudyContext) -> Decision | None:
-    """Relative ΔNDCG@k CI of the served top-k vs -ctx.max_ndcg_drop; None when not compared."""
-    if ctx.max_ndcg_drop is None:
+    """Δexpected clicks@k vs -ctx.max_clicks_drop where the data has a planted click model, else ΔGAUC
+    vs -ctx.max_gauc_drop; None when neither gates."""
+    truth = ctx.planted and ctx.max_clicks_drop is not None
+    if not truth and ctx.max_gauc_drop is None:
         return None
     if not f.ok:
         return Decision(Verdict.FAIL, "variant failed (see its status)")
     if f.is_baseline:
         return Decision(Verdict.PASS, "the reference")
-    q = f.result.quality
-    if q is None or q.ndcg_delta is None:
-        return Decision(Verdict.INCONCLUSIVE, "no served top-k compared with the baseline's")
-    if not q.ndcg_delta.supported:
-        return Decision(
-            Verdict.INCONCLUSIVE,
-            f"ΔNDCG@{q.k} n/a: the baseline's NDCG@{q.k} is 0 in the sample or a resample (too few users "
-            "with a relevant item in its top-k)",
-        )
-    limit = -ctx.max_ndcg_drop
-    v = verdict_at_least(q.ndcg_delta, limit)
-    relation = {Verdict.PASS: "above", Verdict.FAIL: "below"}.get(v, "straddles")
-    return Decision(
-        v, f"ΔNDCG@{q.k} {est(scaled(q.ndcg_delta, 100), '+.2f', '%')} {relation} the limit {limit:+.2%}"
+    if truth:
+        g = f.result.graded
+        name = f"Δexpected clicks@{g.k if g else ''} (graded by the planted P(click), the ground truth)"
+        return _relative(name, g.clicks_delta if g else None, ctx.max_clicks_drop)
+    gauc = f.result.gauc
+    return _relative(
+        "ΔGAUC (no planted click probabilities here)", gauc.delta if gauc else None, ctx.max_gauc_drop
     )
+
+
+def _relative(name: str, delta: Estimate | None, max_drop: float) -> Decision:
+    """A relative Δ's CI against -max_drop, the reason naming the measure."""
+    if delta is None:
+        return Decision(Verdict.INCONCLUSIVE, f"{name}: not measured against the baseline")
+    if not delta.supported:
+        return Decision(
+            Verdict.INCONCLUSIVE, f"{name} n/a: the baseline's figure is 0 in the sample or a resample"
+        )
+    limit = -max_drop
+    v = verdict_at_least(delta, limit)
+    relation = {Verdict.PASS: "above", Verdict.FAIL: "below"}.get(v, "straddles")
+    return Decision(v, f"{name} {est(scaled(delta, 100), '+.2f', '%')} {relation} the limit {limit:+.2%}")
 
 
 def latency_gate(f: VariantFigures, ctx: StudyContext) -> Decision | None:

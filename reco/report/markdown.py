@@ -241,7 +241,7 @@ def report(
     lines += ["## Gate", "", *gate_table(figs, gates), ""]
     if targets:
         lines += ["## Targets", "", *target_lines(targets), ""]
-    lines += ["## What users see", "", *sections.served_topk(figs, gates), ""]
+    lines += ["## What users see", "", *sections.served_topk(figs, gates, ctx), ""]
     lines += ["## Baseline training", "", *sections.learning_curve(figs), ""]
     lines += ["## Latency, like for like", "", *sections.like_for_like(figs, ctx), ""]
     lines += ["## Throughput at the SLO", "", *sections.throughput(figs, ctx), ""]

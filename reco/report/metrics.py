@@ -108,11 +108,22 @@ def _gate_metrics(g: Gate) -> dict[str, float]:
 
 
 def _quality_metrics(f: VariantFigures) -> dict[str, float]:
+    m: dict[str, float] = {}
+    if f.result.gauc is not None:
+        m |= with_ci("gauc", f.result.gauc.value) | with_ci("gauc_delta_rel", f.result.gauc.delta)
+    g = f.result.graded
+    if g is not None:  # graded by the planted P(click)
+        m |= (
+            with_ci(f"expected_clicks_at_{g.k}", g.clicks)
+            | with_ci(f"expected_clicks_at_{g.k}_delta_rel", g.clicks_delta)
+            | with_ci(f"oracle_ndcg_at_{g.k}", g.ndcg)
+            | with_ci(f"oracle_ndcg_at_{g.k}_delta_rel", g.ndcg_delta)
+        )
     q = f.result.quality
     if q is None:
-        return {}
+        return m
     # names carry k: NDCG@10 and NDCG@20 are different figures
-    return (
+    return m | (
         with_ci(f"ndcg_at_{q.k}", q.ndcg)
         | with_ci(f"recall_at_{q.k}", q.recall)
         | with_ci(f"ndcg_at_{q.k}_delta_rel", q.ndcg_delta)

@@ -14,6 +14,8 @@ from reco.report.fmt import DASH, bracket, est, num, one_line, scaled, short, sp
 from reco.report.gate import Gate
 from reco.report.metrics import outside_handler
 from reco.stats import Estimate, Verdict
+from reco.stats.gauc import GAUC
+from reco.stats.graded import GradedQuality
 
 KIND_LABEL = {"unloaded": "unloaded", "common": "at the common load", "equal_util": "at equal utilisation"}
 
@@ -451,40 +453,96 @@ def rank_profile(figs: list[VariantFigures]) -> list[str]:
     ]
 
 
-def served_topk(figs: list[VariantFigures], gates: dict[str, Gate]) -> list[str]:
-    """Each variant's served top-k over the same requests: against the users' positive test items and
-    against the baseline's lists, with bootstrap CIs over users; flags a pass on AUC with a fail here."""
-    qs = [(f, f.result.quality) for f in figs if f.result.quality is not None]
+def served_topk(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyContext) -> list[str]:
+    """What users see: each variant's served top-k over the same requests, graded by the planted P(click)
+    where the data has one, its GAUC, and the logged measures; the reference rankers beside them (no
+    gate); flags a pass on AUC with a fail here."""
+    qs = [f for f in figs if f.result.quality is not None or f.result.gauc is not None]
     if not qs:
-        return ["Not measured (`quality.users=0`, or no variant has a served top-k)."]
-    k, n = qs[0][1].k, qs[0][1].ndcg.n
+        return ["Not measured (`quality.users=0` and no test scores, or no variant has a served top-k)."]
+    refs = ctx.references
+    ks = [x.k for f in qs for x in (f.result.quality, f.result.graded) if x is not None]
+    k = ks[0] if ks else None
+    head = [
+        "What decides it is the measure with ground truth. On data with a planted click model every "
+        "candidate of a request is graded by its true P(click): **expected clicks@k** (their sum over the "
+        "served top-k) and **oracle NDCG@k** (DCG with gain = true P(click), over the best DCG among that "
+        "request's candidates); no request scores 0. **GAUC** is the AUC within each user on the test split "
+        "(users with a positive and a negative), weighted by the user's rows: what ordering one user's items "
+        "earns, on any data. Logged NDCG@k / recall@k count an item relevant when it was shown *and* clicked, "
+        "so they reward popularity: they are reported, not gating. The reference rows rank the same "
+        "candidates by training impressions (`popularity`) and by the true P(click) (`oracle`): they are not "
+        "variants and have no gate. 95 % bootstrap CIs over requests (users for GAUC); every Δ is relative to "
+        "the baseline and paired (the same requests or users resampled for both).",
+        "",
+    ]
+    if not ctx.planted:
+        head += [
+            "The oracle-graded measures do not apply: no planted click probabilities for these requests (data "
+            "without a click model, or `quality.users=0`).",
+            "",
+        ]
     rows = []
-    for f, q in qs:
+    for f in qs:
         g = gates[f.name]
         flag = ""
         if g.quality is not None and g.accuracy.verdict == Verdict.PASS and g.quality.verdict == Verdict.FAIL:
             flag = " **passes on AUC, fails on what users see**"
-        rows.append(
-            [
-                f"`{f.name}`",
-                short(q.ndcg, ".4f"),
-                short(q.recall, ".4f"),
-                vs_base(f.is_baseline, scaled(q.ndcg_delta, 100), "+.2f", "%", reference="0"),
-                short(q.overlap, ".3f") if q.overlap else DASH,
-                short(q.rbo, ".3f") if q.rbo else DASH,
-                (str(g.quality.verdict) if g.quality else DASH) + flag,
-            ]
-        )
-    head = [
-        f"Every variant answered the same {n:,} requests (test users with a positive, each with the service's "
-        f"own candidates and ranking; reco/serve/quality.py). NDCG@{k} and recall@{k} of its top-{k} against the "
-        f"user's positive test items (ir-measures); overlap@{k} and rank-biased overlap (p as configured, "
-        f"normalised so identical lists score 1) against the baseline's top-{k} for the same request. "
-        "95 % bootstrap CIs over users; ΔNDCG is paired (the same users resampled for both).",
-        "",
+        verdict = (str(g.quality.verdict) if g.quality else DASH) + flag
+        rows.append(_truth_row(f"`{f.name}`", f.is_baseline, f.result.graded, f.result.gauc, ctx, verdict))
+    rows += [_truth_row(f"*{r.name}* (reference)", False, r.graded, r.gauc, ctx, DASH) for r in refs]
+    cols = ["variant", "GAUC", "ΔGAUC"]
+    if ctx.planted:
+        cols = ["variant", f"expected clicks@{k}", f"Δexpected clicks@{k}", f"oracle NDCG@{k}",
+                f"Δoracle NDCG@{k}", "GAUC", "ΔGAUC"]  # fmt: skip
+    out = head + table([*cols, "gate"], rows)
+    logged = [(f"`{f.name}`", f.is_baseline, f.result.quality) for f in qs if f.result.quality is not None]
+    logged += [(f"*{r.name}* (reference)", False, r.quality) for r in refs]
+    if not logged:
+        return out
+    n = logged[0][2].ndcg.n
+    lrows = [
+        [
+            name,
+            short(q.ndcg, ".4f"),
+            short(q.recall, ".4f"),
+            vs_base(is_base, scaled(q.ndcg_delta, 100), "+.2f", "%", reference="0"),
+            short(q.overlap, ".3f") if q.overlap else DASH,
+            short(q.rbo, ".3f") if q.rbo else DASH,
+        ]
+        for name, is_base, q in logged
     ]
-    cols = ["variant", f"NDCG@{k}", f"recall@{k}", f"ΔNDCG@{k}", f"overlap@{k}", "RBO", "gate"]
-    return head + table(cols, rows)
+    out += [
+        "",
+        f"Logged measures over the same {n:,} requests (test users with a positive, each with the service's "
+        f"own candidates and ranking; reco/serve/quality.py): NDCG@{k} and recall@{k} of the top-{k} against "
+        f"the user's positive test items (ir-measures); overlap@{k} and rank-biased overlap (p as configured, "
+        f"normalised so identical lists score 1) against the baseline's top-{k} for the same request.",
+        "",
+        *table(["variant", f"NDCG@{k}", f"recall@{k}", f"ΔNDCG@{k}", f"overlap@{k}", "RBO"], lrows),
+    ]
+    return out
+
+
+def _truth_row(
+    name: str, is_base: bool, graded: GradedQuality | None, gauc: GAUC | None, ctx: StudyContext, verdict: str
+) -> list[str]:
+    grouped = [
+        short(gauc.value, ".4f") if gauc else DASH,
+        vs_base(is_base, scaled(gauc.delta, 100) if gauc else None, "+.2f", "%", reference="0"),
+    ]
+    if not ctx.planted:
+        return [name, *grouped, verdict]
+    g = graded
+    return [
+        name,
+        short(g.clicks, ".3f") if g else DASH,
+        vs_base(is_base, scaled(g.clicks_delta, 100) if g else None, "+.2f", "%", reference="0"),
+        short(g.ndcg, ".4f") if g else DASH,
+        vs_base(is_base, scaled(g.ndcg_delta, 100) if g else None, "+.2f", "%", reference="0"),
+        *grouped,
+        verdict,
+    ]
 
 
 def correctness(figs: list[VariantFigures]) -> list[str]:

@@ -6,6 +6,11 @@ positive test row and gets the service's own candidates (serve.n_candidates, ser
 ranking -- the functions the server calls (reco.serve.recommend), in process (the study's correctness
 check shows the server answers the same scores over HTTP). A user's relevant items are its positive
 test items, so recall@k and NDCG@k measure what the user would have seen, candidate generation included.
+
+Logged relevance is exposure x click, so it rewards popular items; on data with a planted click model
+(reco.data.synthetic) every candidate of a request is also graded by its true P(click) (`planted_gains`),
+and two reference rankers of the same candidates (`reference_topk`: training popularity, the oracle) show
+what each measure rewards.
 """
 
 from __future__ import annotations
@@ -17,6 +22,7 @@ from omegaconf import MISSING
 
 from reco.config import ConfigError
 from reco.data.schema import Dataset
+from reco.data.synthetic import ClickModel
 from reco.runtime import Scorer
 from reco.serve.config import ServeConfig
 from reco.serve.features import FeatureStore
@@ -25,7 +31,7 @@ from reco.serve.recommend import top_k
 
 @dataclass
 class QualityConfig:
-    """`quality` (conf/config.yaml): the top-k quality table (its gate: gate.max_ndcg_drop_pct)."""
+    """`quality` (conf/config.yaml): the top-k quality table (its gate: gate.max_expected_clicks_drop_pct)."""
 
     users: int = MISSING  # test users (with a positive) whose served top-k is compared; 0: off
     k: int = MISSING  # the list compared: NDCG@k, recall@k, overlap@k, RBO to depth k
@@ -114,4 +120,74 @@ def served_topk(
             top, _ = top_k("quality", items, probs[start : start + len(items)], k)
             out[a + j, : len(top)] = top
             start += len(items)
+    return out
+
+
+def request_candidates(store: FeatureStore, reqs: QualityRequests, n: int) -> list[np.ndarray]:
+    """Each request's candidates [<= n] item ids, as served_topk's service retrieves them (they do not
+    depend on the variant)."""
+    return [store.candidates(store.user_row(int(u)), n) for u in reqs.users]
+
+
+def popularity(data: Dataset) -> np.ndarray:
+    """Training impressions per item id [item cardinality]: the popularity reference ranker's score."""
+    s = data.schema
+    assert s.item_key is not None
+    col = data.train.ids[:, s.index(s.item_key), 0].numpy()
+    return np.bincount(col, minlength=s.sparse[s.index(s.item_key)].cardinality).astype(np.float64)
+
+
+def reference_topk(cands: list[np.ndarray], scores: list[np.ndarray], k: int) -> np.ndarray:
+    """[U, k] the top-k of each request's candidates by `scores` (one array per request, aligned with its
+    candidates; -1 pads), ordered as the service orders a model's scores (reco.serve.recommend.top_k)."""
+    out = np.full((len(cands), k), -1, dtype=np.int64)
+    for u, (items, sc) in enumerate(zip(cands, scores, strict=True)):
+        top, _ = top_k("reference", items, sc.astype(np.float32), k)
+        out[u, : len(top)] = top
+    return out
+
+
+def _context(data: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """The click model's (hour, device) of test rows: feature ids are shifted by one (0: unknown)."""
+    s, t = data.schema, data.test
+    return t.ids[rows, s.index("hour"), 0].numpy() - 1, t.ids[rows, s.index("device"), 0].numpy() - 1
+
+
+def reproduces(model: ClickModel, data: Dataset, tol: float = 1e-5) -> bool:
+    """Whether `model` gives the test rows the P(click) logged with them (Split.oracle): the data is the
+    one it planted, so its grades of unlogged candidates can be trusted."""
+    t, s = data.test, data.schema
+    if t.oracle is None or s.user_key is None or s.item_key is None:
+        return False
+    rows = np.arange(len(t))
+    users, items = (t.ids[:, s.index(k), 0].numpy() - 1 for k in (s.user_key, s.item_key))
+    got = model.prob(users, items, *_context(data, rows))
+    return bool(np.allclose(got, t.oracle.numpy(), rtol=tol, atol=tol))
+
+
+def planted_gains(
+    model: ClickModel, data: Dataset, reqs: QualityRequests, cands: list[np.ndarray]
+) -> list[np.ndarray]:
+    """True P(click) of each request's candidates (one [M] array per request, aligned with `cands`): the
+    request's user, each candidate item and the context (hour, device) of the request's test row, through
+    the planted click model. Feature ids are shifted by one (0: unknown), the model's are not."""
+    hour, device = _context(data, reqs.rows)
+    out = []
+    for u, h, d, items in zip(reqs.users.tolist(), hour.tolist(), device.tolist(), cands, strict=True):
+        m = len(items)
+        out.append(model.prob(np.full(m, u - 1), items - 1, np.full(m, h), np.full(m, d)))
+    return out
+
+
+def gains_of(top: np.ndarray, cands: list[np.ndarray], gains: list[np.ndarray]) -> np.ndarray:
+    """[U, k] the gain of each served item (0 where -1 pads); a served item outside its request's
+    candidates is an error (the service ranks only those)."""
+    out = np.zeros(top.shape)
+    for u, (row, items, g) in enumerate(zip(top, cands, gains, strict=True)):
+        lookup = dict(zip(items.tolist(), g.tolist(), strict=True))
+        for r, i in enumerate(row.tolist()):
+            if i >= 0:
+                if i not in lookup:
+                    raise ValueError(f"request {u}: served item {i} is not among its candidates")
+                out[u, r] = lookup[i]
     return out
