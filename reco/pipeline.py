@@ -130,9 +130,9 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
         paths = write_study_report(exp, built, data, study, report_dir, tracker)
         tracker.log_artifacts(parent_run, paths, "report")
         print(f"\nReport: {report_dir / 'report.md'}", flush=True)
-        tracker.share_view(parent_run, study_view(parent_run))
+        tracker.share_view(parent_run, study_view(parent_run, exp.quality.k))
         url = runs_table_url(exp.tracking.uri, tracker.experiment_id, view=parent_run)
-        print(f"MLflow runs table (this run's variants, under their parent row): {url}", flush=True)
+        print(f"MLflow runs table (this run's variants as rows, decision columns first): {url}", flush=True)
         status = "FINISHED"
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (reco.cli.run turns it into this)
         status, error = "KILLED", f"interrupted: {e or 'SIGINT'}"
@@ -142,7 +142,8 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
         error = f"{type(e).__name__}: {e}"
         raise
     finally:
-        for b in built:
+        for row, b in enumerate(built, 1):
+            tracker.log(b.run_id, tags={ROW_TAG: f"{row:03d}"})  # the report's row order (study_view)
             st = "FINISHED" if b.variant else "FAILED" if b.error or status != "KILLED" else "KILLED"
             why = ""  # what the run's page says (Tracker.end)
             if st == "KILLED":
@@ -179,37 +180,59 @@ def log_report_metrics(
 def runs_table_url(uri: str, experiment_id: str, view: str | None = None) -> str:
     """The MLflow UI page of the experiment's runs table (MLflow 3 otherwise opens an overview page):
     on the tracking server itself, or on `make mlflow-ui` for the embedded store; with `view`, the
-    runs-table view Tracker.share_view stored under that key."""
+    runs-table view Tracker.share_view stored under that key.
+
+    `workflowType=machine_learning` opens MLflow 3.17's model-training sidebar (Runs, Models, Traces):
+    without it the UI takes the browser's last choice, GenAI on a first visit, whatever the experiment's
+    `mlflow.experimentKind` tag says (seen in Chromium).
+    """
     base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
     hint = "" if uri.startswith(("http://", "https://")) else "  (start the UI: make mlflow-ui)"
-    query = f"?viewStateShareKey={view}" if view else ""
+    query = f"?viewStateShareKey={view}&workflowType=machine_learning" if view else ""
     return f"{base}/#/experiments/{experiment_id}/runs{query}{hint}"
 
 
-# The runs table's columns for one execution: what each row (a variant) decided, as the report's
-# summary does (README "Metric names"); the run name is always shown.
-DECISION_COLUMNS = [
-    "metrics.`gate`",
-    "metrics.`auc_delta_rel`",
-    "metrics.`e2e_p99_ms`",
-    "metrics.`speedup_p99_common`",
-    "metrics.`max_qps_at_slo`",
-    "metrics.`qps_gain`",
-    "params.`backend`",
-    "tags.`parent_variant`",
-    "tags.`status`",
-]
+ROW_TAG = "reco.row"  # a variant run's row in the report, zero-padded ("001") so its text sorts in order
 
 
-def study_view(parent_run: str) -> dict:
-    """One execution in MLflow's runs table: its variant runs in build order with DECISION_COLUMNS. The
-    filter leaves out the parent, yet MLflow 3.17's UI still shows the variants folded under it (seen in
-    Chromium): a shared view cannot expand rows."""
+def decision_columns(k: int) -> list[str]:
+    """The runs table's columns for one execution, in this order: what the report's gate decides on
+    (ΔAUC, the served top-k's NDCG@k change, p99 speed-up, QPS gain, the gate), then the raw p99 and
+    capacity and where the row comes from (README "Metric names"); the run name is always shown.
+
+    Args:
+        k: the served top-k's size (quality.k), part of the metric's name (`ndcg_at_<k>_delta_rel`).
+    """
+    return [
+        "metrics.`auc_delta_rel`",
+        f"metrics.`ndcg_at_{k}_delta_rel`",
+        "metrics.`speedup_p99_common`",
+        "metrics.`qps_gain`",
+        "metrics.`gate`",
+        "metrics.`e2e_p99_ms`",
+        "metrics.`max_qps_at_slo`",
+        "params.`backend`",
+        "tags.`parent_variant`",
+        "tags.`status`",
+    ]
+
+
+def study_view(parent_run: str, k: int) -> dict:
+    """One execution in MLflow's runs table: its variant runs as flat rows in the report's order, with
+    decision_columns(k) first (`columnOrder`; `selectedColumns` alone shows them alphabetically).
+
+    Sorted by ROW_TAG, not by start time: MLflow 3.17's UI nests child runs under their parent (and
+    fetches the parent though the filter leaves it out) only when the table is sorted by start time or
+    neither sorted nor filtered; any other sort lists them flat. A shared view cannot expand a parent row
+    (`runsExpanded` is not shared), so this is the one server-side way to show the variants unfolded.
+    """
+    columns = decision_columns(k)
     return {
         "searchFilter": f"tags.`mlflow.parentRunId` = '{parent_run}'",
-        "orderByKey": "attributes.start_time",
+        "orderByKey": f"tags.`{ROW_TAG}`",
         "orderByAsc": True,
-        "selectedColumns": DECISION_COLUMNS,
+        "selectedColumns": columns,
+        "columnOrder": columns,
     }
 
 

@@ -120,8 +120,9 @@ class Tracker:
                         raise
             if exp is not None:
                 self.experiment_id = exp.experiment_id
-        # MLflow 3's UI opens an untagged experiment in its GenAI overview; this tag makes it open in the
-        # model-training view (the runs table), where a study's runs are compared.
+        # MLflow 3's UI opens an untagged experiment in its GenAI overview; this tag makes it open on the
+        # runs table ("Training runs"). The sidebar follows the link's `workflowType`, not this tag
+        # (reco.pipeline.runs_table_url).
         if exp is None or exp.tags.get(EXPERIMENT_KIND_TAG) != EXPERIMENT_KIND:
             self.client.set_experiment_tag(self.experiment_id, EXPERIMENT_KIND_TAG, EXPERIMENT_KIND)
 

@@ -159,6 +159,9 @@ def test_smoke_experiment_end_to_end(tmp_path, mlflow_server):
         assert run.data.tags["parent_variant"] == (
             "" if name == "baseline" else run.data.tags["parent_variant"]
         )
+    # the printed link's view lists them by this tag (reco.pipeline.study_view): the report's row order
+    by_row = sorted(children, key=lambda name: children[name].data.tags["reco.row"])
+    assert by_row == ["baseline", "pruned", "distilled", "distilled_onnx_int8", "distilled_onnx_int8_batched"]
     assert children["pruned"].data.metrics["params"] < 0.75 * base["params"]
     assert children["distilled_onnx_int8"].data.params["backend"] == "onnxruntime"
     # artifacts went through the server's proxied store, not to a path on this side

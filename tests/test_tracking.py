@@ -121,10 +121,12 @@ def test_an_experiment_that_fails_leaves_its_error_on_the_parent_run(tmp_path):
 def test_the_printed_link_opens_one_executions_variants_as_rows(tmp_path):
     """The link a run prints carries `viewStateShareKey`; the view it names (an experiment tag, as MLflow's
     UI "Share" stores one) filters to the execution's variant runs -- the same search the UI sends, run
-    here through MLflow's API -- in build order, with the decision columns."""
+    here through MLflow's API -- in the report's row order, with the decision columns first. It is not
+    sorted by start time, the one sort under which MLflow 3.17's UI folds them under their parent (seen in
+    Chromium: experiments/mlflow_view/README.md), and it opens the model-training sidebar."""
     import json
 
-    from reco.pipeline import DECISION_COLUMNS, runs_table_url, study_view
+    from reco.pipeline import ROW_TAG, decision_columns, runs_table_url, study_view
     from reco.tracking import SHARED_VIEW_TAG
 
     uri = f"sqlite:///{tmp_path}/mlflow.db"
@@ -132,16 +134,27 @@ def test_the_printed_link_opens_one_executions_variants_as_rows(tmp_path):
     old = t.start_run("study")  # an earlier execution: not in this one's view
     t.start_run("baseline", parent_id=old)
     parent = t.start_run("study")
-    children = [t.start_run(name, parent_id=parent) for name in ("baseline", "pruned", "distilled")]
-    t.share_view(parent, study_view(parent))
+    names = ["baseline", "distilled", "distilled_batched", "pruned"]  # started in this order
+    runs = {name: t.start_run(name, parent_id=parent) for name in names}
+    report_order = ["baseline", "pruned", "distilled", "distilled_batched"]  # a serving row after its variant
+    for row, name in enumerate(report_order, 1):
+        t.log(runs[name], tags={ROW_TAG: f"{row:03d}"})  # as pipeline.run does at the end
+    t.share_view(parent, study_view(parent, k=10))
     view = json.loads(t.client.get_experiment(t.experiment_id).tags[SHARED_VIEW_TAG + parent])
-    assert view["selectedColumns"] == DECISION_COLUMNS
+    assert view["columnOrder"] == view["selectedColumns"] == decision_columns(10)
+    assert view["selectedColumns"][:5] == [
+        "metrics.`auc_delta_rel`",
+        "metrics.`ndcg_at_10_delta_rel`",
+        "metrics.`speedup_p99_common`",
+        "metrics.`qps_gain`",
+        "metrics.`gate`",
+    ]
+    assert view["orderByKey"] != "attributes.start_time"  # the UI would nest the rows again
     order = f"{view['orderByKey']} {'ASC' if view['orderByAsc'] else 'DESC'}"
     rows = t.client.search_runs([t.experiment_id], view["searchFilter"], order_by=[order])
-    assert sorted(r.info.run_id for r in rows) == sorted(children)  # the parent and the old run left out
-    starts = [r.info.start_time for r in rows]
-    assert starts == sorted(starts)  # build order (runs started in one millisecond may tie)
+    assert [r.info.run_name for r in rows] == report_order  # the parent and the old run left out
     url = runs_table_url(uri, t.experiment_id, view=parent)
     assert url.startswith(
-        f"http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs?viewStateShareKey={parent}"
+        f"http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs"
+        f"?viewStateShareKey={parent}&workflowType=machine_learning"
     )
