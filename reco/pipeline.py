@@ -197,15 +197,17 @@ ROW_TAG = "reco.row"  # a variant run's row in the report, zero-padded ("001") s
 
 def decision_columns(k: int) -> list[str]:
     """The runs table's columns for one execution, in this order: what the report's gate decides on
-    (ΔAUC, the served top-k's NDCG@k change, p99 speed-up, QPS gain, the gate), then the raw p99 and
-    capacity and where the row comes from (README "Metric names"); the run name is always shown.
+    (ΔAUC, what users see -- Δ expected clicks@k where the data has a planted click model, else ΔGAUC --,
+    p99 speed-up, QPS gain, the gate), then the raw p99 and capacity and where the row comes from (README
+    "Metric names"); the run name is always shown.
 
     Args:
-        k: the served top-k's size (quality.k), part of the metric's name (`ndcg_at_<k>_delta_rel`).
+        k: the served top-k's size (quality.k), part of the metric's name (`expected_clicks_at_<k>_delta_rel`).
     """
     return [
         "metrics.`auc_delta_rel`",
-        f"metrics.`ndcg_at_{k}_delta_rel`",
+        f"metrics.`expected_clicks_at_{k}_delta_rel`",
+        "metrics.`gauc_delta_rel`",
         "metrics.`speedup_p99_common`",
         "metrics.`qps_gain`",
         "metrics.`gate`",

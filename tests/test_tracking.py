@@ -142,9 +142,10 @@ def test_the_printed_link_opens_one_executions_variants_as_rows(tmp_path):
     t.share_view(parent, study_view(parent, k=10))
     view = json.loads(t.client.get_experiment(t.experiment_id).tags[SHARED_VIEW_TAG + parent])
     assert view["columnOrder"] == view["selectedColumns"] == decision_columns(10)
-    assert view["selectedColumns"][:5] == [
+    assert view["selectedColumns"][:6] == [
         "metrics.`auc_delta_rel`",
-        "metrics.`ndcg_at_10_delta_rel`",
+        "metrics.`expected_clicks_at_10_delta_rel`",
+        "metrics.`gauc_delta_rel`",
         "metrics.`speedup_p99_common`",
         "metrics.`qps_gain`",
         "metrics.`gate`",
