@@ -164,9 +164,6 @@ class StudyConfig:
     # wall-time limit of the load test in minutes (null: none); windows past it are skipped and listed,
     # never guessed (reco.loadtest.budget)
     budget_min: float | None = MISSING
-    # the reference's first capacity search may use this many shares of the budget's capacity time, every
-    # other variant's one: each QPS gain divides by the reference's capacity (reco.loadtest.study)
-    reference_share: float = MISSING
     # the declared headline's capacity search bisects until its bracket is this narrow (null:
     # capacity.tolerance): the QPS gain's interval is the product of two brackets, and a fast variant's
     # steps are cheap where the reference's are not (reco.loadtest.study)

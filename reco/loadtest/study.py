@@ -39,8 +39,8 @@ blocks (they decide the like-for-like speed-ups), the headline's and the referen
 the common load, then the other variants' searches, every repeat search and equal utilisation. A search
 stops between steps early enough to leave the later, higher-priority runs their time (_reserve: each
 common-load window priced at the rate it will run at, _common_plan); a common-load window yields to the
-unloaded blocks still to come; the headline's and the reference's first searches share what is left
-(`study.reference_share` shares each); and a budget too small for the reference's first windows and one
+unloaded blocks still to come; the headline's and the reference's first searches share what is left;
+and a budget too small for the reference's first windows and one
 block of every variant stops the study before it starts.
 
 Nothing here touches MLflow or the caller's objects: raw files go under out_dir/<variant>/, and
@@ -65,7 +65,6 @@ from typing import Any
 
 import numpy as np
 
-from reco.config import ConfigError
 from reco.data.schema import Dataset
 from reco.loadtest.budget import Budget, Skipped, check_budget, summary
 from reco.loadtest.capacity import (
@@ -136,12 +135,19 @@ class _Study:
         self, name: str, kind: str, what: str, fn: Callable[[ServerHandle], Any], est_s: float | None = None
     ) -> Any:
         """fn(server) for one variant, its wall time added to seconds[kind][name]; an exception drops the
-        variant from the rest of the study. Past the budget's deadline (a capacity search: less the later
-        phases' reserve) the run is skipped and listed instead (None), with the seconds it would have
-        taken: the variant's runs of that kind so far, else `est_s` (from its rate and request count)."""
-        if kind != "settle" and self.budget.over(self.reserve_s if kind in LOW_PRIORITY else 0.0):
-            took = self.per_window_s(name, kind)
-            self.budget.skipped.append(Skipped(name, kind, what, est_s if took is None else took))
+        variant from the rest of the study. Past the budget's deadline (a low-priority run: less the later
+        phases' reserve, which a common-load or equal-utilisation window must also end before) the run is
+        skipped and listed instead (None), with the seconds it would have taken: the variant's runs of
+        that kind so far, else `est_s` (from its rate and request count)."""
+        took = self.per_window_s(name, kind)
+        est = est_s if took is None else took
+        # A low-priority window must also END before the later phases' reserve: an equal-utilisation
+        # window of the baseline (20 s) that started just before it took the last unloaded blocks' time.
+        # (A capacity search stops between its steps on its own deadline: find_capacity.)
+        ahead = self.reserve_s if kind in LOW_PRIORITY else 0.0
+        ahead += (est or 0.0) if kind in ("common", "equal_util") else 0.0
+        if kind != "settle" and self.budget.over(ahead):
+            self.budget.skipped.append(Skipped(name, kind, what, est))
             _say(f"  {name}: {what} skipped (loadtest.study.budget_min={self.budget.minutes:g} spent)")
             return None
         h = self.servers[name]
@@ -378,8 +384,8 @@ def run_study(
         log: called as log(variant_name, artifact_paths, artifact_subdir) as raw files arrive (no
             metrics: the report logs the figures, see the module docstring).
         headline: the row the study's targets are judged on (the experiment's `headline`): its first
-            capacity search, like the reference's, gets `reference_share` shares and runs late in its round,
-            because its QPS gain needs both brackets.
+            capacity search runs with the reference's, before the common load, because its QPS gain needs
+            both brackets; it bisects to `study.headline_tolerance`.
     Returns:
         The StudyOutcome; a variant whose load test failed has LoadOutcome.error set.
     """
@@ -417,8 +423,6 @@ def run_study(
     settings_of = {p.label: p.settings(serve) for p in pairs}
     s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}
     check_budget(st.budget_min, *_minimum(s, ref, order))
-    if not st.reference_share > 0:
-        raise ConfigError(f"loadtest.study.reference_share: expected > 0 shares, got {st.reference_share}")
     t_start = s.budget.start = time.time()
     pool = LocustPool(out, lt.loadgen.startup_timeout_s, say=_say)  # its logs: out/locust-<port>.log
     with (
@@ -587,19 +591,19 @@ def _slo(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
 def _first_searches(s: _Study, slo: float, plan: _Schedule) -> None:
     """The searches the study's own question needs, before the common load: the declared headline's first
     search, then the reference's (every QPS gain divides by its capacity, and it sets the common load).
-    Each leaves the unloaded blocks and every common-load round their time (_reserve) and takes its share
-    of the rest (first_share: `reference_share` shares each for the reference and the headline; a slow
-    reference with equal shares gets no passing rate:
-    experiments/ecommerce_case_study/README.md#reference-share). The other variants' searches come after
+    Each leaves the unloaded blocks and every common-load round their time (_reserve); the headline may
+    use half of the rest and leaves the reference its estimate, the reference gets all that is left (a
+    slow reference with one share among seven got no passing rate:
+    experiments/ecommerce_case_study/README.md#capacity-time). The other variants' searches come after
     the common load (_more_searches): in a budget that cannot hold every search, a search that stops
     before its bracket closes decides nothing, and the common load decides the like-for-like p99s."""
-    heavy = {plan.ref} | ({plan.headline} if plan.headline else set())
-    names = [n for n in s.alive() if n in heavy and n != plan.ref] + [n for n in s.alive() if n == plan.ref]
+    names = [n for n in s.alive() if n == plan.headline and n != plan.ref]
+    names += [n for n in s.alive() if n == plan.ref]
     _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: first searches of {', '.join(names)}")
     for i, n in enumerate(names):
         s.reserve_s = _reserve(s, plan.ref, plan.slots, slo)
         leave = sum(s.search_s(m, slo) for m in names[i + 1 :])
-        s.capacity(n, 0, slo, leave_s=leave, share=first_share(names[i:], heavy, s.lt.study.reference_share))
+        s.capacity(n, 0, slo, leave_s=leave, share=len(names) - i)
 
 
 def _more_searches(s: _Study, slo: float, plan: _Schedule) -> None:
@@ -645,14 +649,6 @@ def _equal_util_phase(s: _Study, plan: _Schedule) -> None:
         for n in s.block_order("equal_util", r):
             if own.get(n):
                 s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n])
-
-
-def first_share(left: list[str], heavy: set[str], heavy_share: float) -> float:
-    """What a first capacity search may use, as 1/share of the time left: left[0]'s weight over the weights
-    of every search still to run (left), where the reference and the headline (`heavy`) weigh
-    `heavy_share` (loadtest.study.reference_share) and the others 1."""
-    weight = {n: heavy_share if n in heavy else 1.0 for n in left}
-    return sum(weight.values()) / weight[left[0]]
 
 
 def checkpoints(repeats: int) -> list[str]:
