@@ -656,7 +656,11 @@ def write_study_report(
                 error=b.error,
             )
         )
-    references = _references(exp, data, topk, base_top, truth, base_scores) if base_top is not None else []
+    references = (
+        _references(exp, data, topk, base_top, truth, base_scores, users, labels)
+        if base_top is not None and users is not None
+        else []
+    )
     tags = environment_tags()
     ctx = StudyContext(
         experiment=exp.experiment_name,
@@ -728,16 +732,17 @@ def _references(
     base_top: np.ndarray,
     truth: _Truth | None,
     base_scores: np.ndarray | None,
+    users: np.ndarray,
+    labels: np.ndarray,
 ) -> list[ReferenceRanking]:
     """The reference rows of *What users see*: the same candidates ranked by training popularity and, with
-    a planted click model, by the true P(click); each also scores the test rows for its GAUC."""
+    a planted click model, by the true P(click); each also scores the test rows (`users`, `labels`: the
+    test split's, as the variants' GAUC reads them) for its GAUC."""
     from reco.report.context import ReferenceRanking
     from reco.stats.gauc import gauc
     from reco.stats.topk import topk_quality
 
     s, t, q = data.schema, data.test, exp.quality
-    users = t.ids[:, s.index(s.user_key), 0].numpy()
-    labels = t.labels.numpy()
     cands = (
         truth.cands
         if truth is not None
