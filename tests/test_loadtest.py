@@ -44,6 +44,7 @@ METRICS = (
     "n_failures",
     "loadgen_cpu_pct",
     "valid",
+    "machine_steal_pct",
 )
 
 
@@ -87,6 +88,7 @@ def test_closed_loop_exact_percentiles_land_in_mlflow(server, tmp_path):
     m = run_metrics(res)
     assert set(METRICS) <= set(m) and res.n == m["n_requests"] == 3700  # a count-based window: exactly n
     assert m["n_failures"] == 0 and m["error_rate"] == 0.0 and 0 < m["loadgen_cpu_pct"] < 200
+    assert 0 <= m["machine_steal_pct"] <= 100 * os.cpu_count()  # read from /proc/stat over the window
     assert m["e2e_p50_ms"] <= m["e2e_p90_ms"] <= m["e2e_p95_ms"] <= m["e2e_p99_ms"] <= m["e2e_p999_ms"]
     for name in ("p50", "p99", "p999"):  # n=3700 supports p999 (>= 3,688): every CI is logged
         assert m[f"e2e_{name}_ms_lo"] <= m[f"e2e_{name}_ms"] <= m[f"e2e_{name}_ms_hi"]

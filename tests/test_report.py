@@ -66,6 +66,7 @@ def load_run(kind, ok_ms, *, n_failed=0, offered=None, valid=True, reason="", st
         loadgen_cpu_pct=97.0 if not valid else 30.0,
         server_stages=stages or {},
         latencies_ms=lat,
+        steal_pct=len(lat) % 5,  # a figure per window the Setup line summarises
     )
 
 
@@ -817,7 +818,7 @@ def test_summary_speedup_falls_back_to_equal_utilisation_and_says_so(tmp_path):
     assert numbers(by_variant(rows)["pruned"][header]) == approx_ci(csv_ci(pruned, "speedup_p99_equal_util"))
 
 
-def test_report_setup(study, written):
+def test_report_setup(study, figs, written):
     results, ctx = study
     setup = bullets(md_sections((written[0] / "report.md").read_text())["Setup"])
     assert setup["keep_warm"].startswith("on") and numbers(setup["keep_warm"])[0] == ctx.study.settle_s
@@ -825,6 +826,12 @@ def test_report_setup(study, written):
     assert float(slo[1]) == SLO and ctx.study.slo_source in setup["Latency SLO"]
     assert setup["Commit"] == "abc1234" and setup["Machine"] == ctx.machine.line()
     assert setup["Repeats per variant"] == "unloaded ×3, common ×4, equal_util ×3, capacity ×3"
+    steal = [
+        r.steal_pct for f in figs.values() if "unloaded" in f.latency for r in f.latency["unloaded"].runs
+    ]
+    assert setup["Hypervisor steal"].startswith(
+        f"unloaded median {np.median(steal):.1f} %, max {max(steal):.1f} % ({len(steal)} windows)"
+    )
     assert numbers(setup["Common load"])[:2] == [10, round(100 * 10 / 18)]  # 10 req/s = 56% of 18 req/s
 
 

@@ -177,6 +177,11 @@ def _sleep_until(t_epoch: float, proc: subprocess.Popen, check: Check) -> None:
         time.sleep(min(left, 0.05))
 
 
+def steal_s() -> float:
+    """The machine's steal seconds so far, every CPU (0 where the kernel does not report it)."""
+    return float(getattr(psutil.cpu_times(), "steal", 0.0))
+
+
 def _cpu_s(ps: psutil.Process) -> float | None:
     """CPU seconds of the generator so far; None once it has exited."""
     try:
@@ -212,11 +217,11 @@ def measure(w: Window, gens: list[Gen], check: Check = _nothing) -> Samples:
     _sleep_until(t0 + c.warmup_s - min(SCRAPE_LEAD_S, c.warmup_s / 2), proc, check)
     before = w.probe.read(w.url)
     _sleep_until(t0 + c.warmup_s, proc, check)
-    cpu_a, wall_a = _cpu_s(ps), time.time()
+    cpu_a, wall_a, steal_a = _cpu_s(ps), time.time(), steal_s()
     wait_for(w.files(".window_end"), gens, t0 + c.warmup_s + w.cap_s + 30, check)
-    cpu_b, wall_b = _cpu_s(ps), time.time()
+    cpu_b, wall_b, steal_b = _cpu_s(ps), time.time(), steal_s()
     wait_for(w.files(".summary.json"), gens, wall_b + float(c.drain_s) + 30, check)
-    return Samples(cpu_a, wall_a, before, cpu_b, wall_b, w.probe.read(w.url))
+    return Samples(cpu_a, wall_a, before, cpu_b, wall_b, w.probe.read(w.url), steal_a, steal_b)
 
 
 def check_record(w: Window, gens: list[Gen]) -> None:

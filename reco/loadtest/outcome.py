@@ -45,6 +45,7 @@ class LoadRun:
     windows: int = 1  # windows pooled into this run (an extended capacity step has several)
     block: int | None = None  # the study's round (block) it ran in: runs of one block pair up across variants
     params: dict[str, object] = field(default_factory=dict, repr=False)  # the load settings, for MLflow
+    steal_pct: float = 0.0  # the hypervisor's steal over the window, % of one core (Samples.steal_pct)
 
 
 @dataclass

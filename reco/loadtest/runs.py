@@ -27,6 +27,7 @@ def make_run(
     n_unsent: int = 0,
     windows: int = 1,
     params: dict[str, object] | None = None,
+    steal_pct: float = 0.0,
 ) -> LoadRun:
     """A LoadRun from every request's latency of a window.
 
@@ -59,6 +60,7 @@ def make_run(
         n_unsent=int(n_unsent),
         windows=windows,
         params=dict(params or {}),
+        steal_pct=float(steal_pct),
     )
 
 
@@ -83,6 +85,7 @@ def pool_runs(runs: list[LoadRun]) -> LoadRun:
         n_unsent=sum(r.n_unsent for r in runs),
         windows=sum(r.windows for r in runs),
         params=runs[0].params,
+        steal_pct=sum(r.steal_pct * r.window_s for r in runs) / max(sum(r.window_s for r in runs), 1e-9),
     )
     pooled.artifacts = [p for r in runs for p in r.artifacts]
     return pooled
@@ -90,7 +93,7 @@ def pool_runs(runs: list[LoadRun]) -> LoadRun:
 
 def run_metrics(run: LoadRun, prefix: str = "") -> dict[str, float]:
     """The flat MLflow metrics of a run: e2e_<q>_ms (README names) with e2e_<q>_ms_lo / _hi (95 % CI),
-    qps, error_rate, n_requests, n_failures, loadgen_cpu_pct, valid, server_<stage>_*; open loop adds
+    qps, error_rate, n_requests, n_failures, loadgen_cpu_pct, valid, machine_steal_pct, server_<stage>_*; open loop adds
     offered_qps, loadgen_lag_p99_ms, n_unsent.
 
     A quantile n cannot support is left out (MLflow rejects None; its absence is the "n/a"); an +inf
@@ -110,6 +113,7 @@ def run_metrics(run: LoadRun, prefix: str = "") -> dict[str, float]:
         n_failures=float(run.n_failed),
         loadgen_cpu_pct=run.loadgen_cpu_pct,
         valid=float(run.valid),
+        machine_steal_pct=run.steal_pct,
     )
     if run.offered_qps is not None:
         m.update(offered_qps=run.offered_qps, loadgen_lag_p99_ms=run.lag_p99_ms, n_unsent=float(run.n_unsent))

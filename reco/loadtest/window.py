@@ -183,6 +183,12 @@ class Samples:
     cpu_b: float | None
     wall_b: float
     after: str
+    steal_a: float = 0.0  # the machine's steal seconds (every CPU) at a and b: time the hypervisor ran
+    steal_b: float = 0.0  # something else on our vCPUs, which no pairing inside the guest can see
+
+    def steal_pct(self) -> float:
+        """Steal over the window, % of one core (summed over the machine's CPUs)."""
+        return 100.0 * max(self.steal_b - self.steal_a, 0.0) / max(self.wall_b - self.wall_a, 1e-9)
 
     def cpu_pct(self) -> float:
         """The main process's CPU over the window, % of one core (both samples taken)."""
@@ -271,8 +277,12 @@ def finish_run(
         lag_p99_ms=judged.lag_p99_ms,
         n_unsent=judged.n_unsent,
         params=_params(c, w.cpus, w.requests_arg),
+        steal_pct=s.steal_pct(),
     )
     load = f"{c.users} users" if c.mode == LoadMode.closed else f"{c.rate:g} req/s Poisson"
+    # the conditions beside the window's latencies.csv, so a slow block can be matched to its machine
+    machine = w.out / "machine.json"
+    machine.write_text(json.dumps({"steal_pct": run.steal_pct, "loadgen_cpu_pct": run.loadgen_cpu_pct}))
     cdf = w.out / "latency_cdf.png"
     if w.reports:
         plot_cdf({f"{c.mode.value} loop": run.latencies_ms}, cdf, title=f"{w.kind}: {load}")
@@ -287,6 +297,7 @@ def finish_run(
             Path(f"{w.latency_file}.summary.json"),
             Path(f"{w.latency_file}.scores.jsonl"),
             cdf,
+            machine,
             w.log,
             *extra_artifacts,
         )

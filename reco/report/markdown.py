@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import datetime as dt
 from pathlib import Path
+from statistics import median
 
 from reco.loadtest.outcome import time_spent
 from reco.report import sections
@@ -62,6 +63,8 @@ def setup(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
             f"- Repeats per variant: {_repeat_counts(figs)}",
             f"- Time spent load-testing, largest first: {time_spent(study.seconds) or 'not recorded'}",
             f"- Time budget (`loadtest.study.budget_min`): {study.budget or 'not recorded'}",
+            f"- Hypervisor steal: {_steal_note(figs)} (the host running something else on this VM's CPUs: "
+            "no pairing inside the VM sees it)",
         ]
     oracle = metric(base, "oracle_auc")
     if oracle is not None:
@@ -110,6 +113,17 @@ def headline(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyConte
         f"load; p99 speed-up vs the baseline {'; '.join(ratios) or DASH}; {auc}; max QPS at the SLO "
         f"{spread(best.max_qps, '.0f')}, gain {short(best.qps_gain, '.2f', '×')}."
     )
+
+
+def _steal_note(figs: list[VariantFigures]) -> str:
+    """Steal over the windows of each kind of run: median and largest, % of one core. A window with steal
+    had requests delayed by the host: episodes of it widen the paired intervals (blocks spread them)."""
+    parts = []
+    for kind in KINDS:
+        pct = [r.steal_pct for f in figs if kind in f.latency for r in f.latency[kind].runs]
+        if pct:
+            parts.append(f"{kind} median {median(pct):.1f} %, max {max(pct):.1f} % ({len(pct)} windows)")
+    return "; ".join(parts) or "not recorded"
 
 
 def _paired_note(figs: list[VariantFigures]) -> str:
