@@ -18,7 +18,7 @@ from typing import Any
 from omegaconf import MISSING, DictConfig, OmegaConf
 
 from reco.config import ConfigError, typed
-from reco.data.config import DataConfig
+from reco.data.config import DataConfig, data_config
 from reco.graph import Node, plan
 from reco.loadtest.config import LoadtestConfig
 from reco.loadtest.servings import label, pairs
@@ -93,7 +93,7 @@ def experiment_config(cfg: DictConfig) -> ExperimentConfig:
         seed=int(resolved["seed"]),
         cache_dir=Path(resolved["cache_dir"]),
         report_dir=Path(resolved["report_dir"]),
-        data=typed(resolved["data"], DataConfig, "data"),
+        data=data_config(resolved["data"]),
         trainer=typed(resolved["trainer"], TrainConfig, "trainer"),
         serve=typed(resolved["serve"], ServeConfig, "serve"),
         loadtest=typed(resolved["loadtest"], LoadtestConfig, "loadtest"),

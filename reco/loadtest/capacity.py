@@ -46,10 +46,10 @@ import csv
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from reco.loadtest.config import CapacityConfig, LoadMode, LoadtestConfig, loadtest_config
+from reco.loadtest.config import CapacityConfig, LoadMode, LoadtestConfig
 from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.outcome import Capacity, CapacityStep, LoadRun
 from reco.loadtest.runner import run_load, with_settings
@@ -277,7 +277,7 @@ def _next_rate(
 
 def open_loop_measure(
     url: str,
-    cfg: LoadtestConfig | Mapping,
+    c: LoadtestConfig,
     requests_path: str | Path | None = None,
     cpus: list[int] | None = None,
     kind: str = "capacity",
@@ -287,7 +287,6 @@ def open_loop_measure(
     """A Measure running one open-loop Locust window of exactly n requests at the rate (run_load),
     after capacity.step_warmup_s of unrecorded traffic, capped at max_window_s (KServe v2 requests to
     `triton_model` when the server is Triton; in a process of `pool` when given)."""
-    c = loadtest_config(cfg)
 
     def measure(rate: float, n: int, out_dir: Path) -> LoadRun:
         s = with_settings(
