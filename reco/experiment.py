@@ -15,9 +15,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 
-from reco.config import ConfigError, typed
+from reco.config import ConfigError, resolve_config, typed
 from reco.data.config import DataConfig, data_config
 from reco.graph import Node, plan
 from reco.loadtest.config import LoadtestConfig
@@ -84,10 +84,8 @@ class ExperimentConfig:
 
 def experiment_config(cfg: DictConfig) -> ExperimentConfig:
     """Type every section of the composed config and plan the variant graph (ConfigError names the key).
-    The config is resolved once; every section is typed from that one resolution."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    resolved.pop("hydra", None)
+    The config is resolved once; every section, and the graph, is typed from that one resolution."""
+    resolved = resolve_config(cfg)
     exp = ExperimentConfig(
         experiment_name=str(resolved["experiment_name"]),
         seed=int(resolved["seed"]),
@@ -106,7 +104,7 @@ def experiment_config(cfg: DictConfig) -> ExperimentConfig:
         gate=typed(resolved["gate"], GateConfig, "gate"),
         targets=dict(resolved.get("targets") or {}),
         headline=None,
-        variants=plan(cfg),
+        variants=plan(resolved),
         resolved=resolved,
     )
     exp.headline = check_headline(resolved.get("headline"), exp.variants, exp.loadtest)

@@ -13,10 +13,9 @@ from pathlib import Path
 import psutil
 import pytest
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
 
 from reco.cli.compose import compose
-from reco.config import ConfigError
+from reco.config import ConfigError, resolve_config
 from reco.graph import plan
 from reco.steps.registry import plain
 from reco.tracking import Tracker
@@ -81,17 +80,15 @@ def run_py(tmp_path: Path, *overrides: str, timeout: int = 300) -> subprocess.Co
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes_and_plans(preset):
-    nodes = plan(compose([f"experiment={preset}"]))
+    nodes = plan(resolve_config(compose([f"experiment={preset}"])))
     assert nodes[0].step == "train"
     names = [n.name for n in nodes]
     for n in nodes:  # parents first
         assert n.parent is None or names.index(n.parent) < names.index(n.name)
 
 
-def graph(variants: dict):
-    cfg = compose()
-    cfg.variants = OmegaConf.create(variants)
-    return cfg
+def graph(variants: dict) -> dict:
+    return {**resolve_config(compose()), "variants": variants}
 
 
 def test_bad_variant_graph_names_the_field():
@@ -115,8 +112,8 @@ def test_settings_that_must_agree_follow_each_other():
 
 def test_presets_share_one_variant_graph():
     """batching_gain reuses the case study's variants from the cache only if their configs agree."""
-    a = plan(compose(["experiment=ecommerce_case_study"]))
-    b = plan(compose(["experiment=batching_gain"]))
+    a = plan(resolve_config(compose(["experiment=ecommerce_case_study"])))
+    b = plan(resolve_config(compose(["experiment=batching_gain"])))
     assert [(n.name, n.step, n.parent, plain(n.config)) for n in a] == [
         (n.name, n.step, n.parent, plain(n.config)) for n in b
     ]
