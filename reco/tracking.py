@@ -154,7 +154,8 @@ class Tracker:
             f"run {name!r} (not created)",
             lambda: self.client.create_run(self.experiment_id, run_name=name, tags=all_tags),
         )
-        return run.info.run_id if run is not None else ""  # "": no run; later calls on it are unlogged
+        # not created: a name for the list of what was not logged (nothing is sent once the server is lost)
+        return run.info.run_id if run is not None else f"<{name}: not created>"
 
     def _send(self, what: str, call: Callable[[], T]) -> T | None:
         """`call()` against the store, or None with `what` listed in `unlogged` once a remote server has
