@@ -19,6 +19,7 @@ from statistics import NormalDist
 from reco.cli.compose import compose
 from reco.cli.errors import exits_cleanly
 from reco.data import load_dataset
+from reco.data.config import data_config
 from reco.measure import load_scores
 from reco.stats import CONF, auc_delta, delong
 from reco.variant import Variant
@@ -32,7 +33,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides naming the data, e.g. experiment=smoke")
     args = ap.parse_args(argv)
     cfg = compose(args.overrides)
-    data, _ = load_dataset(cfg.data, Path(cfg.cache_dir) / "data")
+    data, _ = load_dataset(data_config(cfg.data), Path(cfg.cache_dir) / "data")
     labels = data.test.labels.numpy()
     scores = []
     for d in (args.a, args.b):

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from reco.cli.compose import compose
-from reco.loadtest.config import LoadMode
+from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import plan_cpus, run_load, with_settings
@@ -63,7 +63,7 @@ def main(argv: list[str] | None = None) -> None:
             with start_server(
                 a.variant, a.dataset, cfg.serve, cpus=server_cpus, work_dir=out / n / "server"
             ) as h:
-                lt = with_settings(cfg.loadtest, warmup_s=2, drain_s=5)
+                lt = with_settings(loadtest_config(cfg.loadtest), warmup_s=2, drain_s=5)
                 c = with_settings(lt, mode=LoadMode.closed, users=a.users, window_requests=a.requests)
                 closed[n].append(
                     run_load(h.url, c, out / n / f"closed{r}", requests, gen_cpus, kind="closed",

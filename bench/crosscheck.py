@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from reco.cli.compose import compose
-from reco.loadtest.config import LoadMode
+from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import plan_cpus, run_load, with_settings
 from reco.serve.process import start_server
@@ -87,7 +87,9 @@ def main() -> None:
     work = Path(tempfile.mkdtemp(prefix="reco-crosscheck-"))
     requests = write_requests(args.dataset, work / "requests.jsonl", n=2000, k=10, seed=0)
     cfg = compose()
-    lt = with_settings(cfg.loadtest, mode=LoadMode.closed, users=args.connections, window_requests=None)
+    lt = with_settings(
+        loadtest_config(cfg.loadtest), mode=LoadMode.closed, users=args.connections, window_requests=None
+    )
     with start_server(args.variant, args.dataset, cfg.serve, cpus=server_cpus, work_dir=work) as server:
         run_load(server.url, with_settings(lt, duration_s=3), work / "warm", requests, gen_cpus)
         locust = run_load(

@@ -32,7 +32,7 @@ from pathlib import Path
 
 from bench.crosscheck import wrk_run
 from reco.cli.compose import compose
-from reco.loadtest.config import LoadMode
+from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.runner import free_port, plan_cpus, run_load, with_settings
 
 ANSWER = b'{"items":[],"model":"trivial"}'
@@ -152,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
     requests = work / "requests.jsonl"
     requests.write_text("".join(f'{{"user_id":{i % 1000 + 1},"k":10}}\n' for i in range(2000)))
     lt = with_settings(
-        compose().loadtest, mode=LoadMode.closed, window_requests=None, duration_s=float(args.seconds),
+        loadtest_config(compose().loadtest), mode=LoadMode.closed, window_requests=None, duration_s=float(args.seconds),
         warmup_s=2.0, drain_s=2.0,
     )  # fmt: skip
     # Other work on the machine moves these figures: the load average goes with them.

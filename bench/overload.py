@@ -21,7 +21,7 @@ from pathlib import Path
 import numpy as np
 
 from reco.cli.compose import compose
-from reco.loadtest.config import LoadMode
+from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import plan_cpus, run_load, scrape, with_settings
 from reco.serve.config import serve_config
@@ -44,7 +44,9 @@ def main(argv: list[str] | None = None) -> None:
     work = Path(tempfile.mkdtemp(prefix="reco-overload-"))
     requests = write_requests(args.dataset, work / "requests.jsonl", n=5000, k=10, seed=0)
     rate = args.factor * args.capacity
-    lt = with_settings(cfg.loadtest, mode=LoadMode.open, rate=rate, window_requests=args.requests)
+    lt = with_settings(
+        loadtest_config(cfg.loadtest), mode=LoadMode.open, rate=rate, window_requests=args.requests
+    )
     serve = serve_config(cfg.serve)
     with start_server(args.variant, args.dataset, serve, cpus=server_cpus, work_dir=work) as server:
         run = run_load(server.url, lt, work / "overload", requests, gen_cpus)

@@ -22,6 +22,15 @@ class ConfigError(ValueError):
     """A configuration value is missing, unknown or out of range; the message names the override key."""
 
 
+def resolve_config(cfg: DictConfig) -> dict[str, Any]:
+    """The composed config as plain data, every interpolation resolved, `hydra` left out: resolved once
+    at the entry point; each section is typed from it (reco.experiment.experiment_config)."""
+    out = OmegaConf.to_container(cfg, resolve=True)
+    assert isinstance(out, dict)
+    out.pop("hydra", None)
+    return out
+
+
 def typed(node: Any, cls: type[T], where: str) -> T:
     """`node` (a DictConfig / dict section, or already a `cls`) as a checked instance of its schema `cls`.
 

@@ -15,10 +15,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from omegaconf import MISSING, DictConfig, OmegaConf
+from omegaconf import MISSING, DictConfig
 
-from reco.config import ConfigError, typed
-from reco.data.config import DataConfig
+from reco.config import ConfigError, resolve_config, typed
+from reco.data.config import DataConfig, data_config
 from reco.graph import Node, plan
 from reco.loadtest.config import LoadtestConfig
 from reco.loadtest.servings import label, pairs
@@ -84,16 +84,14 @@ class ExperimentConfig:
 
 def experiment_config(cfg: DictConfig) -> ExperimentConfig:
     """Type every section of the composed config and plan the variant graph (ConfigError names the key).
-    The config is resolved once; every section is typed from that one resolution."""
-    resolved = OmegaConf.to_container(cfg, resolve=True)
-    assert isinstance(resolved, dict)
-    resolved.pop("hydra", None)
+    The config is resolved once; every section, and the graph, is typed from that one resolution."""
+    resolved = resolve_config(cfg)
     exp = ExperimentConfig(
         experiment_name=str(resolved["experiment_name"]),
         seed=int(resolved["seed"]),
         cache_dir=Path(resolved["cache_dir"]),
         report_dir=Path(resolved["report_dir"]),
-        data=typed(resolved["data"], DataConfig, "data"),
+        data=data_config(resolved["data"]),
         trainer=typed(resolved["trainer"], TrainConfig, "trainer"),
         serve=typed(resolved["serve"], ServeConfig, "serve"),
         loadtest=typed(resolved["loadtest"], LoadtestConfig, "loadtest"),
@@ -106,7 +104,7 @@ def experiment_config(cfg: DictConfig) -> ExperimentConfig:
         gate=typed(resolved["gate"], GateConfig, "gate"),
         targets=dict(resolved.get("targets") or {}),
         headline=None,
-        variants=plan(cfg),
+        variants=plan(resolved),
         resolved=resolved,
     )
     exp.headline = check_headline(resolved.get("headline"), exp.variants, exp.loadtest)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import OmegaConf
 
 from reco.config import ConfigError, typed
 from reco.models.protocol import resolve
@@ -40,14 +40,14 @@ class Node:
         return self.spec.name
 
 
-def plan(cfg: DictConfig) -> list[Node]:
-    """Validate `variants` and order it parents-first.
+def plan(cfg: dict[str, Any]) -> list[Node]:
+    """Validate `variants` of the resolved config (reco.config.resolved) and order it parents-first.
 
     Raises:
         ConfigError naming `variants.<name>.<field>` for an unknown step, a missing parent, a cycle or
         a step setting the step's schema rejects.
     """
-    specs = OmegaConf.to_container(cfg.get("variants") or {}, resolve=True)
+    specs = cfg.get("variants") or {}
     if not specs:
         raise ConfigError(
             "variants: the experiment defines no variants (expected at least {baseline: {step: train}})"
@@ -88,14 +88,14 @@ def plan(cfg: DictConfig) -> list[Node]:
     return order
 
 
-def step_config(cfg: DictConfig, spec: StepSpec, overrides: dict, where: str) -> Any:
-    """The step's defaults (`cfg[spec.config_key]`) merged with `overrides`, as its typed config.
+def step_config(cfg: dict[str, Any], spec: StepSpec, overrides: dict, where: str) -> Any:
+    """The step's defaults (`cfg[spec.config_key]` of the resolved config) merged with `overrides`, as its
+    typed config.
 
     Raises:
         ConfigError naming `where.<key>` for an unknown key or a value of the wrong type.
     """
-    defaults = OmegaConf.to_container(cfg[spec.config_key], resolve=True)
-    merged = OmegaConf.merge(OmegaConf.create(defaults), OmegaConf.create(overrides))
+    merged = OmegaConf.merge(OmegaConf.create(cfg[spec.config_key]), OmegaConf.create(overrides))
     schema = spec.config
     if hasattr(schema, "schema_for"):  # the train step: the schema of the model `_target_` names
         schema = schema.schema_for(merged, where)

@@ -50,7 +50,8 @@ from reco.serve.quality import (
 )
 from reco.steps import StepRun
 from reco.steps import train as train_step
-from reco.tracking import Tracker, environment_tags, flatten
+from reco.tracking import Tracker, environment_tags, flatten, unreachable
+from reco.tracking_server import EMBEDDED_UI, TrackingConfig, start_hint
 from reco.variant import ArtifactError, Variant, atomic_write
 
 if TYPE_CHECKING:
@@ -131,8 +132,6 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
         tracker.log_artifacts(parent_run, paths, "report")
         print(f"\nReport: {report_dir / 'report.md'}", flush=True)
         tracker.share_view(parent_run, study_view(parent_run, exp.quality.k))
-        url = runs_table_url(exp.tracking.uri, tracker.experiment_id, view=parent_run)
-        print(f"MLflow runs table (this run's variants as rows, decision columns first): {url}", flush=True)
         status = "FINISHED"
     except KeyboardInterrupt as e:  # Ctrl-C, or SIGTERM (reco.cli.run turns it into this)
         status, error = "KILLED", f"interrupted: {e or 'SIGINT'}"
@@ -155,7 +154,38 @@ def run(exp: ExperimentConfig, ctx: RunContext) -> list[Built]:
                 )
             tracker.end(b.run_id, status=st, error=why)
         tracker.end(parent_run, status=status, error=error)
+        if tracker.lost:
+            note_unlogged(tracker, ctx.out_dir)
+    # last, so that it is the line a user reads: the link, or that the UI is down and how to start it
+    print(ui_line(exp.tracking, tracker.experiment_id, None if tracker.lost else parent_run), flush=True)
     return built
+
+
+def note_unlogged(tracker: Tracker, out_dir: Path) -> None:
+    """Say what the run did not log after its tracking server stopped answering, and keep the list."""
+    path = atomic_write(out_dir / "mlflow_unlogged.txt", "".join(f"{w}\n" for w in tracker.unlogged))
+    print(
+        f"MLflow: {len(tracker.unlogged)} calls not logged after the tracking server {tracker.uri} stopped "
+        f"answering ({tracker.lost}), listed in {path}; this execution's runs stay RUNNING in that store "
+        "until the next run logging to it closes them as KILLED.",
+        flush=True,
+    )
+
+
+def ui_line(tracking: TrackingConfig, experiment_id: str, view: str | None) -> str:
+    """The run's last line: the link to its runs table, or, when nothing answers there, that the MLflow
+    UI is down, how to start it and the link to open then."""
+    url = runs_table_url(tracking.uri, experiment_id, view)
+    remote = tracking.uri.startswith(("http://", "https://"))
+    ui = tracking.uri.rstrip("/") if remote else EMBEDDED_UI
+    if why := unreachable(ui, timeout_s=2.0):
+        how = (
+            start_hint(ui, tracking.server)
+            if remote
+            else "start it with `make mlflow-ui` (the embedded store)"
+        )
+        return f"MLflow UI at {ui} is not reachable ({why}): {how}, then open {url}"
+    return f"MLflow runs table (this run's variants as rows, decision columns first): {url}"
 
 
 def study_log(tracker: Tracker, run_ids: dict[str, str]) -> Callable[[str, list[Path], str], None]:
@@ -186,10 +216,9 @@ def runs_table_url(uri: str, experiment_id: str, view: str | None = None) -> str
     without it the UI takes the browser's last choice, GenAI on a first visit, whatever the experiment's
     `mlflow.experimentKind` tag says (seen in Chromium).
     """
-    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else "http://127.0.0.1:5000"
-    hint = "" if uri.startswith(("http://", "https://")) else "  (start the UI: make mlflow-ui)"
+    base = uri.rstrip("/") if uri.startswith(("http://", "https://")) else EMBEDDED_UI
     query = f"?viewStateShareKey={view}&workflowType=machine_learning" if view else ""
-    return f"{base}/#/experiments/{experiment_id}/runs{query}{hint}"
+    return f"{base}/#/experiments/{experiment_id}/runs{query}"
 
 
 ROW_TAG = "reco.row"  # a variant run's row in the report, zero-padded ("001") so its text sorts in order

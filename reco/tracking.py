@@ -13,9 +13,10 @@ import os
 import socket
 import subprocess
 import sys
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from contextlib import nullcontext
 from pathlib import Path
+from typing import TypeVar
 from urllib.parse import urlparse
 
 import psutil
@@ -24,6 +25,8 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from reco.claim import claim
+
+T = TypeVar("T")
 
 # MLflow rejects longer param values.
 _MAX_PARAM = 6000
@@ -70,20 +73,28 @@ def _remote(uri: str) -> bool:
     return urlparse(uri).scheme in ("http", "https")
 
 
+def unreachable(uri: str, timeout_s: float = 5.0) -> str:
+    """Why the tracking server a remote `uri` names cannot be reached ("" when it accepts a connection,
+    and for a local store, which has no server)."""
+    parsed = urlparse(uri)
+    if parsed.scheme not in ("http", "https"):
+        return ""
+    port = parsed.port or (443 if parsed.scheme == "https" else 80)
+    try:
+        with socket.create_connection((parsed.hostname, port), timeout=timeout_s):
+            return ""
+    except OSError as e:
+        return str(e)
+
+
 def check_reachable(uri: str, timeout_s: float = 5.0) -> None:
     """Fail before any training when a remote tracking server cannot be reached."""
-    parsed = urlparse(uri)
-    if parsed.scheme in ("http", "https"):
-        port = parsed.port or (443 if parsed.scheme == "https" else 80)
-        try:
-            with socket.create_connection((parsed.hostname, port), timeout=timeout_s):
-                pass
-        except OSError as e:
-            raise TrackingError(
-                f"tracking.uri: cannot reach MLflow tracking server {uri!r} ({e}); "
-                "start it or use the embedded store (tracking.uri=sqlite:///mlruns/mlflow.db)"
-            ) from e
-    elif parsed.scheme == "sqlite":
+    if why := unreachable(uri, timeout_s):
+        raise TrackingError(
+            f"tracking.uri: cannot reach MLflow tracking server {uri!r} ({why}); "
+            "start it or use the embedded store (tracking.uri=sqlite:///mlruns/mlflow.db)"
+        )
+    if uri.startswith("sqlite:///"):
         db = Path(uri.removeprefix("sqlite:///"))
         try:
             db.parent.mkdir(parents=True, exist_ok=True)
@@ -98,9 +109,15 @@ SHARED_VIEW_TAG = "mlflow.sharedViewState."
 
 
 class Tracker:
+    """One MLflow experiment's runs. The store must answer when the Tracker is made (check_reachable);
+    a remote server that stops answering later does not stop the run: from then on nothing is sent,
+    each call says what it would have logged in `unlogged`, and `lost` says why (see _send)."""
+
     def __init__(self, uri: str, experiment: str, artifact_root: str | None = None) -> None:
         check_reachable(uri)
         self.uri = uri
+        self.lost = ""  # why the tracking server stopped answering mid-run; "" while it answers
+        self.unlogged: list[str] = []  # what was not logged since
         # Parallel jobs (a multirun sweep) open one store at once. MLflow creates a fresh sqlite store's
         # tables, and every store's experiment, check-then-create without a lock: so for sqlite the first
         # job does both alone, and a lost create race on a server reads the winner's experiment.
@@ -133,8 +150,39 @@ class Tracker:
         all_tags = {"reco.owner": f"{socket.gethostname()}:{os.getpid()}", **(tags or {})}
         if parent_id:
             all_tags["mlflow.parentRunId"] = parent_id
-        run = self.client.create_run(self.experiment_id, run_name=name, tags=all_tags)
-        return run.info.run_id
+        run = self._send(
+            f"run {name!r} (not created)",
+            lambda: self.client.create_run(self.experiment_id, run_name=name, tags=all_tags),
+        )
+        # not created: a name for the list of what was not logged (nothing is sent once the server is lost)
+        return run.info.run_id if run is not None else f"<{name}: not created>"
+
+    def _send(self, what: str, call: Callable[[], T]) -> T | None:
+        """`call()` against the store, or None with `what` listed in `unlogged` once a remote server has
+        stopped answering. Any other error is raised: only an unreachable server is outlived."""
+        if not self.lost and (why := unreachable(self.uri, timeout_s=2.0)):
+            # A refused connection is known in a millisecond: MLflow's client retries one 7 times with
+            # backoff, 247 s per call (MLflow 3.17, measured), which would hold the run for every call left.
+            self._lose(why, what)
+        if self.lost:
+            self.unlogged.append(what)
+            return None
+        try:
+            return call()
+        except Exception:
+            if not (why := unreachable(self.uri, timeout_s=2.0)):
+                raise
+            self._lose(why, what)  # it went down during this call
+            self.unlogged.append(what)
+            return None
+
+    def _lose(self, why: str, what: str) -> None:
+        self.lost = why
+        print(
+            f"MLflow: the tracking server {self.uri} stopped answering ({why}) at: {what}. The run goes on "
+            "without it (report and files as usual); what is not logged is listed at the end.",
+            flush=True,
+        )
 
     def log(
         self,
@@ -154,17 +202,20 @@ class Tracker:
         ps = [Param(k, str(v)[:_MAX_PARAM]) for k, v in (params or {}).items()]
         ts = [RunTag(k, str(v)[:_MAX_PARAM]) for k, v in (tags or {}).items()]
         for i in range(0, max(len(ms), len(ps), len(ts)), 100):
-            self.client.log_batch(
-                run_id, metrics=ms[i : i + 100], params=ps[i : i + 100], tags=ts[i : i + 100]
+            m, p, t = ms[i : i + 100], ps[i : i + 100], ts[i : i + 100]
+            self._send(
+                f"{len(m)} metrics, {len(p)} params, {len(t)} tags of run {run_id}",
+                lambda m=m, p=p, t=t: self.client.log_batch(run_id, metrics=m, params=p, tags=t),
             )
 
     def log_artifacts(self, run_id: str, paths: Iterable[str | Path], subdir: str | None = None) -> None:
         for p in paths:
             p = Path(p)
+            what = f"artifact {p} of run {run_id}"
             if p.is_dir():
-                self.client.log_artifacts(run_id, str(p), subdir)
+                self._send(what, lambda p=p: self.client.log_artifacts(run_id, str(p), subdir))
             elif p.exists():
-                self.client.log_artifact(run_id, str(p), subdir)
+                self._send(what, lambda p=p: self.client.log_artifact(run_id, str(p), subdir))
 
     def end(self, run_id: str, failed: bool = False, status: str | None = None, error: str = "") -> None:
         """Terminate a run: FINISHED, FAILED, or an explicit MLflow status such as KILLED.
@@ -177,12 +228,16 @@ class Tracker:
         status = status or ("FAILED" if failed else "FINISHED")
         if error:
             self.log(run_id, tags={ERROR_TAG: error[:_MAX_ERROR], NOTE_TAG: failure_note(status, error)})
-        self.client.set_terminated(run_id, status)
+        self._send(f"end of run {run_id} as {status}", lambda: self.client.set_terminated(run_id, status))
 
     def share_view(self, key: str, view: Mapping[str, object]) -> None:
         """Store a runs-table view under `key` for the link `?viewStateShareKey=<key>`: `view` as MLflow's
         UI reads it (searchFilter, orderByKey, orderByAsc, selectedColumns ['metrics.`name`', ...])."""
-        self.client.set_experiment_tag(self.experiment_id, SHARED_VIEW_TAG + key, json.dumps(dict(view)))
+        tag = SHARED_VIEW_TAG + key
+        self._send(
+            f"runs-table view {key}",
+            lambda: self.client.set_experiment_tag(self.experiment_id, tag, json.dumps(dict(view))),
+        )
 
     def close_orphans(self) -> list[str]:
         """End as KILLED every RUNNING run of this experiment whose owning process (on this host) is gone.

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.error import URLError
+from urllib.parse import urlparse
 from urllib.request import urlopen
 
 from omegaconf import MISSING
@@ -98,3 +99,20 @@ def wait_ready(url: str, timeout_s: float, alive: Callable[[], bool] = lambda: T
             pass
         time.sleep(0.25)
     raise TrackingServerError(f"MLflow server at {url} did not answer /health within {timeout_s:.0f} s")
+
+
+EMBEDDED_UI = "http://127.0.0.1:5000"  # where `make mlflow-ui` serves the embedded store (Makefile)
+
+
+def start_hint(uri: str, c: TrackingServerConfig) -> str:
+    """How to start the tracking server `uri` names: this project's command when it is on this machine
+    (`make mlflow-server` serves tracking.server's host and port), else where it has to be started."""
+    p = urlparse(uri)
+    if p.hostname not in ("127.0.0.1", "localhost"):
+        return (
+            f"start the tracking server on {p.hostname}, or log to the embedded store "
+            "(tracking.uri=sqlite:///mlruns/mlflow.db, seen with `make mlflow-ui`)"
+        )
+    if p.port == c.port:
+        return "start it with `make mlflow-server` (python -m reco.cli.tracking_server)"
+    return f"start it with `python -m reco.cli.tracking_server tracking.server.port={p.port}`"

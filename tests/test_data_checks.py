@@ -37,7 +37,7 @@ from test_data_loaders import (
 from reco.cli.compose import compose
 from reco.config import ConfigError
 from reco.data import build_dataset, load_dataset
-from reco.data.config import DataConfig
+from reco.data.config import DataConfig, data_config
 from reco.data.criteo import CAT_COLS, load_criteo
 from reco.data.movielens import load_movielens
 from reco.data.schema import Dataset
@@ -46,9 +46,9 @@ from reco.data.table import load_table
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def criteo_cfg(path: Path, **over: object) -> dict:
-    cfg = OmegaConf.to_container(compose(["data=criteo"]).data, resolve=True)
-    cfg["params"] |= {"path": str(path), **over}
+def criteo_cfg(path: Path, **over: object) -> DataConfig:
+    cfg = data_config(compose(["data=criteo"]).data)
+    cfg.params |= {"path": str(path), **over}
     return cfg
 
 
@@ -160,7 +160,7 @@ def test_criteo_invalid_utf8_names_file_and_line(tmp_path: Path) -> None:
 def test_criteo_hash_tables_capped_by_train_values(tmp_path: Path, capsys: pytest.CaptureFixture) -> None:
     rows = write_criteo(tmp_path / "train.txt", 1000)
     cfg = criteo_cfg(tmp_path / "train.txt")
-    assert cfg["params"]["hash_buckets"] == 100_000 and cfg["params"]["max_buckets_per_value"] == 2
+    assert cfg.params["hash_buckets"] == 100_000 and cfg.params["max_buckets_per_value"] == 2
     ds = build_dataset(cfg)
     check_invariants(ds)
     out = capsys.readouterr().out
@@ -368,31 +368,30 @@ def test_fingerprint_does_not_copy_tensors(tiny_data: Dataset) -> None:
 # Typed `data` config
 
 
-def test_load_dataset_takes_a_dict_or_a_data_config(tmp_path: Path) -> None:
+def test_data_config_types_a_dict_or_a_data_config_alike(tmp_path: Path) -> None:
     write_example_table(tmp_path / "t.csv", n=100)
     plain = OmegaConf.to_container(compose(["data=table_example"]).data, resolve=True)
     plain["params"]["path"] = str(tmp_path / "t.csv")
-    ds, path = load_dataset(plain, tmp_path / "cache")
+    ds, path = load_dataset(data_config(plain), tmp_path / "cache")
     again, path2 = load_dataset(DataConfig(loader="table", params=dict(plain["params"])), tmp_path / "cache")
     assert path2 == path and again.fingerprint == ds.fingerprint  # the same cache entry
     typo = {**plain, "params": {**plain["params"], "min_cout": 2}}
     with pytest.raises(
         ConfigError, match=r"data.params.min_cout: not a setting of the table loader \(did you"
     ):
-        load_dataset(typo, tmp_path / "cache")
+        load_dataset(data_config(typo), tmp_path / "cache")
     with pytest.raises(ConfigError, match="data: loadr: Key 'loadr' not in 'DataConfig'"):
-        build_dataset({**plain, "loadr": "table"})
+        data_config({**plain, "loadr": "table"})
     with pytest.raises(ValueError, match=r"data.loader: expected one of .*got 'tabel'"):
-        build_dataset({**plain, "loader": "tabel"})
+        build_dataset(data_config({**plain, "loader": "tabel"}))
 
 
-def test_load_dataset_takes_the_composed_node(tmp_path: Path) -> None:
+def test_data_config_resolves_the_composed_node(tmp_path: Path) -> None:
     cfg = compose(["experiment=smoke", "data.params.n_rows=2000", "seed=3"])
-    from_node, path = load_dataset(cfg.data, tmp_path)  # ${seed} resolved against the whole config
+    from_node = data_config(cfg.data)  # ${seed} resolved against the whole config
     plain = OmegaConf.to_container(cfg.data, resolve=True)
-    assert plain["params"]["seed"] == 3
-    from_dict, path2 = load_dataset(plain, tmp_path)
-    assert path2 == path and from_dict.fingerprint == from_node.fingerprint
+    assert plain["params"]["seed"] == 3 and from_node == data_config(plain)
+    assert isinstance(from_node.params, dict)  # plain data: what the cache key hashes
 
 
 @pytest.mark.parametrize(
@@ -419,8 +418,8 @@ def test_data_yamls_list_the_schema_and_compose_checks_keys() -> None:
     assert compose(["experiment=smoke"]).data.loader == "synthetic_ecommerce"
     with pytest.raises(Exception, match="Could not override 'data.loadr'"):
         compose(["data=criteo", "data.loadr=x"])
-    appended = OmegaConf.to_container(compose(["data=table_example", "+data.loadr=x"]).data, resolve=True)
+    appended = compose(["data=table_example", "+data.loadr=x"]).data
     with pytest.raises(ConfigError, match="data: loadr: Key 'loadr' not in 'DataConfig'"):
-        build_dataset(appended)  # `+key=` gets past compose, not past the loader
+        data_config(appended)  # `+key=` gets past compose, not past typing
     with pytest.raises(ConfigError, match="data.params: short_row: Key 'short_row' not in 'CriteoConfig'"):
         build_dataset(criteo_cfg(ROOT / "nothere.txt", short_row="pad"))

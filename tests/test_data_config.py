@@ -15,6 +15,8 @@ from test_data_loaders import check_invariants, write_example_table
 from reco.cli.compose import compose
 from reco.config import ConfigError
 from reco.data import build_dataset, load_dataset
+from reco.data.config import DataConfig, data_config
+from reco.experiment import experiment_config
 
 ROOT = Path(__file__).resolve().parents[1]
 EXAMPLE_CSV = ROOT / "tests/data/table_example.csv"
@@ -86,7 +88,7 @@ def test_minimal_user_yaml_composes_and_loads(tmp_path: Path, file: Path) -> Non
     assert {k: v for k, v in cfg["params"].items() if k not in stated} == {
         k: v for k, v in base.items() if k not in stated
     }
-    ds = build_dataset(cfg)
+    ds = build_dataset(data_config(cfg))
     check_invariants(ds)
     assert ds.name == "table_example" and sum(len(s) for s in ds.splits().values()) == 2000
     assert ds.schema.dense_names == ["price"] and ds.schema.user_key is None
@@ -104,7 +106,7 @@ def test_csv_and_parquet_examples_hold_the_same_rows() -> None:
     pd.testing.assert_frame_equal(pq[rest], csv[rest], check_dtype=False)
     example = data_of(["data=table_example"])
     from_pq = {**example, "params": {**example["params"], "path": str(EXAMPLE_PARQUET)}}
-    assert build_dataset(from_pq).fingerprint == build_dataset(example).fingerprint
+    assert build_dataset(data_config(from_pq)).fingerprint == build_dataset(data_config(example)).fingerprint
 
 
 def test_yaml_written_before_a_key_existed_still_loads(tmp_path: Path) -> None:
@@ -112,7 +114,7 @@ def test_yaml_written_before_a_key_existed_still_loads(tmp_path: Path) -> None:
     assert old["params"]["encoding"] == data_of(["data=table"])["params"]["encoding"]
     shipped = data_of(["data=table_example"])
     shipped["params"]["path"] = str(EXAMPLE_CSV)
-    assert build_dataset(old).fingerprint == build_dataset(shipped).fingerprint
+    assert build_dataset(data_config(old)).fingerprint == build_dataset(data_config(shipped)).fingerprint
 
 
 def test_a_copy_not_listing_the_base_names_the_key_and_the_fix(tmp_path: Path) -> None:
@@ -122,7 +124,7 @@ def test_a_copy_not_listing_the_base_names_the_key_and_the_fix(tmp_path: Path) -
         match=r"^data\.params\.encoding: not set\. .*conf/data/table\.yaml: start your "
         r"conf/data/<name>\.yaml with `defaults: \[table, _self_\]`",
     ):
-        load_dataset(old, tmp_path / "cache")
+        load_dataset(data_config(old), tmp_path / "cache")
     assert not list((tmp_path / "cache").glob("*.pt"))  # nothing cached
 
 
@@ -132,12 +134,12 @@ def test_the_base_alone_says_what_to_state(tmp_path: Path) -> None:
         match=r"^data\.params\.path, data\.params\.label, data\.params\.dense, data\.params\.sparse: "
         r"not set \(\?\?\? in conf/data/table\.yaml.*conf/data/table_example\.yaml is one",
     ):
-        load_dataset(data_of(["data=table"]), tmp_path / "cache")
-    cfg = data_of(["data=table", f"data.params.path={EXAMPLE_CSV}"])
+        data_config(data_of(["data=table"]))
+    cfg = compose(["data=table", f"data.params.path={EXAMPLE_CSV}"])
     with pytest.raises(
         ConfigError, match=r"^data\.params\.label, data\.params\.dense, data\.params\.sparse: "
     ):
-        build_dataset(cfg)
+        experiment_config(cfg)  # the run's entry point types `data` the same way
 
 
 def test_derived_data_yamls_state_only_what_differs() -> None:
@@ -180,16 +182,16 @@ def test_config_mistakes_name_the_key(key: str, value: object, message: str) -> 
     cfg = data_of(["data=table_example"])
     cfg["params"] |= {"path": str(EXAMPLE_CSV), key: value}
     with pytest.raises(ConfigError, match=message):
-        build_dataset(cfg)
+        build_dataset(data_config(cfg))
 
 
 # ------------------------------------------------------------------------------------------------
 # Bad input: the file and field, and what was expected
 
 
-def params(path: Path, **over: object) -> dict:
+def params(path: Path, **over: object) -> DataConfig:
     cfg = data_of(["data=table_example"])
-    return {**cfg, "params": {**cfg["params"], "path": str(path), **over}}
+    return data_config({**cfg, "params": {**cfg["params"], "path": str(path), **over}})
 
 
 def test_missing_file_or_a_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -20,6 +20,7 @@ from omegaconf import OmegaConf
 
 from reco.cli.compose import compose
 from reco.data import build_dataset
+from reco.data.config import data_config
 from reco.data.criteo import load_criteo
 from reco.data.fetch_movielens import fetch
 from reco.data.movielens import load_movielens
@@ -33,8 +34,8 @@ ROOT = Path(__file__).resolve().parents[1]
 ML_PARAMS = dict(layout="auto", positive_rating=4, min_count=1, max_genres=6, zip_prefix_len=2, max_rows=None)
 
 
-def data_config(name: str) -> dict:
-    """conf/data/<name>.yaml composed by Hydra (schema-checked), as the pipeline passes it."""
+def data_dict(name: str) -> dict:
+    """conf/data/<name>.yaml composed by Hydra (schema-checked) and resolved, as plain data."""
     return OmegaConf.to_container(compose([f"data={name}"]).data, resolve=True)
 
 
@@ -287,9 +288,9 @@ def ml100k_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 @pytest.mark.timeout(300)
 def test_real_movielens_100k_from_wheel(ml100k_dir: Path) -> None:
-    cfg = data_config("movielens_100k")
+    cfg = data_dict("movielens_100k")
     cfg["params"]["path"] = str(ml100k_dir)
-    ds = build_dataset(cfg)
+    ds = build_dataset(data_config(cfg))
     check_invariants(ds)
     assert sum(len(s) for s in ds.splits().values()) == 100_000 and ds.skipped == {}
     assert 0.54 < float(all_rows(ds, "labels").mean()) < 0.57  # 55,375 ratings >= 4
@@ -458,14 +459,14 @@ def write_example_table(path: Path, n: int = 2000, seed: int = 0) -> pd.DataFram
 
 
 def table_params(path: Path, **over: object) -> dict:
-    cfg = data_config("table_example")
+    cfg = data_dict("table_example")
     return {**cfg["params"], "path": str(path), **over}
 
 
 def test_table_yaml_runs_on_committed_example() -> None:
-    cfg = data_config("table_example")
+    cfg = data_dict("table_example")
     cfg["params"]["path"] = str(ROOT / cfg["params"]["path"])
-    ds = build_dataset(cfg)
+    ds = build_dataset(data_config(cfg))
     check_invariants(ds)
     assert ds.name == "table_example" and sum(len(s) for s in ds.splits().values()) == 2000
     assert ds.schema.dense_names == ["price", "user_age_days"]
@@ -565,7 +566,7 @@ def test_table_errors(tmp_path: Path) -> None:
     ],
 )
 def test_data_configs_match_loader_signatures(name: str, fn: object) -> None:
-    cfg = data_config(name)
+    cfg = data_dict(name)
     assert set(cfg) == {"loader", "params"}
     inspect.signature(fn).bind(**cfg["params"])  # every key is a parameter, none missing
 

@@ -15,7 +15,7 @@ import pytest
 import torch
 from conftest import MARK, marked_alive, trainer_config
 
-from reco.config import ConfigError, typed
+from reco.config import ConfigError, resolve_config, typed
 from reco.models.dlrm import DLRM, DLRMConfig
 from reco.stats import auc_delta, delong
 from reco.steps import StepRun
@@ -364,7 +364,7 @@ def test_train_step_auc_matches_single_process(data, tmp_path):
     from reco.graph import step_config
     from reco.steps import get_step
 
-    settings = step_config(compose(), get_step("train"), ARCH, "variants.train")
+    settings = step_config(resolve_config(compose()), get_step("train"), ARCH, "variants.train")
     two = dataclasses.replace(dist_trainer(), lr=0.01, max_rows_per_epoch=None)
     one = dataclasses.replace(two, distributed=dataclasses.replace(two.distributed, nproc=1))
     variants = {

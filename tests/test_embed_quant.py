@@ -19,7 +19,7 @@ from conftest import make_variant
 from torchrec.modules.embedding_configs import DataType
 
 from reco.cli.compose import compose
-from reco.config import ConfigError
+from reco.config import ConfigError, resolve_config
 from reco.graph import step_config
 from reco.models.dlrm import DLRM, DLRMConfig
 from reco.models.protocol import as_requests
@@ -38,7 +38,9 @@ pytestmark = pytest.mark.timeout(240)
 
 def config(overrides: dict | None = None, cli: list[str] | None = None):
     """The step's typed config as the pipeline builds it: composed defaults + a variant's overrides."""
-    return step_config(compose(cli or []), get_step("embed_quant"), overrides or {}, "variants.q")
+    return step_config(
+        resolve_config(compose(cli or [])), get_step("embed_quant"), overrides or {}, "variants.q"
+    )
 
 
 def build(parent: Variant, data, trainer, out: Path, **overrides) -> Variant:

@@ -186,9 +186,9 @@ def test_a_close_step_is_extended_to_the_cap_then_inconclusive(lt, tmp_path):
 
 def test_no_step_or_extension_starts_that_would_end_past_the_deadline(lt, tmp_path):
     """A 500-request step at 300 req/s is expected to take 500 / 300 + 1 s warm-up + 0.4 s = 3.1 s: with
-    3.5 s left it runs (for 1 s here), its 500-request extension (another 3.1 s) does not start; with 2 s
-    left nothing does."""
-    import time
+    3.5 s left it runs (for 1 s here, on a clock the windows move), its 500-request extension (another
+    3.1 s) does not start; with 2 s left nothing does."""
+    now = [1000.0]  # epoch seconds of the search's clock
 
     c = cap_cfg(
         lt, start_rate=300, min_rate=300, max_rate=300, steps=1, step_requests=500, max_step_requests=2000,
@@ -197,11 +197,16 @@ def test_no_step_or_extension_starts_that_would_end_past_the_deadline(lt, tmp_pa
     fake = FakeServer(slo=100.0, capacity=300.0)  # a close call: it would extend to the cap
 
     def one_second_a_window(rate, n, out_dir):
-        time.sleep(1.0)
+        now[0] += 1.0
         return fake(rate, n, out_dir)
 
+    def clock() -> float:
+        return now[0]
+
     said: list[str] = []
-    cap = find_capacity(one_second_a_window, 100.0, c, tmp_path, say=said.append, deadline=time.time() + 3.5)
+    cap = find_capacity(
+        one_second_a_window, 100.0, c, tmp_path, say=said.append, deadline=now[0] + 3.5, clock=clock
+    )
     (s,) = cap.steps
     assert fake.calls == [(300.0, 500)] and s.verdict == Verdict.INCONCLUSIVE, said
     assert "not extended (time budget)" in s.reason and "would end past the time budget" in said[-1]
@@ -209,7 +214,7 @@ def test_no_step_or_extension_starts_that_would_end_past_the_deadline(lt, tmp_pa
     # medians leave it out (a search that ran to min_rate with nothing passing is a 0, and decided).
     assert cap.stopped_by_budget and not cap.decided and "no capacity" in capacity_table(cap)
     fake = FakeServer(slo=100.0, capacity=300.0)
-    cap = find_capacity(fake, 100.0, c, tmp_path / "b", say=said.append, deadline=time.time() + 2.0)
+    cap = find_capacity(fake, 100.0, c, tmp_path / "b", say=said.append, deadline=now[0] + 2.0, clock=clock)
     assert not cap.steps and not fake.calls and "stopped before step 0" in said[-1], said
     assert cap.stopped_by_budget and not cap.decided
     # A rate that passed before the budget stopped the search is a capacity (a lower bound): decided.

@@ -6,7 +6,6 @@ import copy
 import dataclasses
 import json
 import math
-import time
 from pathlib import Path
 
 import numpy as np
@@ -336,8 +335,11 @@ def test_median_capacity_leaves_out_a_search_the_budget_stopped_before_any_pass(
 def test_budget_summary_and_deadline():
     b = Budget(None)
     assert not b.over() and summary(b).startswith("none")
-    b = Budget(1.0, start=time.time() - 120)
-    assert b.over() and b.more_min() == 0.0
+    now = [1000.0]
+    b = Budget(1.0, start=now[0], clock=lambda: now[0])
+    assert not b.over() and not b.over(reserve_s=59.0) and b.over(reserve_s=61.0)
+    now[0] += 120.0
+    assert b.over() and b.used_min() == 2.0 and b.more_min() == 0.0
     b.skipped.append(Skipped("v", "common", "common run 2", 30.0))
     assert "skipped 1 windows (1 common)" in summary(b) and "about 2 min would have run them" in summary(b)
 
@@ -354,7 +356,7 @@ def test_a_low_priority_window_must_end_before_the_reserve(tmp_path):
     s = _Study(cfg["loadtest"], cfg["serve"], tmp_path, None)
     s.outcomes = {"baseline": LoadOutcome("baseline")}
     s.servers = {"baseline": None}  # never reached: every call below is skipped or returns before it
-    s.budget = Budget(1.0, start=time.time() - 30)  # 30 s left
+    s.budget = Budget(1.0, start=0.0, clock=lambda: 30.0)  # 30 s left
     s.reserve_s = 10.0  # the last unloaded blocks
     ran: list[str] = []
     for kind, est in (("equal_util", 25.0), ("common", 25.0)):

@@ -14,7 +14,7 @@ from torch import nn
 from torchrec.models.dlrm import DLRM_DCN
 
 from reco.cli.compose import compose
-from reco.config import ConfigError, typed
+from reco.config import ConfigError, resolve_config, typed
 from reco.graph import cache_key, plan
 from reco.measure import evaluate
 from reco.models.dcn import DCN, DCNConfig, DCNSettings
@@ -90,15 +90,15 @@ def test_unlisted_target_is_refused_at_plan_time():
     with pytest.raises(
         ConfigError, match=r"variants.baseline: model._target_: 'collections.OrderedDict' is not"
     ):
-        plan(compose(["model._target_=collections.OrderedDict"]))
+        plan(resolve_config(compose(["model._target_=collections.OrderedDict"])))
     with pytest.raises(ConfigError, match=r"model._target_: 'reco.models.dcn.DCNConfig' is not an allowed"):
-        plan(compose(["model._target_=reco.models.dcn.DCNConfig"]))
+        plan(resolve_config(compose(["model._target_=reco.models.dcn.DCNConfig"])))
     with pytest.raises(ConfigError, match="cross_layers"):  # DCN's schema checks its own keys
-        plan(compose(["model=dcn", "model.cross_layers=0"]))
+        plan(resolve_config(compose(["model=dcn", "model.cross_layers=0"])))
 
 
 def test_model_choice_enters_the_cache_key():
-    dlrm, dcn = plan(compose())[0], plan(compose(["model=dcn"]))[0]
+    dlrm, dcn = plan(resolve_config(compose()))[0], plan(resolve_config(compose(["model=dcn"])))[0]
     assert type(dlrm.config).__name__ == "ModelConfig" and isinstance(dcn.config, DCNSettings)
     t = trainer_config()
     assert cache_key(dlrm, None, "d", t) != cache_key(dcn, None, "d", t)
@@ -107,7 +107,7 @@ def test_model_choice_enters_the_cache_key():
 def test_distributed_settings_enter_the_cache_key_only_when_they_shape_the_model():
     import dataclasses
 
-    node, t = plan(compose())[0], trainer_config()
+    node, t = plan(resolve_config(compose()))[0], trainer_config()
 
     def key(**dist) -> str:
         return cache_key(
@@ -199,7 +199,9 @@ def step_cfg(step: str, overrides: dict | None = None):
     from reco.graph import step_config
     from reco.steps import get_step
 
-    return step_config(compose(["model=dcn"]), get_step(step), overrides or {}, f"variants.{step}")
+    return step_config(
+        resolve_config(compose(["model=dcn"])), get_step(step), overrides or {}, f"variants.{step}"
+    )
 
 
 def test_dcn_prune_narrows_mlps_and_keeps_the_cross_net(dcn_parent, data, trainer, tmp_path):

@@ -6,27 +6,29 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import psutil
 import pytest
 from mlflow.tracking import MlflowClient
-from omegaconf import OmegaConf
 
 from reco.cli.compose import compose
-from reco.config import ConfigError
+from reco.config import ConfigError, resolve_config
 from reco.graph import plan
 from reco.steps.registry import plain
+from reco.tracking import Tracker
 from reco.tracking_server import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 
 
-@pytest.fixture
-def mlflow_server(tmp_path) -> Iterator[str]:
-    """A real `mlflow server` started as `make mlflow-server` starts it, on a free port, stores in tmp_path."""
+@contextmanager
+def served_mlflow(tmp_path: Path) -> Iterator[tuple[str, Callable[[], None]]]:
+    """A real `mlflow server` started as `make mlflow-server` starts it, on a free port, stores in tmp_path:
+    (its URL, a function that kills it)."""
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
@@ -41,18 +43,25 @@ def mlflow_server(tmp_path) -> Iterator[str]:
         cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
     )  # fmt: skip
     url = f"http://127.0.0.1:{port}"
+
+    def kill() -> None:  # its graceful shutdown takes ~20 s; nothing here needs it
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=30)
+
     try:
         wait_ready(url, timeout_s=120, alive=lambda: proc.poll() is None)
         kids = [" ".join(c.cmdline()) for c in psutil.Process(proc.pid).children(recursive=True)]
         assert not [k for k in kids if "huey" in k], kids  # tracking.server.job_execution: false
-        yield url
+        yield url, kill
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
-        try:
-            proc.wait(timeout=3)
-        except subprocess.TimeoutExpired:  # its graceful shutdown takes ~20 s; nothing here needs it
-            os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait(timeout=30)
+        kill()
+
+
+@pytest.fixture
+def mlflow_server(tmp_path) -> Iterator[str]:
+    with served_mlflow(tmp_path) as (url, _):
+        yield url
 
 
 def run_py(tmp_path: Path, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -71,17 +80,15 @@ def run_py(tmp_path: Path, *overrides: str, timeout: int = 300) -> subprocess.Co
 
 @pytest.mark.parametrize("preset", PRESETS)
 def test_every_preset_composes_and_plans(preset):
-    nodes = plan(compose([f"experiment={preset}"]))
+    nodes = plan(resolve_config(compose([f"experiment={preset}"])))
     assert nodes[0].step == "train"
     names = [n.name for n in nodes]
     for n in nodes:  # parents first
         assert n.parent is None or names.index(n.parent) < names.index(n.name)
 
 
-def graph(variants: dict):
-    cfg = compose()
-    cfg.variants = OmegaConf.create(variants)
-    return cfg
+def graph(variants: dict) -> dict:
+    return {**resolve_config(compose()), "variants": variants}
 
 
 def test_bad_variant_graph_names_the_field():
@@ -105,8 +112,8 @@ def test_settings_that_must_agree_follow_each_other():
 
 def test_presets_share_one_variant_graph():
     """batching_gain reuses the case study's variants from the cache only if their configs agree."""
-    a = plan(compose(["experiment=ecommerce_case_study"]))
-    b = plan(compose(["experiment=batching_gain"]))
+    a = plan(resolve_config(compose(["experiment=ecommerce_case_study"])))
+    b = plan(resolve_config(compose(["experiment=batching_gain"])))
     assert [(n.name, n.step, n.parent, plain(n.config)) for n in a] == [
         (n.name, n.step, n.parent, plain(n.config)) for n in b
     ]
@@ -188,3 +195,58 @@ def test_unreachable_tracking_server_fails_before_training(tmp_path):
     assert proc.returncode != 0
     assert "cannot reach MLflow tracking server" in proc.stderr + proc.stdout
     assert "[variant" not in proc.stdout
+
+
+@pytest.mark.timeout(300)
+def test_a_tracking_server_that_goes_down_mid_run_does_not_stop_the_run(tmp_path):
+    """Issue 47's bad input: the server is up when the run starts and gone before its end (killed as soon
+    as the parent run exists). The run still ends (exit 0, its report written), says what it did not log,
+    and its last MLflow line says the UI is not reachable and how to start it. MLflow's client alone would
+    retry each call for ~4 min (7 retries with backoff)."""
+    with served_mlflow(tmp_path) as (url, kill):
+        port = url.rsplit(":", 1)[1]
+        args = [
+            "experiment=smoke", "variants=baseline", "loadtest.enabled=false", "profile.enabled=false",
+            "quality.users=0", "trainer.epochs=1", "trainer.max_rows_per_epoch=5000", f"tracking.uri={url}",
+            f"cache_dir={tmp_path}/cache", f"report_dir={tmp_path}/report", f"hydra.run.dir={tmp_path}/out",
+        ]  # fmt: skip
+        # The call in flight when the server dies is MLflow's to retry (7 times with backoff, ~4 min);
+        # the calls after it are the run's (test_tracking's lost-server test covers those with the default).
+        env = {**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+        with (tmp_path / "stderr.txt").open("w") as err:
+            proc = subprocess.Popen(
+                [sys.executable, "run.py", *args],
+                cwd=ROOT,
+                env=env,
+                stdout=subprocess.PIPE,
+                stderr=err,
+                text=True,
+            )
+            lines = []
+            for line in proc.stdout:
+                lines.append(line.rstrip("\n"))
+                if "parent run" in line:
+                    kill()
+            rc = proc.wait(timeout=60)
+    out = "\n".join(lines)
+    assert rc == 0, out[-3000:] + (tmp_path / "stderr.txt").read_text()[-3000:]
+    assert "`baseline`" in (tmp_path / "report" / "report.md").read_text()
+    assert f"MLflow: the tracking server {url} stopped answering" in out
+    unlogged = (tmp_path / "out" / "mlflow_unlogged.txt").read_text().splitlines()
+    assert any(w.endswith("as FINISHED") and w.startswith("end of run") for w in unlogged), unlogged
+    assert any(w.startswith("artifact ") and "report.md" in w for w in unlogged), unlogged
+    assert f"{len(unlogged)} calls not logged" in out
+    ui = [line for line in lines if line.startswith("MLflow UI at")]
+    assert ui == [ui[-1]] and ui[0].startswith(f"MLflow UI at {url} is not reachable (")
+    assert f"python -m reco.cli.tracking_server tracking.server.port={port}" in ui[0]
+    assert f"then open {url}/#/experiments/" in ui[0]
+    assert not [line for line in lines if line.startswith("MLflow runs table")]
+    # what the note promises: the next run on that store closes the runs left RUNNING
+    store = f"sqlite:///{tmp_path}/server/mlflow.db"
+    closed = Tracker(store, "smoke", artifact_root=str(tmp_path / "a")).close_orphans()
+    assert closed and all(
+        r.info.status == "KILLED"
+        for r in MlflowClient(store).search_runs(
+            [MlflowClient(store).get_experiment_by_name("smoke").experiment_id]
+        )
+    )

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from reco.cli.compose import compose
+from reco.config import resolve_config
 from reco.graph import plan
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -63,7 +64,7 @@ def test_run_py_command_composes_and_plans(cmd):
     args = shlex.split(cmd)[2:]
     overrides = [a for a in args if a not in ("-m", "--multirun")]
     for combo in _expand(overrides) if "-m" in args else [overrides]:
-        nodes = plan(compose(combo))
+        nodes = plan(resolve_config(compose(combo)))
         assert nodes, cmd
 
 

@@ -7,7 +7,7 @@ import dataclasses
 import pytest
 
 from reco.cli.compose import compose
-from reco.config import ConfigError, typed
+from reco.config import ConfigError, resolve_config, typed
 from reco.graph import plan
 from reco.loadtest.config import LoadtestConfig, ServingConfig
 from reco.loadtest.servings import cross
@@ -22,7 +22,7 @@ def test_no_step_serves_a_model_another_way():
 def _rows(experiment: str, parent):
     cfg = compose([f"experiment={experiment}"])
     lt = typed(cfg.loadtest, LoadtestConfig, "loadtest")
-    rows = cross([(n.name, parent) for n in plan(cfg)], lt.study.servings)
+    rows = cross([(n.name, parent) for n in plan(resolve_config(cfg))], lt.study.servings)
     serve = serve_config(cfg.serve)
     return rows, {r.label: r.settings(serve) for r in rows}, serve
 

@@ -16,7 +16,7 @@ from conftest import make_variant
 from onnx import TensorProto, helper, numpy_helper
 
 from reco.cli.compose import compose
-from reco.config import ConfigError
+from reco.config import ConfigError, resolve_config
 from reco.graph import step_config
 from reco.measure import evaluate
 from reco.models.dlrm import DLRM, count_params
@@ -37,7 +37,7 @@ def pruned(parent, data, trainer, tmp_path_factory) -> Variant:
 
 def load_step_config(step: str, overrides: dict | None = None):
     """The step's typed config as the pipeline builds it: composed defaults + a variant's overrides."""
-    return step_config(compose(), get_step(step), overrides or {}, f"variants.{step}")
+    return step_config(resolve_config(compose()), get_step(step), overrides or {}, f"variants.{step}")
 
 
 def deep_merge(base: dict, over: dict) -> dict:
@@ -415,7 +415,7 @@ def test_train_step_initialises_from_its_seed(data, trainer, tmp_path):
     """Two baselines of one config start from the same weights whatever drew from torch's RNG before."""
     from reco.steps import train as train_step
 
-    cfg = step_config(compose(), get_step("train"), {}, "variants.baseline")
+    cfg = step_config(resolve_config(compose()), get_step("train"), {}, "variants.baseline")
     budget = dataclasses.replace(trainer, epochs=0)
     weights = []
     for k in range(2):

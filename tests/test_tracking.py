@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 from mlflow import MlflowClient
+from mlflow.exceptions import MlflowException
 
 from reco.cli.compose import compose
 from reco.config import typed
@@ -159,3 +160,37 @@ def test_the_printed_link_opens_one_executions_variants_as_rows(tmp_path):
         f"http://127.0.0.1:5000/#/experiments/{t.experiment_id}/runs"
         f"?viewStateShareKey={parent}&workflowType=machine_learning"
     )
+
+
+@pytest.mark.timeout(120)
+def test_a_tracking_server_lost_mid_run_is_outlived_and_what_was_not_logged_is_listed(tmp_path):
+    """Issue 47: a real server, up when the Tracker starts, killed between two calls. Every later call
+    returns at once -- MLflow's client alone retries a refused connection 7 times with backoff (247 s per
+    call, measured), which the timeout would catch -- and lists what it did not log; an error of another
+    kind, while the server answers, is still raised."""
+    from test_pipeline import served_mlflow
+
+    with served_mlflow(tmp_path) as (url, kill):
+        t = Tracker(url, "lost")
+        parent = t.start_run("study")
+        with pytest.raises(MlflowException):
+            t.log("no-such-run", metrics={"auc": 0.7})  # not an unreachable server: raised
+        t.log(parent, metrics={"auc": 0.7})
+        kill()
+        child = t.start_run("baseline", parent_id=parent)
+        t.log(parent, metrics={"qps": 10.0}, params={"seed": 1})
+        (tmp_path / "report.md").write_text("# report\n")
+        t.log_artifacts(parent, [tmp_path / "report.md"], "report")
+        t.share_view(parent, {"searchFilter": ""})
+        t.end(parent, status="FAILED", error="ValueError: x")
+    assert child == "<baseline: not created>" and "refused" in t.lost
+    assert t.unlogged == [
+        "run 'baseline' (not created)",
+        f"1 metrics, 1 params, 0 tags of run {parent}",
+        f"artifact {tmp_path / 'report.md'} of run {parent}",
+        f"runs-table view {parent}",
+        f"0 metrics, 0 params, 2 tags of run {parent}",
+        f"end of run {parent} as FAILED",
+    ]
+    run = MlflowClient(f"sqlite:///{tmp_path}/server/mlflow.db").get_run(parent)
+    assert run.data.metrics == {"auc": 0.7} and run.info.status == "RUNNING"  # what was logged stays

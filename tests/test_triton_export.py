@@ -22,7 +22,7 @@ from google.protobuf import descriptor_pb2, descriptor_pool, message_factory, te
 
 from reco.cli.compose import compose
 from reco.cli.export_triton import main, settings
-from reco.config import ConfigError
+from reco.config import ConfigError, resolve_config
 from reco.export.triton import TritonExportError, write_model_repository
 from reco.graph import step_config
 from reco.runtime import load_scorer
@@ -110,7 +110,7 @@ def onnx_variant(parent, data, trainer, tmp_path_factory) -> Variant:
     """A fp32 ONNX variant of the tiny trained parent, its ORT session tuned to TUNED."""
     spec = get_step("accelerate")
     tune = {"repeats": 2, "rounds": 1, "warmup": 1, "grid": TUNED}
-    cfg = step_config(compose(), spec, {"mode": "onnx_fp32", "tune": tune}, "variants.onnx")
+    cfg = step_config(resolve_config(compose()), spec, {"mode": "onnx_fp32", "tune": tune}, "variants.onnx")
     return spec.fn(parent, data, cfg, StepRun("onnx", tmp_path_factory.mktemp("onnx"), trainer))
 
 

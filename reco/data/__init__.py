@@ -8,12 +8,10 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
-
-from omegaconf import DictConfig, OmegaConf
+from typing import TYPE_CHECKING
 
 from reco.claim import claim
-from reco.data.config import DataConfig, check_set
+from reco.data.config import DataConfig
 
 if TYPE_CHECKING:
     from reco.data.schema import Dataset
@@ -21,17 +19,16 @@ if TYPE_CHECKING:
 LOADERS = ("synthetic_ecommerce", "movielens", "criteo", "table")
 
 
-def build_dataset(cfg: DataConfig | dict[str, Any] | DictConfig) -> Dataset:
+def build_dataset(cfg: DataConfig) -> Dataset:
     """Build the dataset a `data` config describes.
 
     Args:
-        cfg: the `data` group: a DataConfig, a plain dict (OmegaConf.to_container of it) or the node.
+        cfg: the typed `data` group (reco.data.config.data_config types a composed one).
     Returns:
         The loader's `Dataset`. Unknown loader names or params raise naming the `data.*` key.
     """
     from reco.config import typed
 
-    cfg = _data_config(cfg)
     where = "data.params"
     if cfg.loader == "synthetic_ecommerce":
         from reco.data.synthetic import SyntheticConfig, generate
@@ -52,13 +49,11 @@ def build_dataset(cfg: DataConfig | dict[str, Any] | DictConfig) -> Dataset:
     raise ValueError(f"data.loader: expected one of {LOADERS}, got {cfg.loader!r}")
 
 
-def load_dataset(
-    cfg: DataConfig | dict[str, Any] | DictConfig, cache_dir: str | Path
-) -> tuple[Dataset, Path]:
+def load_dataset(cfg: DataConfig, cache_dir: str | Path) -> tuple[Dataset, Path]:
     """Build the dataset once per distinct data config; later runs (and the server) load the cache.
 
     Args:
-        cfg: the `data` group: a DataConfig, a plain dict (what the pipeline passes) or the node.
+        cfg: the typed `data` group (reco.data.config.data_config types a composed one).
         cache_dir: where `<loader>-<hash>.pt` files live; the hash covers the config and the size and
             mtime of the source files.
     Returns:
@@ -66,8 +61,7 @@ def load_dataset(
     """
     from reco.data.schema import Dataset
 
-    cfg = _data_config(cfg)
-    plain = {"loader": cfg.loader, "params": cfg.params}  # the same key for a dict and a DataConfig
+    plain = {"loader": cfg.loader, "params": cfg.params}
     key_src = {"cfg": plain, "sources": _source_stats(cfg.params.get("path"))}
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True, default=str).encode()).hexdigest()[:16]
     path = Path(cache_dir) / f"{cfg.loader}-{key}.pt"
@@ -86,24 +80,6 @@ def load_dataset(
         ds.save(str(tmp))
         tmp.replace(path)  # atomic: a reader sees no file or the whole file
     return ds, path
-
-
-def _data_config(cfg: DataConfig | dict[str, Any] | DictConfig) -> DataConfig:
-    """Any form of the `data` group -> a DataConfig whose params are a plain, resolved dict."""
-    from reco.config import typed
-
-    if isinstance(cfg, DictConfig):  # resolve ${seed} etc. against the whole config first
-        cfg = OmegaConf.to_container(cfg, resolve=True)
-    # Every `???` named at once, whatever form came in (typed() would name only the first).
-    loader, params = (
-        (cfg.get("loader"), cfg.get("params")) if isinstance(cfg, dict) else (cfg.loader, cfg.params)
-    )
-    if isinstance(params, dict):
-        check_set(str(loader), params)
-    cfg = typed(cfg, DataConfig, "data")
-    if isinstance(cfg.params, DictConfig):
-        cfg = DataConfig(cfg.loader, OmegaConf.to_container(cfg.params, resolve=True))
-    return cfg
 
 
 def _source_stats(path: str | None) -> list:

@@ -14,9 +14,9 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from omegaconf import MISSING
+from omegaconf import MISSING, DictConfig, OmegaConf
 
-from reco.config import ConfigError
+from reco.config import ConfigError, typed
 
 
 @dataclass
@@ -25,6 +25,17 @@ class DataConfig:
     loader: str = MISSING
     # the loader's parameters, typed by the loader's own dataclass
     params: dict[str, Any] = MISSING
+
+
+def data_config(node: Any) -> DataConfig:
+    """`node` (the `data` group as composed: a DictConfig, resolved against its whole config, or a dict) as
+    a DataConfig whose params are a plain dict; for entry points, once. Every `???` is named at once
+    (typing would name only the first)."""
+    if isinstance(node, DictConfig):
+        node = OmegaConf.to_container(node, resolve=True)
+    if isinstance(node, Mapping) and isinstance(node.get("params"), Mapping):
+        check_set(str(node.get("loader")), node["params"])
+    return typed(node, DataConfig, "data")
 
 
 def check_set(loader: str, params: Mapping[str, Any]) -> None:

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 
@@ -38,6 +39,7 @@ class Budget:
     minutes: float | None
     start: float = field(default_factory=time.time)
     skipped: list[Skipped] = field(default_factory=list)
+    clock: Callable[[], float] = time.time  # epoch seconds; a test hands in a clock it moves itself
 
     @property
     def deadline(self) -> float:
@@ -45,10 +47,10 @@ class Budget:
 
     def over(self, reserve_s: float = 0.0) -> bool:
         """True when the deadline less `reserve_s` (time later phases need) has passed."""
-        return time.time() > self.deadline - reserve_s
+        return self.clock() > self.deadline - reserve_s
 
     def used_min(self) -> float:
-        return (time.time() - self.start) / 60.0
+        return (self.clock() - self.start) / 60.0
 
     def more_min(self) -> float | None:
         """Minutes the skipped windows would have added (None when some has no estimate)."""

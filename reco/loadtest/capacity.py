@@ -46,10 +46,10 @@ import csv
 import math
 import statistics
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from reco.loadtest.config import CapacityConfig, LoadMode, LoadtestConfig, loadtest_config
+from reco.loadtest.config import CapacityConfig, LoadMode, LoadtestConfig
 from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.outcome import Capacity, CapacityStep, LoadRun
 from reco.loadtest.runner import run_load, with_settings
@@ -131,10 +131,11 @@ def run_step(
     out_dir: Path,
     say: Say = _quiet,
     deadline: float = math.inf,
+    clock: Callable[[], float] = time.time,
 ) -> CapacityStep:
     """Measure one rate until its verdict is decided or its request cap is reached (step_cap, module doc);
     `say` gets one progress line per window. An extension that could not finish by `deadline` (epoch
-    seconds) is not started: the step stays INCONCLUSIVE."""
+    seconds of `clock`) is not started: the step stays INCONCLUSIVE."""
     runs: list[LoadRun] = []
     screen = screen_requests(rate, c)
     if screen:
@@ -152,7 +153,7 @@ def run_step(
         verdict, reason, p99 = step_verdict(pooled, slo_p99_ms, c.max_error_rate, conf)
         done = verdict != Verdict.INCONCLUSIVE or pooled.n >= cap
         more = min(pooled.n, cap - pooled.n)
-        cut = not done and time.time() + window_s(rate, more, c.step_warmup_s) > deadline
+        cut = not done and clock() + window_s(rate, more, c.step_warmup_s) > deadline
         judged = f"p99 {p99.fmt('.2f')} ms at {conf:.1%}"  # the interval the verdict rests on
         then = (
             f": not extended, {more} more requests would end past the time budget" if cut else ", extending"
@@ -197,6 +198,7 @@ def find_capacity(
     expect_fail: float | None = None,
     say: Say = _quiet,
     deadline: float = math.inf,
+    clock: Callable[[], float] = time.time,
 ) -> Capacity:
     """Search the highest rate meeting the SLO (see the module docstring).
 
@@ -212,6 +214,7 @@ def find_capacity(
         deadline: epoch seconds (the study's time budget): no step or extension starts that would end
             after it (expected duration: requests / rate + warm-up); the bracket stays open on the side
             the search did not reach.
+        clock: epoch seconds now (a test hands in a clock its windows move, instead of sleeping).
     Returns:
         Capacity with every step in run order.
     """
@@ -224,7 +227,7 @@ def find_capacity(
     stopped = False
     for i in range(int(c.steps)):
         need = window_s(rate, int(c.step_requests), c.step_warmup_s)
-        if time.time() + need > deadline:
+        if clock() + need > deadline:
             say(
                 f"stopped before step {i}: its {c.step_requests} requests at {rate:.3g} req/s (~{need:.0f} s) "
                 "would end past the time budget (loadtest.study.budget_min)"
@@ -232,7 +235,7 @@ def find_capacity(
             stopped = True
             break
         step = run_step(
-            measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", say, deadline
+            measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", say, deadline, clock
         )
         steps.append(step)
         stopped |= step.budget_cut
@@ -277,7 +280,7 @@ def _next_rate(
 
 def open_loop_measure(
     url: str,
-    cfg: LoadtestConfig | Mapping,
+    c: LoadtestConfig,
     requests_path: str | Path | None = None,
     cpus: list[int] | None = None,
     kind: str = "capacity",
@@ -287,7 +290,6 @@ def open_loop_measure(
     """A Measure running one open-loop Locust window of exactly n requests at the rate (run_load),
     after capacity.step_warmup_s of unrecorded traffic, capped at max_window_s (KServe v2 requests to
     `triton_model` when the server is Triton; in a process of `pool` when given)."""
-    c = loadtest_config(cfg)
 
     def measure(rate: float, n: int, out_dir: Path) -> LoadRun:
         s = with_settings(

@@ -2,8 +2,8 @@
 
 Registered in Hydra's ConfigStore as `loadtest/schema` (reco.cli.compose._schemas); the group's YAML lists it
 first in its defaults, so a typo or a wrong type fails at compose time naming `loadtest.<key>`.
-Functions of reco.loadtest take a `LoadtestConfig`; a plain dict/DictConfig is accepted through
-`loadtest_config()` while callers move over.
+Functions of reco.loadtest take a `LoadtestConfig`; an entry point holding the raw group (a benchmark,
+a Hydra callback) types it once with `loadtest_config()`.
 """
 
 from __future__ import annotations
@@ -221,5 +221,6 @@ class LoadtestConfig:
 
 
 def loadtest_config(node: Any) -> LoadtestConfig:
-    """`node` (LoadtestConfig, DictConfig or dict of the `loadtest` group) as a checked LoadtestConfig."""
+    """`node` (the `loadtest` group as composed: a DictConfig or dict) as a checked LoadtestConfig; for
+    entry points, once."""
     return typed(node, LoadtestConfig, "loadtest")

@@ -1,6 +1,6 @@
 """Run one load test: Locust in its own process, exact quantiles with CIs, server stage times.
 
-    run = run_load(url, cfg, out_dir, requests_path, cpus=[0], kind="common")   # -> LoadRun
+    run = run_load(url, c, out_dir, requests_path, cpus=[0], kind="common")   # -> LoadRun
     run.quantiles["p99"].fmt()  -> '12.3 [11.9, 13.0] (n=1,000)' or 'n/a (n=120)'
     run_metrics(run)            -> the flat MLflow metrics (reco.loadtest.runs)
 
@@ -15,12 +15,12 @@ three load generators (reco.loadtest.window.LoadGenerator), each in the module o
     DistributedLocust  (reco.loadtest.distributed) loadtest.workers > 1: a Locust master and N workers
 
 A window leaves the same files whichever ran it (but Locust's stats-history CSV, headless only) and is
-judged by the one window judge (reco.loadtest.window.judge_window). `cfg` is the `loadtest` config
-(LoadtestConfig, or its dict). The window ends after `window_requests` requests (capped at
-`max_window_s`) or after `duration_s` (see loadtest/locustfile.py). The generator is
-pinned to `cpus` (give it cores the server is not on). The server's /metrics is scraped when the window
-opens and when it closes (reco.loadtest.scrape; the generator writes both times), so warm-up requests
-are in neither the client's nor the server's figures.
+judged by the one window judge (reco.loadtest.window.judge_window). `c` is the typed `loadtest` config
+(an entry point types its raw group once: reco.loadtest.config.loadtest_config). The window ends after
+`window_requests` requests (capped at `max_window_s`) or after `duration_s` (see loadtest/locustfile.py).
+The generator is pinned to `cpus` (give it cores the server is not on). The server's /metrics is scraped
+when the window opens and when it closes (reco.loadtest.scrape; the generator writes both times), so
+warm-up requests are in neither the client's nor the server's figures.
 
 A Triton server (serve.backend=triton, `triton_model=handle.triton_model`) is sent KServe v2 requests,
 and its statistics endpoint is scraped instead of /metrics (reco.loadtest.triton_stats).
@@ -46,11 +46,11 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from reco.loadtest.config import LoadtestConfig, loadtest_config
+from reco.config import typed
+from reco.loadtest.config import LoadtestConfig
 from reco.loadtest.distributed import DistributedLocust
 from reco.loadtest.locust_pool import LocustPool, PooledLocust
 from reco.loadtest.locust_proc import (
@@ -123,7 +123,7 @@ def generator(c: LoadtestConfig, pool: LocustPool | None = None) -> LoadGenerato
 
 def run_load(
     url: str,
-    cfg: LoadtestConfig | Mapping,
+    c: LoadtestConfig,
     out_dir: str | Path,
     requests_path: str | Path | None = None,
     cpus: list[int] | None = None,
@@ -136,7 +136,7 @@ def run_load(
     """One load test of the server at `url` (see the module docstring).
 
     Args:
-        cfg: the `loadtest` config; mode, rate, users, window_requests/duration_s, warmup_s, drain_s,
+        c: the `loadtest` config; mode, rate, users, window_requests/duration_s, warmup_s, drain_s,
             score_every, workers and loadgen are read.
         out_dir: Locust's files, latencies.csv (+ .summary.json, .scores.jsonl), the CDF plot, the log.
         requests_path: JSONL of /recommend bodies; None: random users.
@@ -151,11 +151,12 @@ def run_load(
         latency file, or (workers > 1) a worker or the master exits before every window is done.
     """
     w = plan_window(
-        url, cfg, out_dir, requests_path, cpus, kind=kind, reports=reports, triton_model=triton_model
+        url, c, out_dir, requests_path, cpus, kind=kind, reports=reports, triton_model=triton_model
     )
     return generator(w.c, pool).run_window(w)
 
 
-def with_settings(cfg: LoadtestConfig | Mapping, **changes: Any) -> LoadtestConfig:
-    """A copy of the loadtest config with top-level fields replaced (e.g. mode=LoadMode.open, rate=50)."""
-    return dataclasses.replace(loadtest_config(cfg), **changes)
+def with_settings(c: LoadtestConfig, **changes: Any) -> LoadtestConfig:
+    """A copy of the loadtest config with top-level fields replaced (e.g. mode=LoadMode.open, rate=50),
+    range-checked again (the schemas' check hooks), since a replaced section skipped compose time."""
+    return typed(dataclasses.replace(c, **changes), LoadtestConfig, "loadtest")

@@ -1,7 +1,7 @@
 """One load-test window, whichever generator runs it: what it is (Window), the generator protocol, the
 window judge, and the LoadRun every generator hands back.
 
-    w = plan_window(url, cfg, out_dir, requests_path, cpus, kind="common", reports=True, triton_model=None)
+    w = plan_window(url, c, out_dir, requests_path, cpus, kind="common", reports=True, triton_model=None)
     run = generator.run_window(w)          # a LoadGenerator: reco.loadtest.runner.HeadlessLocust,
                                            # reco.loadtest.locust_pool.PooledLocust,
                                            # reco.loadtest.distributed.DistributedLocust
@@ -26,7 +26,7 @@ from typing import Any, Protocol
 
 import numpy as np
 
-from reco.loadtest.config import LoadgenConfig, LoadMode, LoadtestConfig, loadtest_config
+from reco.loadtest.config import LoadgenConfig, LoadMode, LoadtestConfig
 from reco.loadtest.histogram import Latencies, plot_cdf, read_latencies
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.records import worker_file
@@ -92,7 +92,7 @@ class LoadGenerator(Protocol):
 
 def plan_window(
     url: str,
-    cfg: LoadtestConfig | Mapping,
+    c: LoadtestConfig,
     out_dir: str | Path,
     requests_path: str | Path | None,
     cpus: list[int] | None,
@@ -103,7 +103,6 @@ def plan_window(
 ) -> Window:
     """The Window of run_load's arguments: its directory made and cleared of an earlier window's
     records, the request file and the settings checked before any process starts."""
-    c = loadtest_config(cfg)
     out = Path(out_dir).resolve()
     out.mkdir(parents=True, exist_ok=True)
     lat = out / "latencies.csv"

@@ -12,7 +12,7 @@ from typing import Any
 
 import numpy as np
 from hydra.experimental.callback import Callback
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 from reco.config import ConfigError, typed
 from reco.loadtest.config import LoadtestConfig
@@ -83,6 +83,7 @@ def load_test_front(config: DictConfig, trials: list[Trial], out_dir: Path) -> F
         nothing was.
     """
     from reco.data import load_dataset
+    from reco.data.config import data_config
     from reco.loadtest.study import run_study
     from reco.variant import Variant
 
@@ -90,9 +91,7 @@ def load_test_front(config: DictConfig, trials: list[Trial], out_dir: Path) -> F
     if not chosen:
         return FrontLoad("nothing to test (no budget-meeting variant on the front)")
     base = next(t.baseline_path for t in trials if t.baseline_path)
-    data, data_path = load_dataset(
-        OmegaConf.to_container(config.data, resolve=True), Path(config.cache_dir) / "data"
-    )
+    data, data_path = load_dataset(data_config(config.data), Path(config.cache_dir) / "data")
     lt = typed(config.loadtest, LoadtestConfig, "loadtest")
     lt = dataclasses.replace(
         lt, study=dataclasses.replace(lt.study, variants=None)
