@@ -11,6 +11,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import premade_store
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
@@ -30,6 +31,7 @@ def mlflow_server(tmp_path) -> Iterator[str]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    premade_store(tmp_path / "server")
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "reco.cli.tracking_server",
