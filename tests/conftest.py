@@ -130,7 +130,7 @@ def premade_store(directory: Path) -> Path:
     store's tables by running its alembic migrations, 3-5 s of CPU in every process that opens one (more on
     a busy machine); a test that needs a store, not the making of one, copies one made once per test process.
     The making itself stays tested where it matters: tests/test_tracking.py and the parallel jobs of
-    tests/test_sweeps.py and tests/test_distributed.py open fresh stores."""
+    tests/test_sweeps.py and the submitit multirun open fresh stores."""
     directory.mkdir(parents=True, exist_ok=True)
     return Path(shutil.copyfile(_store_template(), directory / "mlflow.db"))
 
