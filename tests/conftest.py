@@ -1,5 +1,9 @@
+import atexit
 import dataclasses
+import functools
 import os
+import shutil
+import tempfile
 import time
 from pathlib import Path
 
@@ -97,6 +101,38 @@ def parent(data, trainer, tmp_path_factory) -> Variant:
     v.metrics.update(evaluate(load_scorer(v), data.test))
     v.save()
     return v
+
+
+@pytest.fixture(scope="session")
+def untuned_int8(parent, data, trainer, tmp_path_factory) -> Variant:
+    """The parent as an ONNX INT8 variant, its session left untuned (test_steps tunes its own): one build per
+    test process for every module that only reads it (the served-once graph, the batched correctness check)."""
+    from reco.graph import step_config
+    from reco.steps import StepRun, accelerate, get_step
+
+    cfg = step_config(compose(), get_step("accelerate"), {"mode": "onnx_int8", "tune": None}, "variants.int8")
+    return accelerate.run(parent, data, cfg, StepRun("int8", tmp_path_factory.mktemp("int8"), trainer))
+
+
+@functools.cache
+def _store_template() -> Path:
+    """An empty MLflow sqlite store, made once per test process (removed when it exits)."""
+    from mlflow.tracking import MlflowClient
+
+    root = Path(tempfile.mkdtemp(prefix="reco-mlflow-template-"))
+    atexit.register(shutil.rmtree, root, ignore_errors=True)
+    MlflowClient(tracking_uri=f"sqlite:///{root}/mlflow.db").search_experiments()
+    return root / "mlflow.db"
+
+
+def premade_store(directory: Path) -> Path:
+    """directory/mlflow.db as an empty MLflow store whose tables already exist. MLflow makes a new sqlite
+    store's tables by running its alembic migrations, 3-5 s of CPU in every process that opens one (more on
+    a busy machine); a test that needs a store, not the making of one, copies one made once per test process.
+    The making itself stays tested where it matters: tests/test_tracking.py and the parallel jobs of
+    tests/test_sweeps.py and the submitit multirun open fresh stores."""
+    directory.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copyfile(_store_template(), directory / "mlflow.db"))
 
 
 # Processes a test started, found by an environment variable every descendant inherits: unlike a list of

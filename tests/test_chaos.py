@@ -22,7 +22,7 @@ from pathlib import Path
 
 import psutil
 import pytest
-from conftest import marked_alive, marked_env
+from conftest import marked_alive, marked_env, premade_store
 from mlflow.tracking import MlflowClient
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -32,6 +32,10 @@ SMALLER = [
     "loadtest.study.variants=[baseline,distilled_onnx_int8_batched]",
     "loadtest.study.common_rate=150",
     "quality.users=0",  # what users see is tested end to end in test_pipeline; here it would only cost time
+    # Neither is a phase a kill aims at, and each re-run would redo them: the profile of every variant
+    # (4 runs reach it) and the unrecorded settling traffic before the load study's first window.
+    "profile.enabled=false",
+    "loadtest.study.settle_s=0",
 ]
 VARIANTS = 4  # the smoke preset's chain (its batched row is a serving, not a variant)
 # (line that starts a phase, longest random wait after it): one SIGKILL trial each, then the SIGTERM one.
@@ -111,6 +115,7 @@ def kill_in_phase(tmp: Path, phase: str, wait_s: float, sig: int) -> tuple[set[s
 
 @pytest.mark.slow
 def test_kills_leave_no_orphans_and_the_rerun_completes(tmp_path):
+    premade_store(tmp_path)  # the kills are under test, not MLflow making its tables
     rng = random.Random(0)
     for phase, most in KILLS:
         t = rng.uniform(0, most)

@@ -13,7 +13,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import MARK, marked_alive, trainer_config
+from conftest import MARK, marked_alive, premade_store, trainer_config
 
 from reco.config import ConfigError, resolve_config, typed
 from reco.models.dlrm import DLRM, DLRMConfig
@@ -454,6 +454,7 @@ def test_run_py_on_two_hosts(tmp_path):
 
     root = Path(__file__).resolve().parents[1]
     mark = f"hosts-{tmp_path.name}"
+    premade_store(tmp_path)  # only node 0 opens it (node 1 trains its ranks and stops)
     common = [
         *SMALL_RUN,
         "trainer.distributed.nnodes=2",

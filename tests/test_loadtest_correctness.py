@@ -11,7 +11,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from test_steps import accel_cfg
 
 from reco.cli.compose import compose
 from reco.loadtest.correctness import _block, check_scores
@@ -20,17 +19,10 @@ from reco.loadtest.requests import write_requests
 from reco.runtime import load_scorer
 from reco.serve.config import ServeConfig, serve_config
 from reco.serve.features import FeatureStore
-from reco.steps import StepRun, accelerate
 from reco.variant import Variant
 
 TOL = 1e-5
 PAYLOADS = range(0, 24, 4)  # each scored in one call with the next three requests of the file
-
-
-@pytest.fixture(scope="module")
-def int8(parent, data, trainer, tmp_path_factory) -> Variant:
-    cfg = accel_cfg("onnx_int8", tune=None)
-    return accelerate.run(parent, data, cfg, StepRun("int8", tmp_path_factory.mktemp("int8_cor"), trainer))
 
 
 def batched_serve() -> ServeConfig:
@@ -60,21 +52,21 @@ def served_records(
     return out
 
 
-def test_a_batched_dynamic_int8_serving_is_held_to_its_batch_spread(int8, data, tmp_path):
+def test_a_batched_dynamic_int8_serving_is_held_to_its_batch_spread(untuned_int8, data, tmp_path):
     serve = batched_serve()
     requests = write_requests(data, tmp_path / "requests.jsonl", 40, 10, seed=0)
-    good = served_records(int8, data, serve, requests, tmp_path / "good.jsonl")
-    check = check_scores(int8, data, serve, requests, [good], TOL)
+    good = served_records(untuned_int8, data, serve, requests, tmp_path / "good.jsonl")
+    check = check_scores(untuned_int8, data, serve, requests, [good], TOL)
     # dynamic INT8 takes activation scales from the whole call: scores move with the company, beyond fp32's
     # tolerance, and the check passes them only through the spread it measured
     assert check.batch_spread > TOL and check.allowed == pytest.approx(BATCH_MARGIN * check.batch_spread)
     assert TOL < check.max_abs_diff <= check.allowed and check.passed
-    alone = check_scores(int8, data, dataclasses.replace(serve, batching=dataclasses.replace(
+    alone = check_scores(untuned_int8, data, dataclasses.replace(serve, batching=dataclasses.replace(
         serve.batching, enabled=False)), requests, [good], TOL)  # fmt: skip
     assert not alone.passed and alone.batch_spread == 0.0 and alone.allowed == TOL
     # a batcher that hands a request its neighbour rows' scores is far outside the spread
-    shifted = served_records(int8, data, serve, requests, tmp_path / "shifted.jsonl", shift=1)
-    bad = check_scores(int8, data, serve, requests, [shifted], TOL)
+    shifted = served_records(untuned_int8, data, serve, requests, tmp_path / "shifted.jsonl", shift=1)
+    bad = check_scores(untuned_int8, data, serve, requests, [shifted], TOL)
     assert not bad.passed and bad.max_abs_diff > 10 * bad.allowed
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 import psutil
 import pytest
-from conftest import make_variant
+from conftest import make_variant, premade_store
 
 from reco.cli.compose import compose
 from reco.loadtest.budget import Budget, BudgetTooSmall, Skipped, summary
@@ -44,7 +44,9 @@ def study_cfg(*serve: str, **over) -> dict:
     cap = {"slo_p99_ms": 5000.0, "start_rate": 150, "min_rate": 150, "max_rate": 150, "steps": 1}
     # 1,000 requests a step: at the minimum (368) a p99's upper bound is the last request, and any sign of
     # dependence between requests opens it (reco.stats.dependent)
-    cap.update(step_requests=1000, max_step_requests=1000, step_warmup_s=0.2, **over.pop("capacity", {}))
+    cap.update(
+        {"step_requests": 1000, "max_step_requests": 1000, "step_warmup_s": 0.2, **over.pop("capacity", {})}
+    )
     st = {
         "repeats": 2,
         "common_rate": 150.0,
@@ -224,8 +226,10 @@ def test_a_reference_with_no_passing_rate_still_gets_the_others_a_common_load(ti
     """An SLO no server can meet: the reference's search passes nothing, yet every variant is measured at
     65 % of the lowest rate the reference was tried at, and the outcome says so."""
     variant, dpath = built
+    # No latency is under 0.01 ms: any window with a p99 (368 requests, not the 1,000 a PASS may need) FAILs.
     cfg = study_cfg(
-        capacity={"slo_p99_ms": 0.01}, study={"repeats": 1, "common_rate": None, "equal_util_fraction": 0}
+        capacity={"slo_p99_ms": 0.01, "step_requests": 368, "max_step_requests": 368},
+        study={"repeats": 1, "common_rate": None, "equal_util_fraction": 0},
     )
     out = run_study_logged([("baseline", variant), ("student", variant)], tiny_data, dpath, cfg, tmp_path, [])
     assert [c.highest_pass for c in out.outcomes["baseline"].capacity] == [0.0]
@@ -271,7 +275,7 @@ def pipeline_metrics(out, variants, tracker, run_ids) -> dict[str, dict[str, flo
 
 def mlflow_runs(tmp_path: Path, names: list[str]) -> tuple[Tracker, dict[str, str]]:
     """A real MLflow store (sqlite, artifacts on disk) under tmp_path with a parent run and one child run per name."""
-    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "study", str(tmp_path / "artifacts"))
+    tracker = Tracker(f"sqlite:///{premade_store(tmp_path)}", "study", str(tmp_path / "artifacts"))
     parent = tracker.start_run("study")
     return tracker, {n: tracker.start_run(n, parent_id=parent) for n in names}
 

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
-from conftest import trainer_config
+from conftest import premade_store, trainer_config
 from test_pipeline import run_py
 from torch import nn
 from torchrec.models.dlrm import DLRM_DCN
@@ -271,6 +271,7 @@ def test_smoke_experiment_with_dcn(tmp_path: Path):
     exported to ONNX INT8, evaluated and reported. Its prune, distill, accelerate and embed_quant steps are
     tested above on the DCN parent; the load study does not depend on the model (test_pipeline's end-to-end
     test serves and load-tests the chain), so both stay out of this subprocess to keep make test short."""
+    premade_store(tmp_path)
     proc = run_py(
         tmp_path,
         "experiment=smoke",

@@ -9,7 +9,7 @@ import shutil
 import numpy as np
 import pytest
 import torch
-from conftest import TINY
+from conftest import TINY, premade_store
 from test_report import context, delta, variant
 
 from reco.cli.compose import compose
@@ -186,7 +186,7 @@ def test_the_study_report_grades_served_lists_and_adds_the_reference_rows(sim, p
     for v in (base, other):
         measure_accuracy(v, ds, threads=1)
         topk.measure(v)
-    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "users_see", str(tmp_path / "artifacts"))
+    tracker = Tracker(f"sqlite:///{premade_store(tmp_path)}", "users_see", str(tmp_path / "artifacts"))
     nodes = exp.variants
     base.name, other.name = nodes[0].name, nodes[1].name  # the report's rows are the graph's nodes
     built = [Built(nodes[0], base, "", tracker.start_run("b"), False),

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+from conftest import premade_store
 from mlflow.tracking import MlflowClient
 
 from reco.cli.compose import compose
@@ -32,6 +33,7 @@ def served_mlflow(tmp_path: Path) -> Iterator[tuple[str, Callable[[], None]]]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
+    premade_store(tmp_path / "server")
     proc = subprocess.Popen(
         [
             sys.executable, "-m", "reco.cli.tracking_server",

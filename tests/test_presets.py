@@ -11,6 +11,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from conftest import premade_store
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 from test_pipeline import run_py
@@ -85,6 +86,7 @@ def test_quick_preset_end_to_end_on_a_users_parquet_table(tmp_path: Path) -> Non
     )
     # The load study reads the dataset's cache file, whatever its source format, so it stays out of this
     # subprocess (test_pipeline's end-to-end test serves and load-tests the preset): ~70 s of make test.
+    premade_store(tmp_path)
     proc = run_py(
         tmp_path,
         "experiment=quick",

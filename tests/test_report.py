@@ -16,6 +16,7 @@ from collections import Counter
 
 import numpy as np
 import pytest
+from conftest import premade_store
 
 from reco.cli.compose import compose
 from reco.config import ConfigError
@@ -593,7 +594,7 @@ def test_each_metric_is_logged_once_to_a_variant_run(study, tmp_path):
     """A variant's MLflow run as the pipeline fills it (its own metrics, then the report's figures): every
     name holds one value, so no figure is overwritten by another of the same name and another meaning."""
     results, ctx = study
-    tracker = Tracker(f"sqlite:///{tmp_path}/mlflow.db", "once", str(tmp_path / "artifacts"))
+    tracker = Tracker(f"sqlite:///{premade_store(tmp_path)}", "once", str(tmp_path / "artifacts"))
     parent = tracker.start_run("study")
     run_ids = {r.variant.name: tracker.start_run(r.variant.name, parent_id=parent) for r in results}
     for r in results:

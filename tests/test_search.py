@@ -10,6 +10,7 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+from conftest import premade_store
 from mlflow.tracking import MlflowClient
 from omegaconf import OmegaConf
 
@@ -232,7 +233,9 @@ def test_search_budget_is_typed():
 
 @pytest.fixture(scope="module")
 def store(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("search")
+    store = tmp_path_factory.mktemp("search")
+    premade_store(store)
+    return store
 
 
 def sweep(store: Path, name: str, *extra: str) -> tuple[subprocess.CompletedProcess, Path]:

@@ -145,11 +145,12 @@ def test_served_from_redis_same_answers_and_clear_errors_when_the_store_fails(ti
             )
             sleeper.start()
             time.sleep(0.2)
-            t0 = time.perf_counter()
             status, headers, resp = c.recommend(body)
-            took = time.perf_counter() - t0
+            # The server gave up while Redis still slept (the sleeper's reply comes only when the sleep
+            # ends): an order of events, which no machine's speed changes, unlike a bound on seconds.
+            asleep = sleeper.is_alive()
             assert status == 504 and "serve.redis.timeout_ms=300" in resp["error"], resp
-            assert took < 1.5 and "features;dur=" in headers["server-timing"]
+            assert asleep and "features;dur=" in headers["server-timing"]
             sleeper.join()
             assert c.recommend(body)[0] == 200  # the timed-out connection was not reused half-read
         finally:

@@ -11,13 +11,11 @@ import numpy as np
 import onnx
 import pytest
 import torch
-from test_steps import accel_cfg
 
 from reco.models.dcn import DCN, DCNConfig
 from reco.models.protocol import PlainScorer, RequestScorer, as_requests, request_groups
 from reco.runtime import REQUEST_ROLE, load_scorer
 from reco.serve.batcher import DynamicBatcher
-from reco.steps import StepRun, accelerate
 from reco.steps.accelerate.export import random_batch, real_batch
 from reco.variant import ArtifactError, Variant
 
@@ -72,19 +70,15 @@ def test_request_scorer_refuses_columns_outside_the_model(parent):
         RequestScorer(parent.load_torch(), [0, 99])
 
 
-@pytest.fixture(scope="module")
-def int8(parent, data, trainer, tmp_path_factory) -> Variant:
-    cfg = accel_cfg("onnx_int8", tune=None)
-    return accelerate.run(parent, data, cfg, StepRun("int8", tmp_path_factory.mktemp("int8_once"), trainer))
-
-
-def test_onnx_request_graph_is_built_checked_and_served(int8, parent, data):
-    v = Variant.load(int8.dir)
+def test_onnx_request_graph_is_built_checked_and_served(untuned_int8, parent, data):
+    v = Variant.load(untuned_int8.dir)
     shared = data.schema.shared_columns
     assert v.runtime["shared_columns"] == shared and REQUEST_ROLE in v.artifacts
     g = onnx.load(str(v.verify(REQUEST_ROLE)))
     assert [i.name for i in g.graph.input] == ["dense", "ids", "mask", "first", "owner"]
-    assert sum(n.op_type == "MatMulInteger" for n in g.graph.node) == int8.metrics["quantized_matmuls"]
+    assert (
+        sum(n.op_type == "MatMulInteger" for n in g.graph.node) == untuned_int8.metrics["quantized_matmuls"]
+    )
     report = json.loads(v.verify("report").read_text())
     assert max(report["request_parity_max_abs"].values()) <= v.step_config["parity_tol"]
     rows, _ = requests_of(parent.load_torch(), data)
@@ -95,9 +89,9 @@ def test_onnx_request_graph_is_built_checked_and_served(int8, parent, data):
     np.testing.assert_allclose(once(*real, [300]), plain(*real), rtol=0, atol=1e-5)
 
 
-def test_a_request_graph_for_other_columns_is_refused(int8, data):
+def test_a_request_graph_for_other_columns_is_refused(untuned_int8, data):
     with pytest.raises(ArtifactError, match="rebuild the variant"):
-        load_scorer(Variant.load(int8.dir), shared=data.schema.shared_columns[:-1])
+        load_scorer(Variant.load(untuned_int8.dir), shared=data.schema.shared_columns[:-1])
 
 
 def test_dynamic_batch_of_several_users_scores_each_as_alone(parent, data):
