@@ -34,7 +34,14 @@ from reco.pipeline import _log_variant, log_report_metrics
 from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
 from reco.report.figures import bracket, bracket_at, highest_pass_at, study_figures
 from reco.report.gate import gate, worst
-from reco.report.plots import _colors, capacity_curve, draw_latency_percentiles, draw_qps_vs_p99, pareto_front
+from reco.report.plots import (
+    _colors,
+    capacity_curve,
+    draw_latency_percentiles,
+    draw_qps_vs_p99,
+    pareto_front,
+    qps_vs_p99,
+)
 from reco.report.targets import Basis, Outcome, evaluate, target_line
 from reco.stats import Estimate, Verdict, verdict_at_least, verdict_at_most
 from reco.stats.dependent import dependent_quantile_ci
@@ -1236,3 +1243,17 @@ def test_small_data_is_flagged_in_the_summarys_first_line(tmp_path):
         assert first.startswith("**Small data: a plumbing check, not a result**") is flagged, first
         if flagged:
             assert "does not exclude 0.5" in first and "400 rows" in first
+
+
+def test_qps_plot_draws_when_no_step_has_a_finite_p99(tmp_path):
+    """Every step failed with its p99 n/a or infinite (a busy machine in a smoke run): the panels keep
+    matplotlib's log ticks rather than raising on a view with nothing positive in it."""
+    results, ctx = make_study()
+    for r in results:
+        for cap in r.load.capacity if r.load else []:
+            for i, s in enumerate(cap.steps):
+                e = s.run.quantiles["p99"]
+                s.run.quantiles["p99"] = Estimate(None if i % 2 else math.inf, None, None, e.n)
+                s.verdict = Verdict.FAIL
+    fl = study_figures(results, ctx)
+    assert qps_vs_p99(fl, ctx, _colors(fl), tmp_path / "qps_vs_p99.png").stat().st_size > 0

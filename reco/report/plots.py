@@ -84,6 +84,8 @@ def readable_log_axis(axis) -> None:
     view spans too little for three of those; minor ticks unlabelled. (Matplotlib's default labels the
     minor ticks of a range under a decade as '3×10¹4×10¹', colliding.) Call once the data is drawn."""
     lo, hi = sorted(axis.get_view_interval())
+    if not 0 < lo < hi < math.inf:  # nothing positive drawn (e.g. every step's p99 n/a): matplotlib's own
+        return
     for subs in ((1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)):
         locator = LogLocator(10, subs=subs)
         if sum(lo <= t <= hi for t in locator.tick_values(lo, hi)) >= 3:
@@ -290,6 +292,13 @@ def draw_qps_vs_p99(figs: list[VariantFigures], ctx: StudyContext, colors: dict)
     ax0 = axes[0]
     ax0.set_xscale("log")
     ax0.set_yscale("log")
+    # A log axis needs a positive view to tick: where no step has a finite p99 (a busy machine in a smoke
+    # run), nothing is drawn on it, so the view is set from the SLO and the rates the steps were offered
+    if not any(len(ln.get_xdata()) for ax in axes for ln in ax.get_lines() if ln.get_gid()):
+        slo = ctx.slo_p99_ms or drawn[0].capacity[0].slo_p99_ms or 100.0
+        offered = [s.rate for f in drawn for cap in f.capacity for s in cap.steps if s.rate > 0] or [1.0]
+        ax0.set_ylim(slo / 10, slo * 10)
+        ax0.set_xlim(min(offered) / 1.5, max(offered) * 1.5)
     readable_log_axis(ax0.xaxis)
     readable_log_axis(ax0.yaxis)
     for i, ax in enumerate(axes[: len(drawn)]):
