@@ -21,7 +21,7 @@ from reco.cli.serve import settings as cli_settings
 from reco.config import ConfigError
 from reco.data.schema import Dataset
 from reco.loadtest.scrape import parse_stage_histograms, process_cpu_s, stage_summary
-from reco.serve.config import ServeConfig, serve_config
+from reco.serve.config import ServeConfig, read_settings, serve_config, write_settings
 from reco.serve.features import FeatureStore, ServeConfigError
 from reco.serve.metrics import STAGES
 from reco.serve.openapi import openapi_schema
@@ -570,7 +570,7 @@ def test_variant_built_on_other_data_refuses_to_start(served, tmp_path, capsys):
     assert "data fingerprint" in capsys.readouterr().err
 
 
-def test_settings_overrides_and_their_errors():
+def test_settings_overrides_and_their_errors(tmp_path):
     s = cli_settings(["batching.enabled=true", "cpu_affinity=[1]", "n_candidates=50"], port=9)
     assert s.batching.enabled is True and s.cpu_affinity == [1] and s.n_candidates == 50 and s.port == 9
     assert s.batching.max_batch == compose().serve.batching.max_batch  # the rest from conf/serve
@@ -587,6 +587,16 @@ def test_settings_overrides_and_their_errors():
     assert serve_config(as_json) == s and serve_config(json.loads(as_json)) == s
     with pytest.raises(ConfigError, match="retrieval.nope"):
         serve_config({**json.loads(as_json), "retrieval": {"nope": 1}})
+    # A server process (and each worker) types its one settings file once; the command line's values on
+    # top are range-checked, and a bad file names itself and the key.
+    path = write_settings(s, tmp_path / "settings.json")
+    assert read_settings(path) == s and cli_settings([], file=path) == s
+    assert cli_settings([], port=10, file=path) == dataclasses.replace(s, port=10)
+    with pytest.raises(ConfigError, match="serve.expect_sha256"):
+        cli_settings([], file=path, expect_sha256="not-hex")
+    path.write_text(json.dumps({**json.loads(as_json), "workers": 0}))
+    with pytest.raises(ConfigError, match=f"--settings {path}.workers: expected >= 1"):
+        read_settings(path)
 
 
 def test_bad_settings_refuse_to_start_naming_the_key(served, capsys):
