@@ -120,7 +120,7 @@ class BlockPool:
             self._free.append(block)
 
 
-def _distinct_per_row(ids: np.ndarray, valid: np.ndarray, card: int) -> tuple[np.ndarray, np.ndarray]:
+def distinct_per_row(ids: np.ndarray, valid: np.ndarray, card: int) -> tuple[np.ndarray, np.ndarray]:
     """Each row's distinct ids in [1, card) among its `valid` positions, ascending, left-aligned.
 
     Args:
@@ -244,7 +244,7 @@ class FeatureStore:
         grp_sorted = item_group[order]
         user_col = list(self.users.cols).index(self.schema.index(uf))
         return {
-            "user_groups": _distinct_per_row(
+            "user_groups": distinct_per_row(
                 self.users.ids[:, user_col], self.users.mask[:, user_col] > 0, card
             ),
             "items": known[order],
