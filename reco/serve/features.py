@@ -120,6 +120,13 @@ class BlockPool:
             self._free.append(block)
 
 
+def _columns(cols: np.ndarray) -> slice | np.ndarray:
+    """`cols` (ascending column indices) as a slice when they are contiguous, else as they are."""
+    if len(cols) and cols[-1] - cols[0] + 1 == len(cols):
+        return slice(int(cols[0]), int(cols[-1]) + 1)
+    return cols
+
+
 def distinct_per_row(ids: np.ndarray, valid: np.ndarray, card: int) -> tuple[np.ndarray, np.ndarray]:
     """Each row's distinct ids in [1, card) among its `valid` positions, ascending, left-aligned.
 
@@ -209,16 +216,9 @@ class FeatureStore:
             np.zeros(self.D, dtype=np.float32),
         )
 
-        # Whole-row item templates: item columns filled, user/context columns 0, so a request's input is
-        # one gather plus one broadcast add of its user+context row (see assemble).
-        it = self.items
-        n_rows = it.ids.shape[0]
-        self.item_ids_full = np.zeros((n_rows, self.F, self.L), dtype=np.int64)
-        self.item_mask_full = np.zeros((n_rows, self.F, self.L), dtype=np.float32)
-        self.item_dense_full = np.zeros((n_rows, self.D), dtype=np.float32)
-        self.item_ids_full[:, it.cols] = it.ids
-        self.item_mask_full[:, it.cols] = it.mask
-        self.item_dense_full[:, it.dense_cols] = it.dense
+        # Where the item side's columns sit in a model row: a slice when they are contiguous (one strided
+        # copy per request), else their indices.
+        self._item_cols, self._item_dense_cols = _columns(self.items.cols), _columns(self.items.dense_cols)
 
     def _group_index(
         self, retrieval: RetrievalConfig | None, counts: np.ndarray, known: np.ndarray
@@ -358,15 +358,22 @@ class FeatureStore:
             u.ids[user_row], u.mask[user_row], u.dense[user_row], req
         )
         rows = self.items.lookup(items)
-        n = len(rows)
-        # mode="clip": rows are in the table (lookup), and take buffers its output under "raise"
-        dense, ids, mask = (None, None, None) if out is None else (out[0][:n], out[1][:n], out[2][:n])
-        ids = np.take(self.item_ids_full, rows, axis=0, out=ids, mode="clip")
-        ids += base_ids  # item columns are 0 in base_*, user/context columns are 0 in the templates
-        mask = np.take(self.item_mask_full, rows, axis=0, out=mask, mode="clip")
-        mask += base_mask
-        dense = np.take(self.item_dense_full, rows, axis=0, out=dense, mode="clip")
-        dense += base_dense
+        n, it = len(rows), self.items
+        if out is None:
+            dense = np.empty((n, self.D), dtype=np.float32)
+            ids = np.empty((n, self.F, self.L), dtype=np.int64)
+            mask = np.empty((n, self.F, self.L), dtype=np.float32)
+        else:
+            dense, ids, mask = out[0][:n], out[1][:n], out[2][:n]
+        # Every row is the user + context row with the item's columns written over it: the gather reads
+        # only the item side's (int32) columns, a few cache lines per candidate, not whole model rows.
+        # mode="clip": rows are in the table (lookup), and take buffers its output under "raise".
+        ids[:] = base_ids
+        ids[:, self._item_cols] = it.ids.take(rows, axis=0, mode="clip")
+        mask[:] = base_mask
+        mask[:, self._item_cols] = it.mask.take(rows, axis=0, mode="clip")
+        dense[:] = base_dense
+        dense[:, self._item_dense_cols] = it.dense.take(rows, axis=0, mode="clip")
         return dense, ids, mask
 
     def assemble_rows(

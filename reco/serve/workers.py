@@ -46,6 +46,9 @@ def uvicorn_options(cfg: ServeConfig, on_refused: Callable[[str], None] | None =
         "http": protocol_class(cfg.http, cfg.retry_after_s, on_refused),
         "timeout_keep_alive": cfg.http.keepalive_timeout_s,
         "ws": "none",  # no websocket routes: an Upgrade request is answered as plain HTTP
+        # Nothing reads the client's address, so no X-Forwarded-* rewriting of it per request (a layer of
+        # per-request work on the model's core, and headers a client could forge)
+        "proxy_headers": False,
         "access_log": False,
         "log_level": cfg.log_level,
         "timeout_graceful_shutdown": GRACEFUL_S,
