@@ -21,8 +21,8 @@ from reco.cli.serve import settings as cli_settings
 from reco.config import ConfigError
 from reco.data.schema import Dataset
 from reco.loadtest.scrape import parse_stage_histograms, process_cpu_s, stage_summary
-from reco.serve.config import ServeConfig, serve_config
-from reco.serve.features import FeatureStore, ServeConfigError
+from reco.serve.config import ServeConfig, read_settings, serve_config, write_settings
+from reco.serve.features import FeatureStore, ServeConfigError, distinct_per_row
 from reco.serve.metrics import STAGES
 from reco.serve.openapi import openapi_schema
 from reco.serve.process import start_server, stop_servers
@@ -189,6 +189,61 @@ def test_feature_store_rebuilds_the_latest_training_row(served):
     np.testing.assert_array_equal(ids_a[0], ids)
     np.testing.assert_array_equal(mask_a[0], mask)
     np.testing.assert_array_equal(dense_a[0], tr.dense[r].numpy())
+
+
+def test_each_users_retrieval_groups_are_its_distinct_valid_ids():
+    # Precomputed at start-up for every user row (FeatureStore.candidates reads them per request).
+    rng = np.random.default_rng(0)
+    ids, valid = rng.integers(-2, 12, size=(300, 6)), rng.random((300, 6)) < 0.7
+    groups, count = distinct_per_row(ids, valid, 10)
+    for r in range(300):
+        want = np.unique(ids[r][valid[r] & (ids[r] > 0) & (ids[r] < 10)])
+        assert groups[r, : count[r]].tolist() == want.tolist() and (groups[r, count[r] :] == 10).all()
+
+
+def test_concurrent_requests_each_get_their_own_answer(served):
+    # Model inputs are written into reused per-worker buffers (BlockPool): requests in flight at once
+    # must never share one. Answered one at a time, then 8 at a time: the same items and scores.
+    url, data = served["handles"]["plain"].url, served["data"]
+    bodies = [{**a_test_row(data, i), "k": 20} for i in range(48)]
+    c = Client(url)
+    alone = [c.recommend(b)[2] for b in bodies]
+    c.close()
+    together: dict[int, dict] = {}
+
+    def run(part: list[int]) -> None:
+        client = Client(url)
+        for i in part:
+            together[i] = client.recommend(bodies[i])[2]
+        client.close()
+
+    threads = [threading.Thread(target=run, args=(list(range(j, 48, 8)),)) for j in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert [together[i] for i in range(48)] == alone
+
+
+def test_head_and_expect_continue_answered_through_the_one_write_response(served):
+    # A response's head is held and sent with its body (reco.serve.connection.HeadWithBody): a HEAD
+    # answer (no body write) and the interim 100 of `Expect: 100-continue` must still go out.
+    u = urlparse(served["handles"]["plain"].url)
+    with socket.create_connection((u.hostname, u.port), timeout=30) as s:
+        s.sendall(b"HEAD /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+        assert s.recv(65536).startswith(b"HTTP/1.1 200 ")
+        body = json.dumps(a_test_row(served["data"])).encode()
+        head = (
+            "POST /recommend HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+            f"Expect: 100-continue\r\nContent-Length: {len(body)}\r\n\r\n"
+        )
+        s.sendall(head.encode())
+        assert s.recv(65536).startswith(b"HTTP/1.1 100 Continue")  # before the body is sent
+        s.sendall(body)
+        answer = b""
+        while b'"model"' not in answer:
+            answer += s.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200 ")
 
 
 def test_unknown_user_is_cold_start_not_an_error(plain):
@@ -570,7 +625,7 @@ def test_variant_built_on_other_data_refuses_to_start(served, tmp_path, capsys):
     assert "data fingerprint" in capsys.readouterr().err
 
 
-def test_settings_overrides_and_their_errors():
+def test_settings_overrides_and_their_errors(tmp_path):
     s = cli_settings(["batching.enabled=true", "cpu_affinity=[1]", "n_candidates=50"], port=9)
     assert s.batching.enabled is True and s.cpu_affinity == [1] and s.n_candidates == 50 and s.port == 9
     assert s.batching.max_batch == compose().serve.batching.max_batch  # the rest from conf/serve
@@ -587,6 +642,16 @@ def test_settings_overrides_and_their_errors():
     assert serve_config(as_json) == s and serve_config(json.loads(as_json)) == s
     with pytest.raises(ConfigError, match="retrieval.nope"):
         serve_config({**json.loads(as_json), "retrieval": {"nope": 1}})
+    # A server process (and each worker) types its one settings file once; the command line's values on
+    # top are range-checked, and a bad file names itself and the key.
+    path = write_settings(s, tmp_path / "settings.json")
+    assert read_settings(path) == s and cli_settings([], file=path) == s
+    assert cli_settings([], port=10, file=path) == dataclasses.replace(s, port=10)
+    with pytest.raises(ConfigError, match="serve.expect_sha256"):
+        cli_settings([], file=path, expect_sha256="not-hex")
+    path.write_text(json.dumps({**json.loads(as_json), "workers": 0}))
+    with pytest.raises(ConfigError, match=f"--settings {path}.workers: expected >= 1"):
+        read_settings(path)
 
 
 def test_bad_settings_refuse_to_start_naming_the_key(served, capsys):

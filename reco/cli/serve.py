@@ -17,7 +17,7 @@ from pathlib import Path
 
 from reco.cli.compose import compose
 from reco.cli.errors import report, user_errors
-from reco.serve.config import ServeConfig, serve_config
+from reco.serve.config import ServeConfig, read_settings, serve_config
 
 
 def arg_parser(prog: str, description: str) -> argparse.ArgumentParser:
@@ -46,18 +46,20 @@ def settings(
     expect_sha256: str | None = None,
 ) -> ServeConfig:
     """The serve settings: `file` (JSON), or the composed `serve` with `serve.<override>` applied;
-    `host` / `port` / `expect_sha256` win over either. ConfigError names a bad key or value."""
+    `host` / `port` / `expect_sha256` win over either. Typed once; ConfigError names a bad key or value."""
     if file is not None:
         if overrides:
             raise ValueError("--settings: give either a settings file or key=value overrides, not both")
-        cfg = serve_config(file.read_text(), f"--settings {file}")
+        cfg = read_settings(file)
     else:
         cfg = serve_config(compose([f"serve.{o}" for o in overrides]).serve)
-    port = port if port is not None else cfg.port
-    digest = expect_sha256 if expect_sha256 is not None else cfg.expect_sha256
-    return serve_config(
-        dataclasses.replace(cfg, host=host or cfg.host, port=port, expect_sha256=digest), "serve"
-    )
+    given = {"host": host, "port": port, "expect_sha256": expect_sha256}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not given:
+        return cfg
+    cfg = dataclasses.replace(cfg, **given)
+    cfg.check("serve")  # the command line's values: their ranges (argparse gave their types)
+    return cfg
 
 
 def start(prog: str, argv: list[str] | None, serve) -> int:

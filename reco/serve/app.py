@@ -31,7 +31,7 @@ import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 
 import numpy as np
 import orjson
@@ -45,10 +45,11 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reco.serve.admission import REQUEST_START, Overdue, ShedReason, WorkGate, request_age_s
 from reco.serve.auth import RequireSecret, check_expected_digest, shared_secret
-from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher
+from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher, Scored
 from reco.serve.config import FeatureSource, ServeConfig
 from reco.serve.connection import error_body
 from reco.serve.faults import slowed
+from reco.serve.features import Block, BlockPool
 from reco.serve.metrics import STAGES, ServeMetrics
 from reco.serve.openapi import openapi_schema
 from reco.serve.recommend import candidate_items, load_variant, response_body, top_k
@@ -58,6 +59,19 @@ from reco.serve.request import Request, RequestError, check_content_type, read_b
 log = logging.getLogger("reco.serve")
 
 CLOSE = {"Connection": "close"}  # the rest of the body was not read: do not reuse the connection
+
+
+@dataclass(slots=True)
+class Clock:
+    """One request's stage boundaries: wall time (perf_counter) and the event loop thread's CPU time
+    (thread_time), at handler entry (0), after parsing (1) and at its turn at the gate (1g)."""
+
+    t0: float
+    c0: float
+    t1: float = 0.0
+    c1: float = 0.0
+    t1g: float = 0.0
+    c1g: float = 0.0
 
 
 def _json(obj: object, status: int = 200, headers: dict | None = None) -> Response:
@@ -123,12 +137,15 @@ class RecoService:
         else:
             self.ranker = DirectRanker(scorer, self.executor)
         self.metrics = ServeMetrics()
+        self.cpu = self.metrics.loop_cpu
+        # rank_threads calls running + as many blocks waiting for them: what a steady load holds at once
+        self.pool = BlockPool(self.store, cfg.n_candidates, keep=2 * cfg.rank_threads + 2)
         self.inflight = 0
         self.inflight_max = 0
 
     async def recommend(self, request: HttpRequest) -> Response:
         """POST /recommend (see the module docstring for the order of checks)."""
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.thread_time()
         try:
             check_content_type(request.headers.get("content-type"))
             body = await read_body(request, self.cfg.max_body_bytes, self.cfg.body_timeout_s)
@@ -163,7 +180,7 @@ class RecoService:
         self.metrics.inflight.inc()
         self.metrics.inflight_max.set(self.inflight_max)
         try:
-            resp = await self._recommend(body, t0, deadline)
+            resp = await self._recommend(body, Clock(t0, c0), deadline)
         except Overdue:
             resp = self._shed(
                 ShedReason.wait_before_model,
@@ -190,25 +207,28 @@ class RecoService:
         self.metrics.shed.labels(reason=reason.value).inc()
         return _error(503, "", message, {"Retry-After": self.retry_after})
 
-    async def _recommend(self, body: bytes, t0: float, deadline: float) -> Response:
+    async def _recommend(self, body: bytes, clock: Clock, deadline: float) -> Response:
         req = self.request_schema.parse(body)
-        t1 = time.perf_counter()
+        clock.t1 = clock.t1g = time.perf_counter()
+        clock.c1 = clock.c1g = time.thread_time()
         if self.gate is None:
-            return await self._rank(req, t0, t1, t1, deadline)
+            return await self._rank(req, clock, deadline)
         await self.gate.enter(deadline)  # Overdue: its turn did not come before its deadline
         try:
             # Its turn came in time: it is served. Past the gate the wait is bounded (at most rank_threads
             # calls ahead of it), and shedding it there would throw away the work it has done: under
             # a standing queue every request passes the gate near its deadline, so that would be most.
-            return await self._rank(req, t0, t1, time.perf_counter(), math.inf)
+            clock.t1g, clock.c1g = time.perf_counter(), time.thread_time()
+            return await self._rank(req, clock, math.inf)
         finally:
             self.gate.leave()
 
-    async def _rank(self, req: Request, t0: float, t1: float, t1g: float, deadline: float) -> Response:
-        """Retrieval -> features -> model -> top-k -> JSON for a parsed request (parsed at t1, its turn
-        at the gate at t1g)."""
+    async def _rank(self, req: Request, clock: Clock, deadline: float) -> Response:
+        """Retrieval -> features -> model -> top-k -> JSON for a parsed request (parsed at clock.t1, its
+        turn at the gate at clock.t1g)."""
         cfg = self.cfg
         urow = self.store.user_row(req.user_id)
+        cpu = self.cpu
         if self.store.retriever is not None and req.candidates is None:
             # A user-tower forward and an index search: CPU work, so on the model's threads, never on
             # the event loop, where it would hold up every other request's I/O meanwhile.
@@ -216,9 +236,47 @@ class RecoService:
             items = await loop.run_in_executor(self.executor, self.store.candidates, urow, cfg.n_candidates)
         else:
             items = candidate_items(self.store, urow, req, cfg.n_candidates)
+            cpu["retrieval"].observe(time.thread_time() - clock.c1g)
         t2 = time.perf_counter()
+        bufs = self.pool.take() if self.online is None and len(items) <= self.pool.rows else None
+        block = await self._features(req, urow, items, t2, bufs)
+        if isinstance(block, Response):
+            return block
+        t3 = time.perf_counter()
+        scored = await self._score(block, deadline) if len(items) else None
+        if bufs is not None:  # not after an exception: a timed-out call may still be reading them
+            self.pool.give(bufs)
+        probs, rank_s = (scored.probs, scored.rank_s) if scored else (np.empty(0, dtype=np.float32), 0.0)
+        t4, c4 = time.perf_counter(), time.thread_time()
+        ids, scores = top_k(self.name, items, probs, req.k)
+        t5 = time.perf_counter()
+        payload = response_body(self.name, ids, scores)
+        t6 = time.perf_counter()
+        times = {
+            "parse": clock.t1 - clock.t0,
+            "retrieval": t2 - clock.t1g,
+            "features": t3 - t2,
+            "queue": (clock.t1g - clock.t1) + (t4 - t3) - rank_s,  # at the gate + for the model
+            "rank": rank_s + (t5 - t4),
+            "serialize": t6 - t5,
+            "total": t6 - clock.t0,
+        }
+        self.metrics.observe(times)
+        timing = ", ".join(f"{s};dur={times[s] * 1000:.3f}" for s in STAGES)
+        if scored is not None:
+            timing += f", rank_cpu;dur={scored.rank_cpu_s * 1000:.3f}"
+        cpu["parse"].observe(clock.c1 - clock.c0)
+        cpu["serialize"].observe(time.thread_time() - c4)  # top-k, the body, the stage metrics, the header
+        return Response(payload, 200, {"Server-Timing": timing}, media_type="application/json")
+
+    async def _features(
+        self, req: Request, urow: int, items: np.ndarray, t2: float, bufs: Block | None
+    ) -> tuple[np.ndarray, ...] | Response:
+        """The model input for `items` (dense, ids, mask; in `bufs` when given), or the error answer of a
+        failed feature read."""
         if self.online is None:
-            block = self.store.assemble(urow, req, items)
+            c = time.thread_time()
+            block = self.store.assemble(urow, req, items, bufs)
         else:
             try:
                 user, rows = await self.online.fetch(req.user_id, items)
@@ -229,43 +287,27 @@ class RecoService:
                 if e.status == 503:
                     headers["Retry-After"] = self.retry_after
                 return _error(e.status, "features", e.message, headers)
+            c = time.thread_time()  # the assembly only: the read's wait runs other requests meanwhile
             block = self.store.assemble_rows(user, req, rows)
-        t3 = time.perf_counter()
-        if len(items):
-            try:
-                scored = await asyncio.wait_for(self.ranker.score(*block, deadline), cfg.model_timeout_s)
-            except TimeoutError:
-                raise RequestError(
-                    504, "", f"model call not finished within serve.model_timeout_s={cfg.model_timeout_s:g} s"
-                ) from None
-            except BatcherFailed as e:
-                raise RequestError(503, "", str(e)) from None
-            probs, rank_s = scored.probs, scored.rank_s
-            self.metrics.rank_cpu.observe(scored.rank_cpu_s)
-            if scored.reports_batch:
-                self.metrics.batch_rows.observe(scored.batch_rows)
-                self.metrics.batch_requests.observe(scored.batch_requests)
-        else:
-            probs, rank_s, scored = np.empty(0, dtype=np.float32), 0.0, None
-        t4 = time.perf_counter()
-        ids, scores = top_k(self.name, items, probs, req.k)
-        t5 = time.perf_counter()
-        payload = response_body(self.name, ids, scores)
-        t6 = time.perf_counter()
-        times = {
-            "parse": t1 - t0,
-            "retrieval": t2 - t1g,
-            "features": t3 - t2,
-            "queue": (t1g - t1) + (t4 - t3) - rank_s,  # at the gate + for the model
-            "rank": rank_s + (t5 - t4),
-            "serialize": t6 - t5,
-            "total": t6 - t0,
-        }
-        self.metrics.observe(times)
-        timing = ", ".join(f"{s};dur={times[s] * 1000:.3f}" for s in STAGES)
-        if scored is not None:
-            timing += f", rank_cpu;dur={scored.rank_cpu_s * 1000:.3f}"
-        return Response(payload, 200, {"Server-Timing": timing}, media_type="application/json")
+        self.cpu["features"].observe(time.thread_time() - c)
+        return block
+
+    async def _score(self, block: tuple[np.ndarray, ...], deadline: float) -> Scored:
+        """The model call for one block (ranker: direct or batched), its CPU and batch figures recorded."""
+        cfg = self.cfg
+        try:
+            scored = await asyncio.wait_for(self.ranker.score(*block, deadline), cfg.model_timeout_s)
+        except TimeoutError:
+            raise RequestError(
+                504, "", f"model call not finished within serve.model_timeout_s={cfg.model_timeout_s:g} s"
+            ) from None
+        except BatcherFailed as e:
+            raise RequestError(503, "", str(e)) from None
+        self.metrics.rank_cpu.observe(scored.rank_cpu_s)
+        if scored.reports_batch:
+            self.metrics.batch_rows.observe(scored.batch_rows)
+            self.metrics.batch_requests.observe(scored.batch_requests)
+        return scored
 
     async def healthz(self, request: HttpRequest) -> Response:
         """GET /healthz: liveness, the model, this worker's pid and admission figures."""
@@ -328,6 +370,23 @@ class GuardErrors:
                 await resp(scope, receive, send)
 
 
+class RecommendRoute:
+    """ASGI middleware: POST /recommend straight to its handler, past Starlette's router, exception
+    middleware and endpoint wrapper (per-request Python work on the model's core: bench.overhead
+    measures it); every other request goes through them as before (GET /recommend: 405 from the router).
+    """
+
+    def __init__(self, app: ASGIApp, handler) -> None:
+        self.app, self.handler = app, handler
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] == "http" and scope["path"] == "/recommend" and scope["method"] == "POST":
+            resp = await self.handler(HttpRequest(scope, receive))
+            await resp(scope, receive, send)
+            return
+        await self.app(scope, receive, send)
+
+
 def create_app(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Starlette:
     """The Starlette app serving one variant (model loaded and warmed up before this returns).
 
@@ -370,6 +429,7 @@ def create_app(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Starlet
     # No trailing-slash redirect: Starlette builds its Location from the Host header, so
     # `POST /recommend/` with `Host: evil.example` answered 307 to http://evil.example/recommend.
     app.router.redirect_slashes = False
+    app.add_middleware(RecommendRoute, handler=svc.recommend)  # innermost: behind the secret's check
     if secret is not None:
         app.add_middleware(RequireSecret, secret=secret)
     app.add_middleware(GuardErrors)

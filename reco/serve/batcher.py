@@ -69,16 +69,16 @@ class DirectRanker:
         t1, c1 = time.perf_counter(), time.thread_time()
         return Scored(probs, t0 - t_submit, t1 - t0, len(probs), 1, rank_cpu_s=c1 - c0)
 
-    async def score(
+    def score(
         self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, deadline: float = math.inf
-    ) -> Scored:
+    ) -> asyncio.Future[Scored]:
         """Score one block: dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32 -> Scored (probs [N]).
 
-        Raises Overdue, without calling the model, when the call would start after `deadline`
-        (time.perf_counter() seconds).
+        Awaited as DynamicBatcher.score is; a future rather than a coroutine, so asyncio.wait_for does
+        not wrap it in a task of its own (per-request work on the model's core). Raises Overdue, without
+        calling the model, when the call would start after `deadline` (time.perf_counter() seconds).
         """
-        loop = asyncio.get_running_loop()
-        return await loop.run_in_executor(
+        return asyncio.get_running_loop().run_in_executor(
             self.executor, self._call, dense, ids, mask, time.perf_counter(), deadline
         )
 

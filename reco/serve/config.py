@@ -2,8 +2,8 @@
 
 The values (defaults included) live in conf/serve/default.yaml only; the dataclasses hold types and
 meaning. `python -m reco.cli.serve` composes the project config and takes `cfg.serve`; a server started by
-a study, and its worker processes, get the typed settings as one JSON file or string
-(dataclasses.asdict) and rebuild them with `serve_config`.
+a study gets the typed settings as one JSON file (`write_settings`, dataclasses.asdict), and each of its
+processes (the server, each worker) types that file once (`read_settings`).
 """
 
 from __future__ import annotations
@@ -12,6 +12,7 @@ import json
 import re
 from dataclasses import asdict, dataclass
 from enum import StrEnum
+from pathlib import Path
 from typing import Any
 
 from omegaconf import MISSING
@@ -267,6 +268,28 @@ def serve_config(node: Any, where: str = "serve") -> ServeConfig:
     if isinstance(node, str):
         node = json.loads(node)
     return typed(node, ServeConfig, where)
+
+
+def write_settings(cfg: ServeConfig, path: Path) -> Path:
+    """Write typed settings as the one JSON file a server process (and each of its workers) reads.
+
+    Args:
+        cfg: the checked settings.
+        path: the file to write.
+    Returns:
+        `path`.
+    """
+    path.write_text(json.dumps(asdict(cfg), indent=1))
+    return path
+
+
+def read_settings(path: Path) -> ServeConfig:
+    """The typed, checked settings of a file `write_settings` wrote (ConfigError names the file and key).
+
+    Args:
+        path: the settings file.
+    """
+    return serve_config(path.read_text(), f"--settings {path}")
 
 
 def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:

@@ -57,6 +57,38 @@ class _Refuse(Exception):
         self.status, self.reason, self.field, self.message = status, reason, field, message
 
 
+CONTINUE = b"HTTP/1.1 100 "  # uvicorn's interim answer to `Expect: 100-continue`
+
+
+class HeadWithBody:
+    """The transport one response is written to: uvicorn writes a response's head (status line and
+    headers) and its body in two calls, i.e. two send syscalls and two TCP segments for an answer of a
+    few hundred bytes; this holds the first write and sends it with the next (one send, one segment;
+    bench.overhead measures the server CPU it saves). A close sends a held write first."""
+
+    def __init__(self, transport: asyncio.Transport) -> None:
+        self.transport = transport
+        self.held: bytes | None = None
+        self.first = True
+
+    def write(self, data: bytes) -> None:
+        if self.first and not data.startswith(CONTINUE):  # an interim 100 goes out at once
+            self.first, self.held = False, data
+            return
+        if self.held is not None:
+            data, self.held = self.held + data, None
+        self.transport.write(data)
+
+    def close(self) -> None:
+        if self.held is not None:
+            self.transport.write(self.held)
+            self.held = None
+        self.transport.close()
+
+    def __getattr__(self, name: str):  # everything else is the connection's transport's
+        return getattr(self.transport, name)
+
+
 class LimitedHttpToolsProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol with serve.http's limits (the class attributes come from
     `protocol_class`; one instance per connection)."""
@@ -153,7 +185,11 @@ class LimitedHttpToolsProtocol(HttpToolsProtocol):
         self.in_head = False
         self.head_bytes = 0
         self._disarm_head_timer()
+        before = self.cycle
         super().on_headers_complete()
+        # HEAD: uvicorn writes no body at all, so a held head would never go out
+        if self.cycle is not before and self.scope["method"] != "HEAD":
+            self.cycle.transport = HeadWithBody(self.transport)
 
     def on_message_complete(self) -> None:
         self.in_head = True  # the next request's head starts here (its timer at its first byte)

@@ -78,8 +78,70 @@ class SideTable:
 
     def lookup(self, entity: np.ndarray) -> np.ndarray:
         """Table rows of `entity` ids [N] (any ints) -> [N] rows; out-of-range ids are cold-start."""
-        inside = (entity >= 0) & (entity < self.row.shape[0])
-        return np.where(inside, self.row[np.clip(entity, 0, self.row.shape[0] - 1)], self.cold)
+        rows = self.row.take(entity, mode="clip")
+        if len(entity) and (entity.min() < 0 or entity.max() >= self.row.shape[0]):  # rare: not per request
+            rows[(entity < 0) | (entity >= self.row.shape[0])] = self.cold
+        return rows
+
+
+Block = tuple[np.ndarray, np.ndarray, np.ndarray]  # dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32
+
+
+class BlockPool:
+    """Model-input buffers of one worker, reused request after request instead of three new arrays per
+    request: a request takes a set for its block (FeatureStore.assemble's `out`) and gives it back once
+    its model call has returned. A set still read by a model call (its request timed out) is never given
+    back; the pool allocates another. Event loop thread only."""
+
+    def __init__(self, store: FeatureStore, rows: int, keep: int) -> None:
+        """Args:
+        store: the feature store (F, L, D).
+        rows: candidate rows per set (a larger request's block is allocated as before).
+        keep: most free sets kept (a burst's extra sets are dropped when given back).
+        """
+        self.rows, self.keep, self.shape = rows, keep, (store.F, store.L, store.D)
+        self._free: list[Block] = []
+
+    def take(self) -> Block:
+        """A free buffer set (`rows` rows), a new one when none is free."""
+        if self._free:
+            return self._free.pop()
+        F, L, D = self.shape
+        n = self.rows
+        return (
+            np.empty((n, D), dtype=np.float32),
+            np.empty((n, F, L), dtype=np.int64),
+            np.empty((n, F, L), dtype=np.float32),
+        )
+
+    def give(self, block: Block) -> None:
+        """Return a set `take` gave once nothing reads it any more."""
+        if len(self._free) < self.keep:
+            self._free.append(block)
+
+
+def _columns(cols: np.ndarray) -> slice | np.ndarray:
+    """`cols` (ascending column indices) as a slice when they are contiguous, else as they are."""
+    if len(cols) and cols[-1] - cols[0] + 1 == len(cols):
+        return slice(int(cols[0]), int(cols[-1]) + 1)
+    return cols
+
+
+def distinct_per_row(ids: np.ndarray, valid: np.ndarray, card: int) -> tuple[np.ndarray, np.ndarray]:
+    """Each row's distinct ids in [1, card) among its `valid` positions, ascending, left-aligned.
+
+    Args:
+        ids: [R, L] ids.
+        valid: [R, L] bool, the positions that hold an id.
+        card: ids outside [1, card) are left out.
+    Returns:
+        (groups [R, L] int64, padded with `card`; count [R] int64: how many each row holds).
+    """
+    x = np.where(valid & (ids > 0) & (ids < card), ids, card).astype(np.int64)
+    x.sort(axis=1)
+    x[:, 1:][x[:, 1:] == x[:, :-1]] = card  # a repeat of its left neighbour (sorted: of an earlier id)
+    x.sort(axis=1)
+    return x, (x < card).sum(axis=1)
 
 
 def _side_table(ds: Dataset, side: str, key: str) -> SideTable:
@@ -147,17 +209,16 @@ class FeatureStore:
         self.groups = self._group_index(retrieval, counts, known)
         self.retriever = self._two_tower(ds, retrieval)
         self._seen = np.zeros(self.item_card, dtype=bool)  # scratch for de-duplication (one thread only)
+        # scratch of _base (one thread only): a request's user + context row, item columns always 0
+        self._base_rows = (
+            np.zeros((self.F, self.L), dtype=np.int64),
+            np.zeros((self.F, self.L), dtype=np.float32),
+            np.zeros(self.D, dtype=np.float32),
+        )
 
-        # Whole-row item templates: item columns filled, user/context columns 0, so a request's input is
-        # one gather plus one broadcast add of its user+context row (see assemble).
-        it = self.items
-        n_rows = it.ids.shape[0]
-        self.item_ids_full = np.zeros((n_rows, self.F, self.L), dtype=np.int64)
-        self.item_mask_full = np.zeros((n_rows, self.F, self.L), dtype=np.float32)
-        self.item_dense_full = np.zeros((n_rows, self.D), dtype=np.float32)
-        self.item_ids_full[:, it.cols] = it.ids
-        self.item_mask_full[:, it.cols] = it.mask
-        self.item_dense_full[:, it.dense_cols] = it.dense
+        # Where the item side's columns sit in a model row: a slice when they are contiguous (one strided
+        # copy per request), else their indices.
+        self._item_cols, self._item_dense_cols = _columns(self.items.cols), _columns(self.items.dense_cols)
 
     def _group_index(
         self, retrieval: RetrievalConfig | None, counts: np.ndarray, known: np.ndarray
@@ -181,8 +242,11 @@ class FeatureStore:
         ]
         order = np.lexsort((known, -counts[known], item_group))
         grp_sorted = item_group[order]
+        user_col = list(self.users.cols).index(self.schema.index(uf))
         return {
-            "user_col": list(self.users.cols).index(self.schema.index(uf)),
+            "user_groups": distinct_per_row(
+                self.users.ids[:, user_col], self.users.mask[:, user_col] > 0, card
+            ),
             "items": known[order],
             "starts": np.searchsorted(grp_sorted, np.arange(card + 1)),
             "card": card,
@@ -193,10 +257,11 @@ class FeatureStore:
         """A view of this store for another thread: the tables shared, the candidates() scratch its own.
 
         Returns:
-            A shallow copy with a fresh de-duplication scratch array.
+            A shallow copy with fresh scratch arrays (de-duplication, the base row).
         """
         view = copy.copy(self)
         view._seen = np.zeros_like(self._seen)
+        view._base_rows = tuple(np.zeros_like(a) for a in self._base_rows)
         return view
 
     def _two_tower(self, ds: Dataset, retrieval: RetrievalConfig | None):
@@ -244,14 +309,16 @@ class FeatureStore:
         picked = np.empty(0, dtype=np.int64)
         g = self.groups
         if g is not None and self.share > 0:
-            u_ids = self.users.ids[user_row, g["user_col"]]
-            u_mask = self.users.mask[user_row, g["user_col"]]
-            grp = np.unique(u_ids[(u_mask > 0) & (u_ids > 0) & (u_ids < g["card"])])
+            groups, count = g["user_groups"]
+            grp = groups[user_row, : count[user_row]]  # its distinct groups, ascending (precomputed)
             if len(grp):
                 want = int(n * self.share)
                 per = math.ceil(want / len(grp))
-                st = g["starts"]
-                picked = np.concatenate([g["items"][st[c] : min(st[c] + per, st[c + 1])] for c in grp])[:want]
+                st, its = g["starts"], g["items"]
+                lo, hi = st[grp].tolist(), st[grp + 1].tolist()
+                picked = np.concatenate([its[a : min(a + per, b)] for a, b in zip(lo, hi, strict=True)])[
+                    :want
+                ]
         if len(picked) == 0:
             return self.popular[:n].copy()
         fill = self.popular[: n + len(picked)]
@@ -261,32 +328,52 @@ class FeatureStore:
         return np.concatenate([picked, fill])
 
     def _base(self, u_ids: np.ndarray, u_mask: np.ndarray, u_dense: np.ndarray, req: RequestContext):
-        """One row's user + context columns (item columns 0): ids [F, L] i64, mask [F, L], dense [D]."""
+        """One row's user + context columns (item columns 0): ids [F, L] i64, mask [F, L], dense [D].
+
+        Written into this thread's scratch (item columns never written, so they stay 0): valid until
+        its next call.
+        """
         u = self.users
-        base_ids = np.zeros((self.F, self.L), dtype=np.int64)
-        base_mask = np.zeros((self.F, self.L), dtype=np.float32)
-        base_dense = np.zeros(self.D, dtype=np.float32)
+        base_ids, base_mask, base_dense = self._base_rows
         base_ids[u.cols], base_mask[u.cols], base_dense[u.dense_cols] = u_ids, u_mask, u_dense
         base_ids[self.ctx_cols], base_mask[self.ctx_cols] = req.context_ids, req.context_mask
         base_dense[self.ctx_dense_cols] = req.context_dense
         return base_ids, base_mask, base_dense
 
-    def assemble(self, user_row: int, req: RequestContext, items: np.ndarray) -> tuple[np.ndarray, ...]:
+    def assemble(
+        self, user_row: int, req: RequestContext, items: np.ndarray, out: Block | None = None
+    ) -> tuple[np.ndarray, ...]:
         """Model input for one user and N candidate items, from the in-memory tables.
 
-        Returns dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32.
+        Args:
+            user_row: the user's row (user_row()).
+            req: the request's context.
+            items: [N] candidate item ids.
+            out: buffers to write into (BlockPool.take(); at least N rows); None: new arrays.
+        Returns:
+            dense [N, D] f32, ids [N, F, L] i64, mask [N, F, L] f32 (views of `out` when given).
         """
         u = self.users
         base_ids, base_mask, base_dense = self._base(
             u.ids[user_row], u.mask[user_row], u.dense[user_row], req
         )
         rows = self.items.lookup(items)
-        ids = np.take(self.item_ids_full, rows, axis=0)
-        ids += base_ids  # item columns are 0 in base_*, user/context columns are 0 in the templates
-        mask = np.take(self.item_mask_full, rows, axis=0)
-        mask += base_mask
-        dense = np.take(self.item_dense_full, rows, axis=0)
-        dense += base_dense
+        n, it = len(rows), self.items
+        if out is None:
+            dense = np.empty((n, self.D), dtype=np.float32)
+            ids = np.empty((n, self.F, self.L), dtype=np.int64)
+            mask = np.empty((n, self.F, self.L), dtype=np.float32)
+        else:
+            dense, ids, mask = out[0][:n], out[1][:n], out[2][:n]
+        # Every row is the user + context row with the item's columns written over it: the gather reads
+        # only the item side's (int32) columns, a few cache lines per candidate, not whole model rows.
+        # mode="clip": rows are in the table (lookup), and take buffers its output under "raise".
+        ids[:] = base_ids
+        ids[:, self._item_cols] = it.ids.take(rows, axis=0, mode="clip")
+        mask[:] = base_mask
+        mask[:, self._item_cols] = it.mask.take(rows, axis=0, mode="clip")
+        dense[:] = base_dense
+        dense[:, self._item_dense_cols] = it.dense.take(rows, axis=0, mode="clip")
         return dense, ids, mask
 
     def assemble_rows(

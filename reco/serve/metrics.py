@@ -20,6 +20,9 @@ from reco.serve.admission import ShedReason, StampIgnored
 from reco.serve.connection import REFUSED_REASONS
 
 STAGES = ("parse", "retrieval", "features", "queue", "rank", "serialize", "total")
+# reco_cpu_seconds{stage} of the event loop thread; serialize = top-k, the body, the stage metrics, the
+# Server-Timing header
+LOOP_CPU_STAGES = ("parse", "retrieval", "features", "serialize")
 BUCKETS = tuple(float(b) for b in 1e-5 * 1.2 ** np.arange(0, 85)) + (float("inf"),)
 
 
@@ -43,6 +46,10 @@ class ServeMetrics:
             "reco_cpu_seconds", "CPU time of a stage's thread", ["stage"], buckets=BUCKETS, **kw
         )
         self.rank_cpu = self.cpu.labels(stage="rank")
+        # The event loop thread's own CPU per stage (synchronous parts only: while a stage awaits, the
+        # thread runs other requests), so a request's server CPU splits into the model call (rank), the
+        # application's stages and the rest (HTTP, the ASGI layers, hand-offs): bench.overhead reads them.
+        self.loop_cpu = {s: self.cpu.labels(stage=s) for s in LOOP_CPU_STAGES}
         self.requests = Counter("reco_requests", "Requests answered, by HTTP status", ["status"], **kw)
         self.shed = Counter(
             "reco_shed", "Requests shed (503 + Retry-After, no model call), by reason", ["reason"], **kw

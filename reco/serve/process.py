@@ -5,7 +5,8 @@
     handle.stop()
 
 `settings` is a ServeConfig or a plain `serve` section (dict / DictConfig, typed here); the process
-gets them as one JSON file (`--settings`), so it runs with exactly these settings. It writes its
+gets them as one JSON file (`--settings`, reco.serve.config.write_settings) and types it once, so it runs
+with exactly these settings. It writes its
 output to `server-{port}.log` in `work_dir` (a fresh temporary directory by default); a server that
 exits or does not answer GET /healthz in time raises ServerStartError with the log's tail.
 
@@ -37,7 +38,7 @@ from typing import Any
 import psutil
 
 from reco.children import die_with_parent
-from reco.serve.config import ServeBackend, ServeConfig, serve_config
+from reco.serve.config import ServeBackend, ServeConfig, serve_config, write_settings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -240,8 +241,7 @@ def start_server(
     wd = Path(work_dir) if work_dir else Path(tempfile.mkdtemp(prefix="reco-serve-"))
     wd.mkdir(parents=True, exist_ok=True)
     log_path = wd / f"server-{cfg.port}.log"
-    settings_path = wd / f"server-{cfg.port}.settings.json"  # the typed settings, every key: one file
-    settings_path.write_text(json.dumps(dataclasses.asdict(cfg), indent=1))
+    settings_path = write_settings(cfg, wd / f"server-{cfg.port}.settings.json")  # every key: one file
     cmd = [
         python,
         "-m",

@@ -13,7 +13,6 @@ and exits the same way. A worker dying on its own takes the server down (no sile
 
 from __future__ import annotations
 
-import json
 import multiprocessing as mp
 import multiprocessing.connection
 import os
@@ -22,10 +21,10 @@ import signal
 import socket
 import tempfile
 from collections.abc import Callable
-from dataclasses import asdict
+from pathlib import Path
 
 from reco.children import die_with_parent
-from reco.serve.config import ServeConfig, serve_config
+from reco.serve.config import ServeConfig, read_settings, write_settings
 
 GRACEFUL_S = 5  # uvicorn's limit on finishing in-flight requests at shutdown
 
@@ -47,17 +46,22 @@ def uvicorn_options(cfg: ServeConfig, on_refused: Callable[[str], None] | None =
         "http": protocol_class(cfg.http, cfg.retry_after_s, on_refused),
         "timeout_keep_alive": cfg.http.keepalive_timeout_s,
         "ws": "none",  # no websocket routes: an Upgrade request is answered as plain HTTP
+        # Nothing reads the client's address, so no X-Forwarded-* rewriting of it per request (a layer of
+        # per-request work on the model's core, and headers a client could forge)
+        "proxy_headers": False,
         "access_log": False,
         "log_level": cfg.log_level,
         "timeout_graceful_shutdown": GRACEFUL_S,
     }
 
 
-def serve_worker(spec: str, parent_pid: int) -> None:
+def serve_worker(variant: str, dataset: str, settings: Path, parent_pid: int) -> None:
     """One worker process: build the app (model loaded), then bind its own SO_REUSEPORT socket.
 
     Args:
-        spec: JSON {"variant", "dataset", "serve": dataclasses.asdict(ServeConfig)}.
+        variant: the variant directory.
+        dataset: the Dataset file.
+        settings: the supervisor's settings file (write_settings), typed here once.
         parent_pid: the supervisor's pid (the worker exits when it dies).
     """
     import uvicorn
@@ -65,9 +69,8 @@ def serve_worker(spec: str, parent_pid: int) -> None:
     from reco.serve.app import create_app
 
     die_with_parent(parent_pid)
-    s = json.loads(spec)
-    cfg = serve_config(s["serve"])
-    app = create_app(s["variant"], s["dataset"], cfg)
+    cfg = read_settings(settings)
+    app = create_app(variant, dataset, cfg)
     sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
@@ -87,13 +90,19 @@ def run_workers(variant: str, dataset: str, cfg: ServeConfig) -> int:
     Returns:
         0 after a requested stop, 1 when a worker died on its own.
     """
-    prom_dir = tempfile.mkdtemp(prefix="reco-prom-")
+    run_dir = Path(tempfile.mkdtemp(prefix="reco-workers-"))
+    prom_dir = run_dir / "prometheus"
+    prom_dir.mkdir()
     # prometheus_client reads this at its first import, which happens in each (spawned) worker.
-    os.environ["PROMETHEUS_MULTIPROC_DIR"] = prom_dir
-    spec = json.dumps({"variant": variant, "dataset": dataset, "serve": asdict(cfg)})
+    os.environ["PROMETHEUS_MULTIPROC_DIR"] = str(prom_dir)
+    # The settings as this process resolved them (command-line values included): one file, each worker
+    # types it once.
+    settings = write_settings(cfg, run_dir / "settings.json")
     ctx = mp.get_context("spawn")
     procs = [
-        ctx.Process(target=serve_worker, args=(spec, os.getpid()), name=f"reco-serve-{i}")
+        ctx.Process(
+            target=serve_worker, args=(variant, dataset, settings, os.getpid()), name=f"reco-serve-{i}"
+        )
         for i in range(cfg.workers)
     ]
     stopping = False
@@ -125,4 +134,4 @@ def run_workers(variant: str, dataset: str, cfg: ServeConfig) -> int:
                 p.join()
         return 1 if crashed else 0
     finally:
-        shutil.rmtree(prom_dir, ignore_errors=True)
+        shutil.rmtree(run_dir, ignore_errors=True)

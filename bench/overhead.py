@@ -1,0 +1,428 @@
+"""The server's own cost per request, beside its model call's: CPU time, not wall time.
+
+    python -m bench.overhead --variant DIR --dataset DATA.pt [--code before=/tmp/old --code after=.]
+        [--connections 4] [--seconds 8] [--rounds 2] [--set key=value ...]
+
+A real server (reco.serve.process.start_server, keep_warm off) on one core, driven closed loop by
+`--connections` keep-alive connections from this process on the other core (a raw-socket client, so the
+generator's own cost stays off the server's core); the measure is the server process's CPU seconds
+(psutil: every thread, user + system) over the measured seconds / the requests answered there. The
+other helpers on the machine cannot inflate it the way they inflate wall time.
+
+The split of one request's server CPU (from the server's own /metrics, reco_cpu_seconds{stage}, read
+before and after the measured seconds): parse (body read, JSON decode, validation: the event loop's
+thread), retrieval (candidates), features (model input assembly), rank (the model call's thread: the
+model), serialize (top-k, JSON body, Server-Timing, the stage metrics), and the rest = total - those:
+HTTP parsing, the ASGI/Starlette layers, the hand-off to the model's thread and back, writing the
+answer. A server whose code has no stage CPU metrics (an older commit) shows the total and rank only.
+
+Floors on the same stack (uvicorn, uvloop, reco's httptools protocol with serve.http's limits, the
+same request bodies): `asgi`, a bare ASGI callable answering a fixed body; `starlette`, a one-route
+Starlette app doing the same. Both run in a process this module starts (`python -m bench.overhead
+--floor KIND --port P`).
+
+`--code NAME=DIR` serves from another checkout (its PYTHONPATH; e.g. `git worktree add /tmp/old
+<commit>`), so a change's before and after run side by side, interleaved round by round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+import psutil
+from scipy import stats
+
+from reco.cli.compose import compose
+from reco.loadtest.requests import request_bodies
+from reco.loadtest.runner import plan_cpus
+from reco.loadtest.scrape import parse_histograms, scrape
+from reco.serve.process import ServerHandle, free_port, start_server, stop_servers
+
+ROOT = Path(__file__).resolve().parents[1]
+SPLIT = ("parse", "retrieval", "features", "rank", "serialize")  # reco_cpu_seconds{stage}
+FLOORS = ("asgi", "starlette")
+
+
+@dataclass
+class Load:
+    """One measured stretch of closed-loop load on one server."""
+
+    requests: int
+    seconds: float
+    server_cpu_s: float
+    loop_cpu_s: float  # the event loop thread's share
+    errors: int
+    stage_cpu_s: dict[str, float] = field(default_factory=dict)  # summed over the requests
+
+    @property
+    def cpu_ms(self) -> float:
+        """Server CPU ms per answered request."""
+        return self.server_cpu_s / self.requests * 1e3
+
+    @property
+    def per_cpu_s(self) -> float:
+        """Requests answered per server CPU-second."""
+        return self.requests / self.server_cpu_s
+
+    def split_ms(self) -> dict[str, float]:
+        """Stage CPU ms per request, and `rest` (total - stages) when every stage was reported."""
+        out = {s: v / self.requests * 1e3 for s, v in self.stage_cpu_s.items()}
+        loop_ms = self.loop_cpu_s / self.requests * 1e3
+        if all(s in out for s in SPLIT):
+            out["rest"] = self.cpu_ms - sum(out[s] for s in SPLIT)
+            out["loop rest"] = loop_ms - sum(out[s] for s in SPLIT if s != "rank")
+            out["model thread rest"] = self.cpu_ms - loop_ms - out["rank"]
+        return out
+
+
+def http_request(path: str, body: bytes) -> bytes:
+    """A keep-alive POST as the load generators send it."""
+    head = (
+        f"POST {path} HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\n"
+        f"Content-Length: {len(body)}\r\n\r\n"
+    )
+    return head.encode() + body
+
+
+def read_response(sock: socket.socket, buf: bytearray) -> int:
+    """Read one response (Content-Length framed) off `sock`; `buf` holds bytes already received.
+    Returns its status code."""
+    while b"\r\n\r\n" not in buf:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        buf += chunk
+    end = buf.index(b"\r\n\r\n") + 4
+    head = bytes(buf[:end]).lower()
+    status = int(head[9:12])
+    at = head.index(b"content-length:") + len(b"content-length:")
+    length = int(head[at : head.index(b"\r\n", at)])
+    while len(buf) < end + length:
+        chunk = sock.recv(65536)
+        if not chunk:
+            raise ConnectionError("server closed the connection")
+        buf += chunk
+    del buf[: end + length]
+    return status
+
+
+class Driver:
+    """`connections` client threads, each one keep-alive connection sending the next request as soon as
+    the previous answer is in (closed loop); counts answers while `counting` is set."""
+
+    def __init__(self, port: int, requests: list[bytes], connections: int) -> None:
+        self.port, self.requests, self.connections = port, requests, connections
+        self.counting = threading.Event()
+        self.stop = threading.Event()
+        self.ok = [0] * connections
+        self.errors = [0] * connections
+        self.threads = [
+            threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(connections)
+        ]
+
+    def _run(self, i: int) -> None:
+        sock = socket.create_connection(("127.0.0.1", self.port))
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        buf = bytearray()
+        n = i
+        with sock:
+            while not self.stop.is_set():
+                sock.sendall(self.requests[n % len(self.requests)])
+                n += self.connections
+                status = read_response(sock, buf)
+                if self.counting.is_set():
+                    if status == 200:
+                        self.ok[i] += 1
+                    else:
+                        self.errors[i] += 1
+
+    def __enter__(self) -> Driver:
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop.set()
+        for t in self.threads:
+            t.join(10)
+
+
+def server_cpu_s(pid: int) -> tuple[float, float]:
+    """CPU seconds (user + system) of `pid` and its worker processes: (every thread, the main thread of
+    `pid`: the event loop of a one-process server)."""
+    procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
+    main = next(t for t in procs[0].threads() if t.id == pid)
+    return sum(sum(p.cpu_times()[:2]) for p in procs), main.user_time + main.system_time
+
+
+def stage_cpu_sums(port: int) -> dict[str, float]:
+    """reco_cpu_seconds{stage} sums from the server's /metrics ({} when it has none: a floor server)."""
+    text = scrape(f"http://127.0.0.1:{port}")
+    return {s: h["sum"] for s, h in parse_histograms(text).get("reco_cpu_seconds", {}).items()}
+
+
+def measure(
+    port: int, pid: int, requests: list[bytes], connections: int, seconds: float, cpus, metrics: bool
+) -> Load:
+    """Warm up for 2 s, then `seconds` of closed-loop load counted against the server's CPU time (and,
+    with `metrics`, the server's stage CPU from its /metrics)."""
+    if cpus:
+        os.sched_setaffinity(0, cpus)
+    with Driver(port, requests, connections) as d:
+        time.sleep(2.0)
+        stages0, (cpu0, loop0), t0 = (
+            stage_cpu_sums(port) if metrics else {},
+            server_cpu_s(pid),
+            time.perf_counter(),
+        )
+        d.counting.set()
+        time.sleep(seconds)
+        d.counting.clear()
+        (cpu1, loop1), t1 = server_cpu_s(pid), time.perf_counter()
+        ok, errors = sum(d.ok), sum(d.errors)
+    stages1 = stage_cpu_sums(port) if metrics else {}
+    split = {s: stages1[s] - stages0.get(s, 0.0) for s in stages1}
+    return Load(ok, t1 - t0, cpu1 - cpu0, loop1 - loop0, errors, split)
+
+
+# ---- floors: the same stack answering a fixed body ---------------------------------------------------
+
+FIXED = orjson.dumps({"items": [{"item_id": i, "score": 0.5} for i in range(10)], "model": "floor"})
+
+
+async def asgi_floor(scope, receive, send) -> None:
+    """A bare ASGI app: read the body, answer FIXED."""
+    if scope["type"] == "lifespan":
+        while (await receive())["type"] != "lifespan.shutdown":
+            await send({"type": "lifespan.startup.complete"})
+        await send({"type": "lifespan.shutdown.complete"})
+        return
+    more = True
+    while more:
+        more = (await receive()).get("more_body", False)
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(FIXED)).encode())]
+    await send({"type": "http.response.start", "status": 200, "headers": headers})
+    await send({"type": "http.response.body", "body": FIXED})
+
+
+def starlette_floor():
+    """A one-route Starlette app: read the body, answer FIXED."""
+    from starlette.applications import Starlette
+    from starlette.responses import Response
+    from starlette.routing import Route
+
+    async def recommend(request):
+        await request.body()
+        return Response(FIXED, 200, media_type="application/json")
+
+    return Starlette(routes=[Route("/recommend", recommend, methods=["POST"])])
+
+
+def serve_floor(kind: str, port: int) -> None:
+    """Run a floor server (uvicorn with reco's protocol and options) until SIGTERM."""
+    import uvicorn
+
+    from reco.serve.config import serve_config
+    from reco.serve.workers import uvicorn_options
+
+    cfg = serve_config(compose().serve)
+    app = asgi_floor if kind == "asgi" else starlette_floor()
+    uvicorn.run(app, host="127.0.0.1", port=port, **uvicorn_options(cfg))
+
+
+def start_floor(kind: str, cpus: list[int] | None) -> tuple[subprocess.Popen, int]:
+    """A floor server process on a free port, ready."""
+    port = free_port()
+    cmd = [sys.executable, "-m", "bench.overhead", "--floor", kind, "--port", str(port)]
+    if cpus:
+        cmd = ["taskset", "-c", ",".join(map(str, cpus)), *cmd]
+    proc = subprocess.Popen(cmd, cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            return proc, port
+        except OSError:
+            time.sleep(0.2)
+    proc.kill()
+    raise SystemExit(f"floor server {kind} did not listen on {port} within 60 s")
+
+
+def bookkeeping_us(n: int = 20000) -> float:
+    """CPU µs per request of the server's per-request bookkeeping, in this process: the Prometheus
+    updates a 200 answer makes (stage wall times, the four loop CPU stages and rank CPU, the status
+    counter, the in-flight gauges) and its Server-Timing header."""
+    from reco.serve.metrics import STAGES, ServeMetrics
+
+    m = ServeMetrics()
+    times = {s: 0.0005 * (i + 1) for i, s in enumerate(STAGES)}
+
+    def one() -> str:
+        m.inflight.inc()
+        m.inflight_max.set(3)
+        m.observe(times)
+        m.rank_cpu.observe(0.001)
+        for h in m.loop_cpu.values():
+            h.observe(0.0001)
+        m.inflight.dec()
+        m.requests.labels(status="200").inc()
+        return ", ".join(f"{s};dur={times[s] * 1000:.3f}" for s in STAGES)
+
+    for _ in range(1000):
+        one()
+    c = time.thread_time()
+    for _ in range(n):
+        one()
+    return (time.thread_time() - c) / n * 1e6
+
+
+# ---- the study ---------------------------------------------------------------------------------------
+
+
+def start_reco(code: Path, variant: str, dataset: str, settings, cpus) -> ServerHandle:
+    """reco's server from the checkout at `code`: its PYTHONPATH and working directory (`python -m` puts
+    the working directory first on sys.path) for the server process only."""
+    old, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
+    os.environ["PYTHONPATH"] = str(code.resolve())
+    os.chdir(code)
+    try:
+        return start_server(Path(variant).resolve(), Path(dataset).resolve(), settings, cpus=cpus)
+    finally:
+        os.chdir(cwd)
+        if old is None:
+            os.environ.pop("PYTHONPATH")
+        else:
+            os.environ["PYTHONPATH"] = old
+
+
+def row(name: str, load: Load) -> str:
+    split = load.split_ms()
+    cells = [
+        f"{split[s]:.3f}" if s in split else "–" for s in (*SPLIT, "rest", "loop rest", "model thread rest")
+    ]
+    ratio = f"{load.cpu_ms / split['rank']:.2f}" if split.get("rank") else "–"
+    return (
+        f"| {name} | {load.requests} | {load.requests / load.seconds:.0f} | {load.cpu_ms:.3f} | "
+        f"{load.per_cpu_s:.0f} | {' | '.join(cells)} | {ratio} | {load.errors} |"
+    )
+
+
+HEADER = (
+    "| server | requests | req/s | CPU ms / request | requests / CPU-s | parse | retrieval | features | "
+    "rank (model) | serialize | rest | rest: event loop thread (HTTP, ASGI, hand-off) | rest: model "
+    "thread (hand-off, GIL) | CPU / model CPU | errors |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+)
+
+
+def paired(ratios: list[float]) -> str:
+    """Geometric mean of per-round ratios with a 95 % Student t interval over their logs."""
+    logs = np.log(ratios)
+    mid = float(np.exp(logs.mean()))
+    if len(logs) < 2:
+        return f"{mid:.3f} (1 round)"
+    half = stats.t.ppf(0.975, len(logs) - 1) * logs.std(ddof=1) / np.sqrt(len(logs))
+    return f"{mid:.3f} [{np.exp(logs.mean() - half):.3f}, {np.exp(logs.mean() + half):.3f}]"
+
+
+def summary(loads: dict[str, list[Load]], codes: list[str]) -> str:
+    """Each reco server against the first, paired round by round (the load from other processes on the
+    machine changes between rounds and inflates every CPU figure of a round alike): the ratio of CPU per
+    request and of the non-model CPU per request (total - the model call's), n rounds, 95 % intervals;
+    and the median CPU / model CPU of each."""
+    if not codes:
+        return ""
+    first = codes[0]
+    lines = [
+        "",
+        f"| server | rounds | CPU / request vs {first} | non-model CPU / request vs {first} | "
+        "median CPU / model CPU | median requests / CPU-s |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name in codes:
+        a, b = loads[first], loads[name]
+
+        def non_model(x: Load) -> float:
+            return x.cpu_ms - x.stage_cpu_s["rank"] / x.requests * 1e3
+
+        ratio = np.median([x.cpu_ms / (x.stage_cpu_s["rank"] / x.requests * 1e3) for x in b])
+        lines.append(
+            f"| {name} | {len(b)} | {paired([y.cpu_ms / x.cpu_ms for x, y in zip(a, b, strict=True)])} | "
+            f"{paired([non_model(y) / non_model(x) for x, y in zip(a, b, strict=True)])} | {ratio:.2f} | "
+            f"{np.median([x.per_cpu_s for x in b]):.0f} |"
+        )
+    return "\n".join(lines)
+
+
+def run_one(name: str, args, code: Path | None, bodies: list[bytes], cpus) -> Load:
+    server_cpus, gen_cpus = cpus
+    if code is None:
+        proc, port = start_floor(name, server_cpus)
+        try:
+            return measure(port, proc.pid, bodies, args.connections, args.seconds, gen_cpus, False)
+        finally:
+            proc.terminate()
+            proc.wait(10)
+    settings = compose([f"serve.{o}" for o in ["keep_warm=false", *args.set]]).serve
+    h = start_reco(code, args.variant, args.dataset, settings, server_cpus)
+    try:
+        return measure(
+            int(h.url.rsplit(":", 1)[1]), h.pid, bodies, args.connections, args.seconds, gen_cpus, True
+        )
+    finally:
+        stop_servers([h])
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variant")
+    ap.add_argument("--dataset")
+    ap.add_argument("--code", action="append", default=[], help="NAME=DIR: serve from that checkout")
+    ap.add_argument("--floors", default=",".join(FLOORS), help="floor servers to run (comma list, or '')")
+    ap.add_argument("--connections", type=int, default=4)
+    ap.add_argument("--seconds", type=float, default=8.0)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--requests", type=int, default=2000, help="distinct request bodies replayed")
+    ap.add_argument("--set", action="append", default=[], help="serve key=value for reco's servers")
+    ap.add_argument("--floor", choices=FLOORS, help=argparse.SUPPRESS)
+    ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
+    args = ap.parse_args()
+    if args.floor:
+        serve_floor(args.floor, args.port)
+        return
+    if not (args.variant and args.dataset):
+        ap.error("--variant and --dataset are required")
+    from reco.data.schema import Dataset
+
+    ds = Dataset.load(args.dataset)
+    bodies = [http_request("/recommend", orjson.dumps(b)) for b in request_bodies(ds, args.requests, 10, 0)]
+    codes = dict(c.split("=", 1) for c in args.code) or {"reco": str(ROOT)}
+    runs: list[tuple[str, Path | None]] = [(n, Path(d)) for n, d in codes.items()]
+    runs += [(f, None) for f in args.floors.split(",") if f]
+    cpus = plan_cpus()
+    print(f"# {len(bodies)} bodies, {args.connections} connections, {args.seconds:g} s per run, cores {cpus}")
+    print(
+        f"# per-request bookkeeping (Prometheus + Server-Timing), in process: {bookkeeping_us():.1f} µs CPU"
+    )
+    print(HEADER)
+    loads: dict[str, list[Load]] = {name: [] for name, _ in runs}
+    for r in range(args.rounds):
+        for name, code in runs:
+            load = run_one(name, args, code, bodies, cpus)
+            loads[name].append(load)
+            print(row(f"{name} (round {r + 1})", load), flush=True)
+    print(summary(loads, [n for n, c in runs if c is not None]))
+
+
+if __name__ == "__main__":
+    main()
