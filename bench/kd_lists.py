@@ -122,26 +122,28 @@ def _table(files: list[str], reference: str, control: str) -> None:
         }
         for arm in runs
     }
+    bases = [b for b in (reference, control, "baseline") if b in per]
     print(
         f"Validation: {len(labels):,} rows, {per[reference]['clicks'].shape[1]:,} requests (users with a val positive)\n"
     )
-    print(
-        f"| arm | seeds | size ratio (vs baseline) | val AUC (seed range) | val GAUC | val expected clicks@{K} "
-        f"| Δ clicks vs {reference} [CI] | Δ clicks vs {control} [CI] | ΔGAUC vs {reference} [CI] | RBO vs teacher |"
+    head = "".join(f" Δ clicks vs {b} [CI] |" for b in bases) + "".join(
+        f" ΔGAUC vs {b} [CI] |" for b in bases
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print(
+        f"| arm | seeds | size ratio (vs baseline) | val AUC (seed range) | val GAUC | val expected clicks@{K} |{head} RBO vs teacher |"
+    )
+    print("|---" * (7 + 2 * len(bases)) + "|")
     for arm, m in per.items():
         ratio = float(stack(arm, "size_ratio", np.atleast_1d)[0, 0])
         a = m["auc"][:, 0]
-        vs = [
-            seeded_relative_delta(m["clicks"], per[base]["clicks"]).fmt("+.2%") if arm != base else "--"
-            for base in (reference, control)
+        cells = [
+            seeded_relative_delta(m[what], per[b][what]).fmt("+.2%") if arm != b else "--"
+            for what in ("clicks", "gauc")
+            for b in bases
         ]
-        g = seeded_relative_delta(m["gauc"], per[reference]["gauc"]).fmt("+.2%") if arm != reference else "--"
         print(
             f"| {arm} | {len(a)} | {ratio:.1f}x | {a.mean():.4f} ({a.min():.4f}-{a.max():.4f}) "
-            f"| {m['gauc'].mean():.4f} | {m['clicks'].mean():.4f} | {vs[0]} | {vs[1]} | {g} "
-            f"| {m['rbo'].mean():.3f} |"
+            f"| {m['gauc'].mean():.4f} | {m['clicks'].mean():.4f} | {' | '.join(cells)} | {m['rbo'].mean():.3f} |"
         )
 
 
@@ -150,6 +152,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dataset", help="a Dataset .pt file (.cache/data/<data>.pt)")
     p.add_argument("--teacher", help="the teacher variant's directory (.cache/variants/pruned-<hash>)")
     p.add_argument("--baseline", help="the baseline variant's directory: the size ratio's numerator")
+    p.add_argument("--measure-baseline", action="store_true", help="also grade the baseline (a row)")
     p.add_argument("--arm", action="append", default=[], help="'name=key=value key=value' distill overrides")
     p.add_argument("--seeds", type=int, nargs="+", default=[0])
     p.add_argument("--users", type=int, default=1000, help="validation users with a positive")
@@ -175,6 +178,15 @@ def main(argv: list[str] | None = None) -> int:
     out = {"_users": q.users, "_labels": q.labels, "_teacher_top": ref["top"]}
     ref["size_ratio"] = np.array(args.baseline_params / count_params(teacher))
     out.update({f"teacher/0/{key}": val for key, val in ref.items()})
+    if args.measure_baseline:  # the gate's reference: the case study compares every variant with it
+        base = Variant.load(Path(args.baseline)).load_torch()
+        got = q.measure(base)
+        got["size_ratio"] = np.array(1.0)
+        out.update({f"baseline/0/{key}": val for key, val in got.items()})
+        print(
+            f"baseline: val AUC {auc(q.labels, got['scores']):.4f}, expected clicks@{K} {got['clicks'].mean():.4f}"
+        )
+        np.savez(args.out, **out)
     print(
         f"teacher: val AUC {auc(q.labels, ref['scores']):.4f}, expected clicks@{K} {ref['clicks'].mean():.4f}"
     )

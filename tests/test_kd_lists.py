@@ -28,6 +28,7 @@ def kd_cfg(**over):
         "rows_per_epoch": 12_000,
         "control": False,
         "n_candidates": N_CANDIDATES,
+        "list_loss": "none",
         "list_users": 400,
         "list_size": 40,
         "lists_per_batch": 32,  # 24 batches x 32: each list about twice

@@ -160,7 +160,9 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
     teacher = parent.load_torch()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    student, loss = train_student(teacher, data, dc, trainer, name, what=f"teacher {parent.name!r}")
+    student, loss = train_student(
+        teacher, data, dc, trainer, name, what=f"teacher {parent.name!r}, model {parent.model_target}"
+    )
     n_t, n_s = count_params(teacher), count_params(student)
     # Validation split only: the test split is read once per variant, by the pipeline, for the report.
     labels = data.val.labels.numpy()
@@ -213,7 +215,7 @@ def new_student(
     if n_s >= n_t:
         raise StepError(
             f"distill: distill.student has {n_s} params, not fewer than the teacher's {n_t} "
-            f"({what}, {type(teacher).__name__}); shrink distill.student.embedding_dim, "
+            f"({what}); shrink distill.student.embedding_dim, "
             f"distill.student.bottom or distill.student.top"
         )
     return student
