@@ -119,3 +119,16 @@ def test_list_loss_none_leaves_the_pointwise_student_unchanged(parent, data, tra
     b, _ = distill.train_student(teacher, data, other, trainer, "b", what="test")
     for x, y in zip(a.state_dict().values(), b.state_dict().values(), strict=True):
         assert torch.equal(x, y)
+
+
+def test_requests_carry_the_context_of_their_own_split(data):
+    """A validation request's model input holds its val row's context, not the test row of that index."""
+    reqs = quality_requests(data, 30, 0, split="val")
+    inputs = RequestInputs(FeatureStore(data, kd_cfg().lists().retrieval), data, reqs)
+    ctx = inputs.store.ctx_cols
+    for i in range(len(reqs.users)):
+        _, (_, ids, _) = inputs(i, 5)
+        row = int(reqs.rows[i])
+        assert (ids[:, ctx] == data.val.ids[row, ctx].numpy()).all()
+    differs = [(data.val.ids[int(r), ctx] != data.test.ids[int(r), ctx]).any() for r in reqs.rows]
+    assert any(differs)  # the check can tell the splits apart

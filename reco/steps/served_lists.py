@@ -79,7 +79,10 @@ class ServedLists:
         try:
             store = FeatureStore(data, ls.retrieval)
         except ServeConfigError as e:
-            raise ListError(f"distill.list_loss needs the service's candidates (serve.retrieval): {e}") from e
+            raise ListError(
+                f"distill.list_loss needs the service's candidates (serve.retrieval): {e}; on data that "
+                f"cannot be served, set distill.list_loss=none (the pointwise student)"
+            ) from e
         reqs = quality_requests(data, ls.users, seed, split="train")
         if not len(reqs.users):
             raise ListError(
