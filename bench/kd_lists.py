@@ -1,11 +1,12 @@
 """Distillation arms chosen on validation: each arm's student, per seed, graded on what validation users see.
 
     python -m bench.kd_lists --dataset .cache/data/<data>.pt --teacher .cache/variants/pruned-<hash> \\
-        --arm "pointwise=" --arm "listwise=list_loss=listwise" --seeds 0 1 2 --out kd.npz   # train, save
+        --arm "pointwise=list_loss=none" --arm "listwise=list_weight=2" --seeds 0 1 2 --out kd.npz  # train
+    python -m bench.kd_lists ... --measure-baseline --out base.npz   # the baseline's row (the gate's reference)
     python -m bench.kd_lists --dataset ... --table kd.npz other.npz                            # the table
 
 An arm is `name=` followed by space-separated `distill.<key>` overrides on top of the experiment's
-(`--experiment`, default ecommerce_case_study); `control` is alpha=1 (no teacher). The students train as
+(`--experiment`, default ecommerce_case_study); the no-teacher control is `alpha=1 list_loss=none`. The students train as
 the distill step trains them (reco.steps.distill.train_student), with `--seed` as their trainer seed; the
 data set and the teacher are fixed. Every figure is on the validation split, never the test split:
 AUC, GAUC (per-user AUC of the val rows) and expected clicks@10 of the service's top-10 for `--users` val
