@@ -236,8 +236,9 @@ def test_validation_requests_are_drawn_from_the_val_split(tiny_data):
     for u, rel in zip(reqs.users, reqs.relevant, strict=True):
         assert sorted(rel.tolist()) == sorted(items[pos & (users == u)].tolist())
     assert quality_requests(tiny_data, 50, seed=1).rows.tolist() != reqs.rows.tolist()  # test by default
-    with pytest.raises(ValueError, match=r"split 'train': expected one of \('val', 'test'\)"):
-        quality_requests(tiny_data, 50, seed=1, split="train")
+    assert reqs.split == "val"  # what served_topk and planted_gains read the contexts from
+    with pytest.raises(ValueError, match=r"split 'tran': expected one of \('train', 'val', 'test'\)"):
+        quality_requests(tiny_data, 50, seed=1, split="tran")
 
 
 @pytest.fixture(scope="module")

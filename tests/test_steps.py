@@ -143,6 +143,7 @@ def distill_cfg(**over) -> dict:
         "student": {"embedding_dim": 4, "bottom": [16, 4], "top": [16], "min_rows": 500},
         "epochs": 1,
         "rows_per_epoch": 6_000,
+        "list_loss": "none",  # the pointwise student; the list terms: tests/test_kd_lists.py
     }
     return load_step_config("distill", deep_merge(base, over))
 

@@ -52,6 +52,7 @@ class QualityRequests:
     users: np.ndarray  # [U] user ids
     rows: np.ndarray  # [U] the row (of the split drawn from) whose context the request carries
     relevant: list[np.ndarray]  # per user: its positive items in that split
+    split: str = "test"  # the split `rows` index (its contexts are the requests')
 
 
 @dataclass(frozen=True)
@@ -61,18 +62,18 @@ class _Context:  # reco.serve.features.RequestContext from a test row
     context_dense: np.ndarray
 
 
-SPLITS = ("val", "test")
+SPLITS = ("train", "val", "test")
 
 
 def quality_requests(data: Dataset, n_users: int, seed: int, split: str = "test") -> QualityRequests:
     """Up to `n_users` users with a positive in `split` (test; val to choose settings without looking at
-    test), drawn with `seed` (sorted by id, so a larger draw with the same seed is not a reshuffle); rows
-    and relevant items are that split's."""
+    test; train for requests to learn from), drawn with `seed` (sorted by id, so a larger draw with the
+    same seed is not a reshuffle); rows and relevant items are that split's."""
     if split not in SPLITS:
         raise ValueError(f"quality_requests: split {split!r}: expected one of {SPLITS}")
     s, t = data.schema, getattr(data, split)
     if s.user_key is None or s.item_key is None:
-        return QualityRequests(np.empty(0, np.int64), np.empty(0, np.int64), [])
+        return QualityRequests(np.empty(0, np.int64), np.empty(0, np.int64), [], split)
     users = t.ids[:, s.index(s.user_key), 0].numpy()
     items = t.ids[:, s.index(s.item_key), 0].numpy()
     pos = np.flatnonzero(t.labels.numpy() > 0.5)
@@ -84,7 +85,37 @@ def quality_requests(data: Dataset, n_users: int, seed: int, split: str = "test"
     bounds = np.append(first, len(u_sorted))
     rows = known[order][first[pick]]
     relevant = [items[known[order][bounds[i] : bounds[i + 1]]] for i in pick]
-    return QualityRequests(uniq[pick], rows, relevant)
+    return QualityRequests(uniq[pick], rows, relevant, split)
+
+
+class RequestInputs:
+    """Each request's candidates and model input, as the service builds them (retrieval from the user's
+    stored features, then the in-memory assembly with the context of the request's row)."""
+
+    def __init__(self, store: FeatureStore, data: Dataset, reqs: QualityRequests) -> None:
+        t = getattr(data, reqs.split)
+        self.store, self.reqs = store, reqs
+        self.ids, self.dense, self.mask = t.ids.numpy(), t.dense.numpy(), t.mask().numpy()
+
+    def candidates(self, i: int, n: int) -> np.ndarray:
+        """Request i's candidates [<= n] item ids."""
+        return self.store.candidates(self.store.user_row(int(self.reqs.users[i])), n)
+
+    def __call__(
+        self, i: int, n: int, items: np.ndarray | None = None
+    ) -> tuple[np.ndarray, tuple[np.ndarray, ...]]:
+        """Request i's candidates [<= n] item ids (or the given `items`) and their input (dense [M, D],
+        ids [M, F, L], mask [M, F, L])."""
+        store, row = self.store, int(self.reqs.rows[i])
+        ctx = _Context(
+            self.ids[row, store.ctx_cols],
+            self.mask[row, store.ctx_cols],
+            self.dense[row, store.ctx_dense_cols],
+        )
+        urow = store.user_row(int(self.reqs.users[i]))
+        if items is None:
+            items = store.candidates(urow, n)
+        return items, store.assemble(urow, ctx, items)
 
 
 def served_topk(
@@ -98,23 +129,13 @@ def served_topk(
 ) -> np.ndarray:
     """The top-k item ids [U, k] the service answers to each request (-1 pads a list shorter than k);
     `per_call` requests' candidate blocks are scored in one model call (as the dynamic batcher would)."""
-    t = data.test
-    ids, dense, mask = t.ids.numpy(), t.dense.numpy(), t.mask().numpy()
+    inputs = RequestInputs(store, data, reqs)
     out = np.full((len(reqs.users), k), -1, dtype=np.int64)
     for a in range(0, len(reqs.users), per_call):
-        blocks, cands = [], []
-        for user, row in zip(
-            reqs.users[a : a + per_call].tolist(), reqs.rows[a : a + per_call].tolist(), strict=True
-        ):
-            ctx = _Context(
-                ids[row, store.ctx_cols], mask[row, store.ctx_cols], dense[row, store.ctx_dense_cols]
-            )
-            urow = store.user_row(user)
-            items = store.candidates(urow, serve.n_candidates)
-            blocks.append(store.assemble(urow, ctx, items))
-            cands.append(items)
+        got = [inputs(i, serve.n_candidates) for i in range(a, min(a + per_call, len(reqs.users)))]
+        cands = [items for items, _ in got]
         sizes = [len(items) for items in cands]
-        probs = scorer(*(np.concatenate(parts) for parts in zip(*blocks, strict=True)), sizes)
+        probs = scorer(*(np.concatenate(parts) for parts in zip(*(b for _, b in got), strict=True)), sizes)
         start = 0
         for j, items in enumerate(cands):
             top, _ = top_k("quality", items, probs[start : start + len(items)], k)
@@ -147,9 +168,9 @@ def reference_topk(cands: list[np.ndarray], scores: list[np.ndarray], k: int) ->
     return out
 
 
-def _context(data: Dataset, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """The click model's (hour, device) of test rows: feature ids are shifted by one (0: unknown)."""
-    s, t = data.schema, data.test
+def _context(data: Dataset, rows: np.ndarray, split: str = "test") -> tuple[np.ndarray, np.ndarray]:
+    """The click model's (hour, device) of `split` rows: feature ids are shifted by one (0: unknown)."""
+    s, t = data.schema, getattr(data, split)
     return t.ids[rows, s.index("hour"), 0].numpy() - 1, t.ids[rows, s.index("device"), 0].numpy() - 1
 
 
@@ -169,9 +190,9 @@ def planted_gains(
     model: ClickModel, data: Dataset, reqs: QualityRequests, cands: list[np.ndarray]
 ) -> list[np.ndarray]:
     """True P(click) of each request's candidates (one [M] array per request, aligned with `cands`): the
-    request's user, each candidate item and the context (hour, device) of the request's test row, through
+    request's user, each candidate item and the context (hour, device) of the request's row, through
     the planted click model. Feature ids are shifted by one (0: unknown), the model's are not."""
-    hour, device = _context(data, reqs.rows)
+    hour, device = _context(data, reqs.rows, reqs.split)
     out = []
     for u, h, d, items in zip(reqs.users.tolist(), hour.tolist(), device.tolist(), cands, strict=True):
         m = len(items)

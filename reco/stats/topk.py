@@ -126,6 +126,33 @@ def paired_relative_delta(
     return Estimate(point, float(np.quantile(rel, a)), float(np.quantile(rel, 1 - a)), n)
 
 
+def seeded_relative_delta(x: np.ndarray, base: np.ndarray, seed: int = 0, conf: float = CONF) -> Estimate:
+    """(mean(x) - mean(base)) / mean(base) of two arms trained with several seeds, graded on the same users.
+
+    Args:
+        x: [S, U] a figure per seed (a trained model) and user; base: [S', U] the other arm's, same users.
+    Each bootstrap resample draws the users (paired: the same for both arms) and, independently per arm,
+    its seeds with replacement, so the interval holds the training-seed spread as well as the users'. With
+    one seed per arm it is the paired bootstrap over users; with 3 seeds the seed draw is coarse (10
+    distinct multisets), which widens the interval rather than narrowing it.
+    """
+    x, base = np.atleast_2d(np.asarray(x, np.float64)), np.atleast_2d(np.asarray(base, np.float64))
+    rng = np.random.default_rng(seed)
+    n = x.shape[1]
+    idx = rng.integers(0, n, (B, n))
+    sx, sb = rng.integers(0, len(x), (B, len(x))), rng.integers(0, len(base), (B, len(base)))
+    # per seed and resample: the mean over the drawn users, then averaged over the drawn seeds
+    mx = np.take_along_axis(np.stack([r[idx].mean(axis=1) for r in x], axis=1), sx, axis=1).mean(axis=1)
+    mb = np.take_along_axis(np.stack([r[idx].mean(axis=1) for r in base], axis=1), sb, axis=1).mean(axis=1)
+    if base.mean() <= 0 or (mb <= 0).any():
+        return Estimate(None, None, None, n)
+    a = (1 - conf) / 2
+    rel = mx / mb - 1
+    return Estimate(
+        float(x.mean() / base.mean() - 1), float(np.quantile(rel, a)), float(np.quantile(rel, 1 - a)), n
+    )
+
+
 @dataclass(frozen=True)
 class TopKQuality:
     """One variant's served top-k over the quality requests; agreement and Δ against the baseline's

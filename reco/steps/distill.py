@@ -12,6 +12,9 @@ The labelled split bounds what the control can learn; the teacher can label as m
 The control is the same student architecture, initialisation, data, budget and seed trained on the
 labels alone (alpha = 1); `kd_gain_val_auc` = student AUC - control AUC on the validation split, with a
 paired DeLong 95 % CI (`_lo`, `_hi`): both score the same rows, so their noise largely cancels.
+With list_loss = listwise or margin_mse, each batch also carries lists_per_batch of the service's
+candidate lists for training users, scored once by the teacher, and the loss adds list_weight x the list
+term (reco/steps/served_lists.py): the student learns to order what it will serve, not only the logged rows.
 The student is the teacher's class with the teacher's architecture settings and the shapes of
 `distill.student` (the model's `student_config`, reco.models.protocol).
 """
@@ -21,19 +24,23 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
+from typing import Any
 
 import torch
 from omegaconf import MISSING
 from torch import nn
 
+from reco.config import typed
 from reco.data.schema import Dataset, Schema, Split
 from reco.measure import predict
 from reco.models.protocol import ArchConfig, PlainScorer, RankingModel, TableSpec, count_params
 from reco.runtime import Scorer
+from reco.serve.config import RetrievalConfig
 from reco.stats import auc_delta
 from reco.steps.prune import row_counts
 from reco.steps.registry import StepError, StepRun, child_variant, register, require_artifact
-from reco.train.loop import train
+from reco.steps.served_lists import ListError, ListLoss, ListSettings, ServedLists
+from reco.train.loop import TrainConfig, train
 from reco.train.metrics import auc
 from reco.variant import Variant
 
@@ -76,6 +83,16 @@ class DistillConfig:
     cache_teacher_logits: bool = MISSING  # each train row's teacher logit computed once, reused later
     control: bool = MISSING  # also train the student without the teacher
     lr: float | None = MISSING  # None: trainer.lr (a small student often wants a larger step)
+    list_loss: ListLoss = MISSING  # none | listwise | margin_mse on served candidate lists
+    list_users: int = MISSING  # training users whose served lists are distilled
+    list_size: int = MISSING  # candidates per list (drawn once from the user's served candidates)
+    lists_per_batch: int = MISSING  # lists beside each batch of logged rows
+    list_weight: float = MISSING  # weight of the list term
+    list_temperature: float = MISSING  # listwise only: softmax temperature
+    n_candidates: int = MISSING  # serve.n_candidates: what the service retrieves per request
+    # serve.retrieval (a RetrievalConfig's keys; untyped here only because a structured field cannot take
+    # the YAML's interpolation of another section when Hydra composes)
+    retrieval: Any = MISSING
 
     def check(self, where: str = "") -> None:
         if not 0 <= self.alpha <= 1:
@@ -91,6 +108,37 @@ class DistillConfig:
             )
         if not self.student.bottom:
             raise StepError("distill: distill.student.bottom must list at least one layer, got []")
+        self.check_lists()
+
+    def check_lists(self) -> None:
+        if self.list_loss is ListLoss.none:
+            return
+        for key in ("list_users", "list_size", "lists_per_batch"):
+            if getattr(self, key) < 1:
+                raise StepError(
+                    f"distill: distill.{key} must be >= 1 with distill.list_loss="
+                    f"{self.list_loss.value}, got {getattr(self, key)}"
+                )
+        if self.list_size < 2:
+            raise StepError(
+                f"distill: distill.list_size must be >= 2 (a list orders items), got {self.list_size}"
+            )
+        if self.list_size > self.n_candidates:
+            raise StepError(
+                f"distill: distill.list_size={self.list_size} is larger than the candidates the service "
+                f"retrieves (distill.n_candidates = serve.n_candidates = {self.n_candidates})"
+            )
+        if self.list_weight <= 0 or self.list_temperature <= 0:
+            raise StepError(
+                f"distill: distill.list_weight and distill.list_temperature must be > 0, got "
+                f"{self.list_weight} and {self.list_temperature}"
+            )
+        if self.alpha >= 1:
+            raise StepError("distill: distill.list_loss needs the teacher: alpha < 1, got alpha 1")
+
+    def lists(self) -> ListSettings:
+        retrieval = typed(self.retrieval, RetrievalConfig, "distill.retrieval")
+        return ListSettings(self.list_users, self.list_size, self.n_candidates, retrieval)
 
 
 @register("distill", DistillConfig, trains=True)
@@ -112,26 +160,10 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
     teacher = parent.load_torch()
     for p in teacher.parameters():
         p.requires_grad_(False)
-    s_cfg, maps = student_config(dc.student, teacher, data)
-    student = build_student(teacher, s_cfg, maps, trainer.seed)
-    n_t, n_s = count_params(teacher), count_params(student)
-    if n_s >= n_t:
-        raise StepError(
-            f"distill: distill.student has {n_s} params, not fewer than the teacher's {n_t} "
-            f"(teacher {parent.name!r}, model {parent.model_target}); shrink distill.student.embedding_dim, "
-            f"distill.student.bottom or distill.student.top"
-        )
-    control = build_student(teacher, s_cfg, maps, trainer.seed) if dc.control else None
-
-    budget = dataclasses.replace(
-        trainer,
-        epochs=dc.epochs,
-        max_rows_per_epoch=dc.rows_per_epoch,
-        lr=dc.lr or trainer.lr,
-        checkpoint_dir=None,
+    student, loss = train_student(
+        teacher, data, dc, trainer, name, what=f"teacher {parent.name!r}, model {parent.model_target}"
     )
-    loss = KDLoss(teacher, data.train, dc, student=student, schema=data.schema, seed=trainer.seed)
-    train(student, data, budget, loss_fn=loss, desc=f"distill[{name}] student")
+    n_t, n_s = count_params(teacher), count_params(student)
     # Validation split only: the test split is read once per variant, by the pipeline, for the report.
     labels = data.val.labels.numpy()
     student_val = predict(torch_scorer(student), data.val)
@@ -145,8 +177,8 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
         size_ratio=n_t / n_s,
         teacher_rows_scored=float(loss.rows_scored),
     )
-    if control is not None:
-        train(control, data, budget, desc=f"distill[{name}] control")
+    if dc.control:
+        control = train_control(teacher, data, dc, trainer, name)
         torch.save(control.state_dict(), v.path / "control.pt")
         v.add_artifact("control_torch", "control.pt")  # same model_config as the student
         control_val = predict(torch_scorer(control), data.val)
@@ -162,6 +194,60 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
     return v
 
 
+def student_budget(dc: DistillConfig, trainer: TrainConfig) -> TrainConfig:
+    """The trainer settings with the distillation's epochs, rows and rate (no checkpoints)."""
+    return dataclasses.replace(
+        trainer,
+        epochs=dc.epochs,
+        max_rows_per_epoch=dc.rows_per_epoch,
+        lr=dc.lr or trainer.lr,
+        checkpoint_dir=None,
+    )
+
+
+def new_student(
+    teacher: RankingModel, data: Dataset, dc: DistillConfig, seed: int, what: str
+) -> RankingModel:
+    """The untrained student of `dc.student` (seeded: the student and its control start identical)."""
+    s_cfg, maps = student_config(dc.student, teacher, data)
+    student = build_student(teacher, s_cfg, maps, seed)
+    n_t, n_s = count_params(teacher), count_params(student)
+    if n_s >= n_t:
+        raise StepError(
+            f"distill: distill.student has {n_s} params, not fewer than the teacher's {n_t} "
+            f"({what}); shrink distill.student.embedding_dim, "
+            f"distill.student.bottom or distill.student.top"
+        )
+    return student
+
+
+def train_student(
+    teacher: RankingModel, data: Dataset, dc: DistillConfig, trainer: TrainConfig, name: str, what: str
+) -> tuple[RankingModel, KDLoss]:
+    """The student trained on labels, the teacher's logits and (list_loss) its served lists."""
+    student = new_student(teacher, data, dc, trainer.seed, what)
+    lists = None
+    if dc.list_loss is not ListLoss.none:
+        try:
+            lists = ServedLists(teacher, data, dc.lists(), trainer.seed)
+        except ListError as e:
+            raise StepError(f"distill: {e}") from e
+    loss = KDLoss(
+        teacher, data.train, dc, student=student, schema=data.schema, seed=trainer.seed, lists=lists
+    )
+    train(student, data, student_budget(dc, trainer), loss_fn=loss, desc=f"distill[{name}] student")
+    return student, loss
+
+
+def train_control(
+    teacher: RankingModel, data: Dataset, dc: DistillConfig, trainer: TrainConfig, name: str
+) -> RankingModel:
+    """The same student, initialisation, data, budget and seed on the labels alone."""
+    control = new_student(teacher, data, dc, trainer.seed, "control")
+    train(control, data, student_budget(dc, trainer), desc=f"distill[{name}] control")
+    return control
+
+
 class KDLoss:
     """loss_fn for reco.train.loop.train: (student logits [B], batch, train-row indices [B]) -> scalar."""
 
@@ -174,8 +260,10 @@ class KDLoss:
         student: RankingModel,
         schema: Schema,
         seed: int,
+        lists: ServedLists | None = None,
     ):
         self.teacher, self.student, self.alpha, self.t = teacher.eval(), student, dc.alpha, dc.temperature
+        self.lists, self.dc = lists, dc
         self.soft_target, self.resampled = dc.soft_target, dc.resampled_rows
         # NaN = not scored yet; filled lazily, so a row budget smaller than the split costs no more
         # teacher forwards than computing them on the fly.
@@ -229,6 +317,10 @@ class KDLoss:
             extra = self.resample(part)
             s = self.student(extra.dense, self.student.kjt(extra.ids, extra.lengths)).float()
             loss = loss + (1 - self.alpha) * self.soft(s, self.teacher_logits(extra))
+        if self.lists is not None:
+            dc = self.dc
+            term = self.lists.loss(self.student, dc.list_loss, dc.lists_per_batch, dc.list_temperature)
+            loss = loss + dc.list_weight * term
         return loss
 
 
