@@ -132,3 +132,20 @@ def test_requests_carry_the_context_of_their_own_split(data):
         assert (ids[:, ctx] == data.val.ids[row, ctx].numpy()).all()
     differs = [(data.val.ids[int(r), ctx] != data.test.ids[int(r), ctx]).any() for r in reqs.rows]
     assert any(differs)  # the check can tell the splits apart
+
+
+def test_data_no_service_can_rank_trains_the_student_pointwise_and_says_so(
+    parent, data, trainer, tmp_path, capsys
+):
+    """The default list loss on data with no user to serve (here: no training user with a positive, as on
+    data without a user key) is no error: the student trains pointwise, the log line and its
+    `served_lists` metric say so."""
+    train = dataclasses.replace(data.train, labels=torch.zeros_like(data.train.labels))
+    v = distill.run(
+        parent,
+        dataclasses.replace(data, train=train),
+        kd_cfg(list_loss="listwise"),
+        StepRun("s", tmp_path, trainer),
+    )
+    assert v.metrics["served_lists"] == 0.0
+    assert "no training user with a positive row" in capsys.readouterr().out

@@ -39,7 +39,7 @@ from reco.serve.config import RetrievalConfig
 from reco.stats import auc_delta
 from reco.steps.prune import row_counts
 from reco.steps.registry import StepError, StepRun, child_variant, register, require_artifact
-from reco.steps.served_lists import ListError, ListLoss, ListSettings, ServedLists
+from reco.steps.served_lists import ListError, ListLoss, ListSettings, ServedLists, Unservable
 from reco.train.loop import TrainConfig, train
 from reco.train.metrics import auc
 from reco.variant import Variant
@@ -176,6 +176,7 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
         teacher_params=float(n_t),
         size_ratio=n_t / n_s,
         teacher_rows_scored=float(loss.rows_scored),
+        served_lists=float(loss.lists is not None),  # 0: list_loss had no lists (data not servable)
     )
     if dc.control:
         control = train_control(teacher, data, dc, trainer, name)
@@ -230,6 +231,14 @@ def train_student(
     if dc.list_loss is not ListLoss.none:
         try:
             lists = ServedLists(teacher, data, dc.lists(), trainer.seed)
+        except Unservable as e:
+            # the default list loss meets data no service can rank (e.g. Criteo: no user or item key);
+            # said on the terminal and in the variant's `served_lists` metric (0), not an error
+            print(
+                f"distill[{name}]: {e}; distill.list_loss={dc.list_loss.value} has no lists to distil "
+                f"here, so the student is trained pointwise",
+                flush=True,
+            )
         except ListError as e:
             raise StepError(f"distill: {e}") from e
     loss = KDLoss(

@@ -42,6 +42,11 @@ class ListError(ValueError):
     """Served lists cannot be built as configured (the message names the distill.<key>)."""
 
 
+class Unservable(ListError):
+    """The data has nothing the service can serve (no user/item key, no user with a positive): there are
+    no lists to distil, whatever distill.* says."""
+
+
 @dataclass
 class ListSettings:
     """The distill.list_* keys (conf/step/distill.yaml) that shape the lists."""
@@ -79,16 +84,12 @@ class ServedLists:
         try:
             store = FeatureStore(data, ls.retrieval)
         except ServeConfigError as e:
-            raise ListError(
-                f"distill.list_loss needs the service's candidates (serve.retrieval): {e}; on data that "
-                f"cannot be served, set distill.list_loss=none (the pointwise student)"
+            raise Unservable(
+                f"the service cannot retrieve candidates on this data (serve.retrieval): {e}"
             ) from e
         reqs = quality_requests(data, ls.users, seed, split="train")
         if not len(reqs.users):
-            raise ListError(
-                f"distill.list_users: no training user with a positive row and a user id "
-                f"(dataset {data.name!r}); set distill.list_loss=none"
-            )
+            raise Unservable(f"no training user with a positive row and a user id (dataset {data.name!r})")
         self.inputs = RequestInputs(store, data, reqs)
         rng = np.random.default_rng(seed)
         self.items = np.empty((len(reqs.users), ls.size), dtype=np.int64)
