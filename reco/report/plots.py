@@ -84,8 +84,6 @@ def readable_log_axis(axis) -> None:
     view spans too little for three of those; minor ticks unlabelled. (Matplotlib's default labels the
     minor ticks of a range under a decade as '3×10¹4×10¹', colliding.) Call once the data is drawn."""
     lo, hi = sorted(axis.get_view_interval())
-    if not 0 < lo < hi < math.inf:  # nothing positive drawn (e.g. every step's p99 n/a): matplotlib's own
-        return
     for subs in ((1.0, 2.0, 5.0), (1.0, 1.5, 2.0, 3.0, 5.0, 7.0)):
         locator = LogLocator(10, subs=subs)
         if sum(lo <= t <= hi for t in locator.tick_values(lo, hi)) >= 3:
