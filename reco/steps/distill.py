@@ -89,7 +89,7 @@ class DistillConfig:
     lists_per_batch: int = MISSING  # lists beside each batch of logged rows
     list_weight: float = MISSING  # weight of the list term
     list_temperature: float = MISSING  # listwise only: softmax temperature
-    n_candidates: int = MISSING  # serve.n_candidates: what the service retrieves per request
+    n_candidates: int = MISSING  # the candidate pool the lists are drawn from (a fixed 500 in conf)
     # serve.retrieval (a RetrievalConfig's keys; untyped here only because a structured field cannot take
     # the YAML's interpolation of another section when Hydra composes)
     retrieval: Any = MISSING
@@ -126,7 +126,7 @@ class DistillConfig:
         if self.list_size > self.n_candidates:
             raise StepError(
                 f"distill: distill.list_size={self.list_size} is larger than the candidates the service "
-                f"retrieves (distill.n_candidates = serve.n_candidates = {self.n_candidates})"
+                f"retrieves (distill.n_candidates={self.n_candidates})"
             )
         if self.list_weight <= 0 or self.list_temperature <= 0:
             raise StepError(

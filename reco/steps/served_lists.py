@@ -53,7 +53,7 @@ class ListSettings:
 
     users: int  # training users with a list
     size: int  # candidates per list
-    n_candidates: int  # candidates the service retrieves per request (serve.n_candidates)
+    n_candidates: int  # the candidate pool the lists are drawn from (distill.n_candidates)
     retrieval: RetrievalConfig  # serve.retrieval
 
 
@@ -98,7 +98,7 @@ class ServedLists:
             if len(cands) < ls.size:
                 raise ListError(
                     f"distill.list_size={ls.size} is larger than the {len(cands)} candidates the service "
-                    f"retrieves for training user {int(reqs.users[i])} (serve.n_candidates="
+                    f"retrieves for training user {int(reqs.users[i])} (distill.n_candidates="
                     f"{ls.n_candidates}, retrieval {store.retrieval_name}); lower distill.list_size"
                 )
             self.items[i] = rng.choice(cands, ls.size, replace=False)
