@@ -7,6 +7,7 @@ import math
 import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -15,7 +16,7 @@ from mlflow.exceptions import MlflowException
 
 from reco.cli.compose import compose
 from reco.config import typed
-from reco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker, latest_variant_runs
+from reco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker, latest_variant_runs, unreachable
 from reco.tracking_server import TrackingServerConfig, server_command, server_environment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -177,6 +178,11 @@ def test_a_tracking_server_lost_mid_run_is_outlived_and_what_was_not_logged_is_l
             t.log("no-such-run", metrics={"auc": 0.7})  # not an unreachable server: raised
         t.log(parent, metrics={"auc": 0.7})
         kill()
+        # killed *between* two calls: its workers may hold the port a moment after the main process is
+        # reaped, and a call caught in that moment is one in flight (MLflow's retries, the documented limit)
+        deadline = time.monotonic() + 30
+        while not unreachable(url) and time.monotonic() < deadline:
+            time.sleep(0.1)
         child = t.start_run("baseline", parent_id=parent)
         t.log(parent, metrics={"qps": 10.0}, params={"seed": 1})
         (tmp_path / "report.md").write_text("# report\n")
