@@ -31,11 +31,11 @@ from pathlib import Path
 
 import numpy as np
 
-from reco.loadtest.capacity import run_step
+from reco.loadtest.capacity import run_step, step_verdict
 from reco.loadtest.config import CapacityConfig
 from reco.loadtest.runs import make_run
 from reco.stats import Verdict, quantile_ci
-from reco.stats.dependent import dependent_quantile_ci, ratio_ci
+from reco.stats.dependent import EXCEEDANCE_POWER, dependent_quantile_ci, ratio_ci
 
 MODELS = ("mm1", "md1", "mln1")
 QS = {"p50": 0.5, "p99": 0.99}
@@ -319,6 +319,90 @@ def paired_table(blocks: int, n: int, runs: int, seed: int, utilisations: list[f
 
 
 # -- how many requests a capacity step needs (issue 43, finding 4) ---------------------------------------
+# -- a capacity step's power (issue 43): does a step far below the SLO PASS? -------------------------------
+# One step as the case study runs it (loadtest.capacity: 600 requests, doubled up to 8,000: 5 looks at 99 %)
+# on one continuous chain (the server keeps running between a step's windows), judged at each look by
+# reco.loadtest.capacity.step_verdict, with and without the exceedance bound (exponent k). The SLO is a
+# multiple of the chain's true p99: at 1x a PASS is false (a valid step PASSes at most ~5 %), above it a
+# PASS is the right answer and its share is the step's power. Queues as above plus "stall" (exponential
+# service, and one request in 1,000 a stall 20 mean services long: the bursts of slow requests the case
+# study's fast variants show), each with a drift within the step (the service's speed redrawn every 600
+# requests, max/min 1 + drift: the case study's windows of one step differed up to 2x in p99).
+STEP_MODELS = (*MODELS, "stall")
+STEP_LOOKS = (600, 1200, 2400, 4800, 8000)
+
+
+def _step_service(model: str, rng: np.random.Generator, size: tuple[int, int]) -> np.ndarray:
+    if model == "stall":
+        return np.where(rng.random(size) < 1e-3, 20.0, rng.exponential(0.98 / 0.999, size))  # mean 1
+    return _service(model, rng, size)
+
+
+def _step_chains(model: str, u: float, drift: float, chains: int, rng: np.random.Generator) -> np.ndarray:
+    """[chains, STEP_LOOKS[-1]] latencies of a queue at utilisation u whose speed moves every 600 requests."""
+    n = WARMUP + STEP_LOOKS[-1]
+    scale = np.repeat(_drift(drift, chains * (n // 600 + 1), rng).reshape(chains, -1), 600, axis=1)[:, :n]
+    serve = _step_service(model, rng, (chains, n)) * scale
+    return sojourn(serve, rng.exponential(1.0 / u, (chains, n)))[:, WARMUP:]
+
+
+def step_power(
+    model: str, u: float, drift: float, factors: tuple[float, ...], powers: tuple[int, ...], runs: int, rng
+) -> dict[tuple[float, int], float]:
+    """(SLO / true p99, k) -> share of `runs` steps that PASS (k = 0: the p99's interval alone)."""
+    truth_p99 = float(np.quantile(_step_chains(model, u, drift, 400, rng), 0.99))
+    x = _step_chains(model, u, drift, runs, rng)
+    c = CapacityConfig(
+        enabled=True, slo_p99_ms=None, slo_factor=2.0, reference_repeats=5, max_error_rate=0.01,
+        start_rate=None, growth=2.0, min_rate=0.01, max_rate=1.0, steps=12, tolerance=0.05,
+        step_requests=STEP_LOOKS[0], max_step_requests=STEP_LOOKS[-1], max_step_s=None, step_warmup_s=0.0,
+        screen_s=0.0,
+    )  # fmt: skip
+    out = {}
+    for f in factors:
+        for k in powers:
+            passes = 0
+            for r in range(runs):
+                for n in STEP_LOOKS:
+                    run = make_run(x[r, :n], kind="capacity", offered_qps=u, window_s=n / u)
+                    v = step_verdict(run, f * truth_p99, c.max_error_rate, c.step_conf, power=k)[0]
+                    if v != Verdict.INCONCLUSIVE:
+                        passes += v == Verdict.PASS
+                        break
+            out[f, k] = passes / runs
+    return out
+
+
+def step_power_table(
+    models: list[str],
+    utilisations: list[float],
+    drifts: list[float],
+    runs: int,
+    seed: int,
+    factors: tuple[float, ...] = (1.0, 1.5, 3.0),
+    powers: tuple[int, ...] = (0, EXCEEDANCE_POWER),
+) -> list[str]:
+    rng = np.random.default_rng(seed)
+    lines = [
+        "| service | utilisation | drift in step | "
+        + " | ".join(
+            f"SLO {f:g}x p99: {'p99 CI only' if k == 0 else f'with bound (k={k})'}"
+            for f in factors
+            for k in powers
+        )
+        + " | runs |",
+        "|---" * (4 + len(factors) * len(powers)) + "|",
+    ]
+    for m in models:
+        for d in drifts:
+            for u in utilisations:
+                p = step_power(m, u, d, factors, powers, runs, rng)
+                cells = [f"{p[f, k]:.2f}" for f in factors for k in powers]
+                lines.append(f"| {m} | {u:.0%} | {d:.0%} | " + " | ".join(cells) + f" | {runs} |")
+                print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
 def tau_table(models: list[str], utilisations: list[float], n: int, seed: int) -> list[str]:
     """The dependence factor tau of the indicator 1{latency > its q-quantile} (its variance over the
     Bernoulli one, from batch means of 20,000 requests over one chain of n) by queue and utilisation, and
@@ -379,8 +463,18 @@ def main(argv: list[str] | None = None) -> None:
         help="instead: the paired speed-up intervals of the study's blocks (e.g. 12x100), unloaded and at "
         "--utilisations",
     )
+    ap.add_argument(
+        "--step-power",
+        action="store_true",
+        help="instead: how often one capacity step as the case study runs it PASSes at the true capacity and "
+        "below it, with and without the exceedance bound (--models may add 'stall')",
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if a.step_power:
+        check(a.utilisations, [0.0], [m for m in a.models if m != "stall"])
+        print("\n".join(step_power_table(a.models, a.utilisations, a.drifts, a.runs, a.seed)))
+        return
     check(a.utilisations, a.drifts, a.models)
     if a.tau:
         print("\n".join(tau_table(a.models, a.utilisations, a.tau, a.seed)))

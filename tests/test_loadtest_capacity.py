@@ -348,3 +348,32 @@ def test_a_prior_bracket_is_confirmed_in_two_steps(lt, tmp_path):
     # A bracket that moved is still found: the hint only orders the steps.
     moved = repeat(400.0, "r2")
     assert first.lowest_fail < moved.highest_pass <= 400.0
+
+
+def _bursty(n: int, seed: int = 0) -> np.ndarray:
+    """A fast variant's step as the case study sees it: ~4 ms requests and a few bursts of 40 slow ones
+    (up to 5x), so the p99's dependent interval stays open however far below the SLO every request is."""
+    rng = np.random.default_rng(seed)
+    x = rng.lognormal(math.log(4.0), 0.3, n)
+    for start in rng.choice(n - 40, 6, replace=False):
+        x[start : start + 40] *= np.linspace(5.0, 1.5, 40)
+    return x
+
+
+def test_a_bursty_step_far_below_the_slo_passes_on_the_exceedance_bound():
+    """Issue 43: every request of the step under 40 ms against a 200 ms SLO, yet the p99's interval is
+    open (the bursts); the exceedance bound decides it, and says so. At an SLO the bursts reach, it does
+    not, and without the bound (power 0) the same step is INCONCLUSIVE."""
+    run = make_run(_bursty(8000), kind="capacity", offered_qps=200.0, window_s=40.0)
+    assert run.latencies_ms.max() < 40.0
+    v, why, p99 = step_verdict(run, 200.0, 0.01, 0.99)
+    assert v == Verdict.PASS and math.isinf(p99.hi) and "exceedance bound" in why, why
+    assert step_verdict(run, 200.0, 0.01, 0.99, power=0)[0] == Verdict.INCONCLUSIVE
+    assert step_verdict(run, 15.0, 0.01, 0.99)[0] != Verdict.PASS  # ~1.5 % of requests are past 15 ms
+    # Failed requests count as at the SLO and beyond: 0.5 % of them use up half the 1 % and the rest of
+    # the step no longer leaves room for the bound's margin at a nearer SLO.
+    failed = _bursty(8000)
+    failed[::200] = np.inf
+    run = make_run(failed, kind="capacity", offered_qps=200.0, window_s=40.0)
+    assert step_verdict(run, 200.0, 0.01, 0.99)[0] == Verdict.PASS
+    assert step_verdict(run, 25.0, 0.01, 0.99)[0] != Verdict.PASS

@@ -4,7 +4,9 @@
 judged with the same statistical power: its first window has `capacity.step_requests` requests (>= 368,
 the least n whose p99 CI upper bound is an observed latency). Failed requests count as +inf. Then
 
-    PASS          the p99 CI's upper bound <= SLO and error rate <= max_error_rate
+    PASS          the p99 CI's upper bound <= SLO and error rate <= max_error_rate; or, where that bound
+                  is open, the exceedance bound puts the share of requests at or past the SLO at <= 1 %
+                  (from EXCEEDANCE_MIN_N requests on, see below)
     FAIL          the p99 CI's lower bound > SLO, or error rate > max_error_rate
     INVALID       the load generator could not vouch for the window (saturated CPU, send lag): excluded
     otherwise     the step is EXTENDED: another window at the same rate, as many requests again, pooled
@@ -19,6 +21,14 @@ stops at the first look with a verdict, so each look's interval is at confidence
 (Bonferroni): a step at exactly the true capacity PASSes at most ~2.5 % of the time however many looks
 it took (bench/coverage.py measures it). That is why step_requests must be >= the n whose p99 upper
 bound exists at that confidence (477 for 3 looks, 436 for 2, 368 for 1).
+
+**Far below the SLO.** Slow requests come in bursts, and a dependent p99's upper bound is a request it
+saw only from ~660 x tau requests on (tau: the bursts' length; 20-100 at a fast variant's rates), so a
+step whose every request is a tenth of the SLO stayed INCONCLUSIVE at 8,000 and the search bracketed the
+capacity there. The second way to PASS asks the question the SLO asks, P(latency >= SLO) <= 1 %, of the
+bound E[min(latency / SLO, 1)^4] (reco.stats.dependent.exceedance_bound), one-sided at the p99 interval's
+own level, so a step's false-PASS rate at most doubles; simulated, it stays <= 10 %
+(experiments/interval_coverage/README.md#steps-far-below-the-slo).
 
 **Screening.** Where step_requests would take long at the step's rate (a slow variant at a low rate:
 400 requests at 8 req/s are 50 s), the step first runs a short window of rate x `screen_s` requests. The
@@ -55,10 +65,24 @@ from reco.loadtest.outcome import Capacity, CapacityStep, LoadRun
 from reco.loadtest.runner import run_load, with_settings
 from reco.loadtest.runs import pool_runs
 from reco.stats import CONF, Estimate, Verdict, min_n_for_quantile, verdict_at_most
-from reco.stats.dependent import dependent_bounds, dependent_quantile_ci, requests_to_close
+from reco.stats.dependent import (
+    EXCEEDANCE_POWER,
+    dependent_bounds,
+    dependent_quantile_ci,
+    exceedance_bound,
+    requests_to_close,
+)
 
 P99_MIN_N = min_n_for_quantile(0.99)  # 368 (one look at 95 %)
 SCREEN_MIN_N = 50  # a screening window never shorter: a handful of requests is all warm-up transient
+# The exceedance bound judges a step only from this many requests and this effective n on: a shorter
+# stretch can look quiet while the queue it is in grows (an open-loop rate past capacity, a slow spell of
+# the VM), and its variance is then estimated from less than the series' memory. In simulation (stalls,
+# heavy tails, drift within the step, 50-85 % utilisation) this kept a step at the true capacity PASSing
+# <= 10 % of the time while a step at a third of the SLO passes 95-99 %
+# (experiments/interval_coverage/README.md#steps-far-below-the-slo).
+EXCEEDANCE_MIN_N = 2000
+EXCEEDANCE_MIN_EFFECTIVE_N = 50
 Measure = Callable[[float, int, Path], LoadRun]  # (rate req/s, requests in the window, out dir) -> run
 Say = Callable[[str], None]  # progress: one line per window (a slow variant's step takes minutes)
 
@@ -103,10 +127,13 @@ def step_cap(rate: float, c: CapacityConfig) -> int:
 
 
 def step_verdict(
-    run: LoadRun, slo_p99_ms: float, max_error_rate: float, conf: float = CONF
+    run: LoadRun, slo_p99_ms: float, max_error_rate: float, conf: float = CONF, power: int = EXCEEDANCE_POWER
 ) -> tuple[Verdict, str, Estimate]:
     """(verdict, reason, p99) of one step's (pooled) run against the SLO: the p99 with its interval at
-    `conf`, the one the verdict rests on (the run's own quantiles are at 95 %); reason is '' for PASS."""
+    `conf`, the one the verdict rests on (the run's own quantiles are at 95 %); reason is '' for a PASS
+    of the p99's interval. Where that interval is open, the step still PASSes when the exceedance bound
+    (reco.stats.dependent.exceedance_bound, exponent `power`; 0: not used) puts the share of requests at
+    or past the SLO at <= 1 % at the same confidence; its reason says so."""
     p99 = dependent_quantile_ci([run.latencies_ms], 0.99, conf)
     if not run.valid:
         return Verdict.INVALID, f"invalid: {run.invalid_reason}", p99
@@ -116,6 +143,11 @@ def step_verdict(
     ci = f"p99 {p99.fmt('.2f')} ({conf:.1%} CI)"
     if v == Verdict.PASS:
         return v, "", p99
+    if v == Verdict.INCONCLUSIVE and power and run.n >= EXCEEDANCE_MIN_N:
+        _, over, n_eff = exceedance_bound([run.latencies_ms], slo_p99_ms, conf, power)
+        if over <= 1 - 0.99 and n_eff >= EXCEEDANCE_MIN_EFFECTIVE_N:
+            why = f"{ci} open, but the exceedance bound gives P(latency >= SLO) <= {over:.2g} <= 0.01"
+            return Verdict.PASS, why, p99
     if v == Verdict.FAIL:
         return v, f"{ci} > SLO {slo_p99_ms:.2f} ms", p99
     if p99.value is None:

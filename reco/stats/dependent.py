@@ -212,6 +212,62 @@ def dependent_quantile_ci(
     return Estimate(point, lo, hi, n) if supported else Estimate(None, None, None, n)
 
 
+SECTION_MIN_N = 100  # requests per section before a window's sections enter mean_upper
+
+
+def mean_upper(windows: Sequence[np.ndarray], conf: float = CONF) -> tuple[float, float, float]:
+    """(mean, upper bound, effective n) of the pooled mean of time-ordered windows of a dependent series.
+
+    The bound is one-sided at 1 - (1 - conf) / 2, the upper end of a two-sided interval at `conf`. The
+    mean's variance is taken three ways as for a quantile (module docstring: flat-top kernel within
+    windows, each window's 5 sections, the windows as clusters with Student t) and the widest bound wins.
+    Effective n = the series' variance over that bound's squared half-width in standard errors (z): how
+    many independent values the bound is worth, Student t's small-sample penalty included; a bound worth
+    few of them rests on a variance estimated from a stretch no longer than the series' memory."""
+    from scipy import stats as sps
+
+    parts = [np.asarray(w, np.float64).ravel() for w in windows]
+    parts = [w for w in parts if len(w)]
+    n = sum(len(w) for w in parts)
+    if n == 0:
+        return math.nan, math.inf, 0.0
+    m = float(sum(np.sum(w) for w in parts) / n)
+    a = 1 - (1 - conf) / 2
+    z = float(sps.norm.ppf(a))
+    widths = [z * math.sqrt(max(flat_top_lrv(parts, m), 0.0) / n)]
+    sections = [s for w in parts if len(w) >= SECTIONS * SECTION_MIN_N for s in np.array_split(w, SECTIONS)]
+    for clusters in (parts, sections):
+        if len(clusters) >= 2:
+            widths.append(float(sps.t.ppf(a, len(clusters) - 1)) * math.sqrt(_cluster_var(clusters, m)))
+    h = max(widths)
+    var = float(sum(np.sum((w - m) ** 2) for w in parts) / n)
+    n_eff = var / (h / z) ** 2 if h > 0 else (math.inf if var > 0 else 0.0)
+    return m, m + h, n_eff
+
+
+EXCEEDANCE_POWER = (
+    4  # k of exceedance_bound (experiments/interval_coverage/README.md#steps-far-below-the-slo)
+)
+
+
+def exceedance_bound(
+    windows: Sequence[np.ndarray], threshold: float, conf: float = CONF, power: int = EXCEEDANCE_POWER
+) -> tuple[float, float, float]:
+    """(estimate, upper bound, effective n) of a bound on P(x >= threshold) that stays informative where no
+    request reached the threshold.
+
+    P(x >= s) <= E[min(x / s, 1)^k] for any k > 0 (the function is 1 from s on and >= 0 below: Markov's
+    inequality on a bounded, non-decreasing g), so an upper confidence bound on that mean (mean_upper)
+    bounds the share of requests at or past s. Unlike a count of requests past s, it has a variance to
+    estimate when none got there (a count of 0 has none), and unlike the p99's interval it does not need
+    1 / (1 - q) x tau requests before its bound can be a request it saw: a sample whose requests all sit
+    far below s is decided from the margin. Near s it is loose (requests just below s count almost
+    fully). Failed requests (+inf) count 1. A small effective n means the bound cannot be trusted
+    (reco.loadtest.capacity.step_verdict requires enough of it)."""
+    g = [np.minimum(np.asarray(w, np.float64) / threshold, 1.0) ** power for w in windows]
+    return mean_upper(g, conf)
+
+
 def ratio_ci(num: Estimate, den: Estimate) -> Estimate:
     """num / den with a MOVER interval on the log scale from the two intervals (module docstring);
     Estimate(None, ...) when either is unsupported. n is the smaller n."""
