@@ -221,6 +221,33 @@ def test_no_step_or_extension_starts_that_would_end_past_the_deadline(lt, tmp_pa
     assert Capacity(100.0, highest_pass=50.0, lowest_fail=None, steps=[], stopped_by_budget=True).decided
 
 
+def test_a_deadline_that_depends_on_how_low_the_search_goes(lt, tmp_path):
+    """The study's reference search sets the common load's rate, so the time it must leave grows as it steps
+    down: a callable deadline is asked, before each step, with the lowest rate measured once that step
+    runs, and a step whose own pricing leaves too little is not started."""
+    now = [1000.0]
+    c = cap_cfg(lt, start_rate=400, growth=2.0, steps=6, step_requests=400, max_step_requests=400)
+    fake = FakeServer(slo=100.0, capacity=60.0)  # every step down to 50 fails
+
+    def one_second_a_window(rate, n, out_dir):
+        now[0] += 1.0
+        return fake(rate, n, out_dir)
+
+    asked: list[float] = []
+
+    def deadline(lowest: float) -> float:  # later phases need 400 / lowest seconds
+        asked.append(lowest)
+        return 1000.0 + 10.0 - 400.0 / lowest
+
+    said: list[str] = []
+    cap = find_capacity(
+        one_second_a_window, 100.0, c, tmp_path, say=said.append, deadline=deadline, clock=lambda: now[0]
+    )
+    assert asked == [400.0, 200.0, 100.0]  # each step's own lowest rate: the search goes down
+    assert [r for r, _ in fake.calls] == [400.0, 200.0]  # at 100 req/s the later phases need 4 s more
+    assert "stopped before step 2" in said[-1] and cap.stopped_by_budget, said
+
+
 def test_inconclusive_bounds_the_bracket_but_is_not_a_pass(lt, tmp_path):
     c = cap_cfg(
         lt, start_rate=150, growth=2.0, steps=20, tolerance=0.05, step_requests=400, max_step_requests=400

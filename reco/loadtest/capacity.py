@@ -229,7 +229,7 @@ def find_capacity(
     out_dir: str | Path,
     expect_fail: float | None = None,
     say: Say = _quiet,
-    deadline: float = math.inf,
+    deadline: float | Callable[[float], float] = math.inf,
     clock: Callable[[], float] = time.time,
 ) -> Capacity:
     """Search the highest rate meeting the SLO (see the module docstring).
@@ -245,7 +245,9 @@ def find_capacity(
         say: progress, one line per window.
         deadline: epoch seconds (the study's time budget): no step or extension starts that would end
             after it (expected duration: requests / rate + warm-up); the bracket stays open on the side
-            the search did not reach.
+            the search did not reach. Or a function of the lowest rate the search will have measured
+            once the next step runs, giving them: what comes after a search may depend on how low it
+            went (the study's common load is a fraction of the reference's capacity).
         clock: epoch seconds now (a test hands in a clock its windows move, instead of sleeping).
     Returns:
         Capacity with every step in run order.
@@ -259,7 +261,8 @@ def find_capacity(
     stopped = False
     for i in range(int(c.steps)):
         need = window_s(rate, int(c.step_requests), c.step_warmup_s)
-        if clock() + need > deadline:
+        end = deadline(min([rate] + [s.rate for s in steps])) if callable(deadline) else deadline
+        if clock() + need > end:
             say(
                 f"stopped before step {i}: its {c.step_requests} requests at {rate:.3g} req/s (~{need:.0f} s) "
                 "would end past the time budget (loadtest.study.budget_min)"
@@ -267,7 +270,7 @@ def find_capacity(
             stopped = True
             break
         step = run_step(
-            measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", say, deadline, clock
+            measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", say, end, clock
         )
         steps.append(step)
         stopped |= step.budget_cut

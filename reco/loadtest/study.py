@@ -284,10 +284,19 @@ class _Study:
 
         self.measure(name, "settle", "settling run", go)
 
-    def capacity(self, name: str, r: int, slo: float, leave_s: float = 0.0, share: int = 1) -> None:
+    def capacity(
+        self,
+        name: str,
+        r: int,
+        slo: float,
+        leave_s: float = 0.0,
+        share: int = 1,
+        reserve_at: Callable[[float], float] | None = None,
+    ) -> None:
         """One capacity search. With a budget it stops between steps `leave_s` seconds (the searches still
         to run that need their time) before its deadline, and may use 1/share of what is left, so one slow
-        variant cannot starve the others."""
+        variant cannot starve the others. reserve_at(lowest rate measured) replaces reserve_s for a search
+        whose outcome moves the later phases' time (the reference's: the common load's rate)."""
         d = self.out / name / "capacity" / f"r{r}"
         tol = self.lt.study.headline_tolerance if name == self.headline else None
         cfg = dataclasses.replace(
@@ -305,8 +314,12 @@ class _Study:
             def say(msg: str) -> None:
                 _say(f"    {name} capacity r{r}: {msg}")
 
-            end = self.budget.deadline - self.reserve_s - leave_s
-            deadline = min(end, time.time() + (end - time.time()) / share)
+            t0 = time.time()
+
+            def deadline(lowest: float) -> float:
+                end = self.budget.deadline - (reserve_at(lowest) if reserve_at else self.reserve_s) - leave_s
+                return min(end, t0 + (end - t0) / share)
+
             _say(f"    {name} capacity r{r}: starts at {cfg.start_rate:.3g} req/s")
             return find_capacity(measure, slo, cfg, d, expect_fail=hint, say=say, deadline=deadline)
 
@@ -603,7 +616,12 @@ def _first_searches(s: _Study, slo: float, plan: _Schedule) -> None:
     for i, n in enumerate(names):
         s.reserve_s = _reserve(s, plan.ref, plan.slots, slo)
         leave = sum(s.search_s(m, slo) for m in names[i + 1 :])
-        s.capacity(n, 0, slo, leave_s=leave, share=len(names) - i)
+        # the reference's own search sets the common load's rate: each of its steps leaves the common
+        # rounds their time at the rate they would run at if the search ended there (priced at its start
+        # rate, they ran at less than half of it and lost a round:
+        # experiments/ecommerce_case_study/README.md#common-load-reserve)
+        at = (lambda low: _reserve(s, plan.ref, plan.slots, slo, lowest=low)) if n == plan.ref else None
+        s.capacity(n, 0, slo, leave_s=leave, share=len(names) - i, reserve_at=at)
 
 
 def _more_searches(s: _Study, slo: float, plan: _Schedule) -> None:
@@ -693,13 +711,16 @@ def _unloaded_rounds(s: _Study, slots: list[int], points: list[str], at: int) ->
             s.unloaded(n, r)
 
 
-def _common_plan(s: _Study, ref: str, slo: float | None) -> tuple[float | None, str]:
+def _common_plan(
+    s: _Study, ref: str, slo: float | None, lowest: float | None = None
+) -> tuple[float | None, str]:
     """(rate, where it comes from) of the common load as things stand: study.common_rate, else
     common_load_fraction x the reference's median capacity. A reference whose searches found no passing
     rate (every rate tried missed the SLO, or the budget stopped them) still gets the others measured: the
     fraction of the lowest rate it was tried at (its capacity lies below), else of the rate its search
     would start at. (None, why) when there is none. The budget prices the common windows with it too
-    (_reserve), so it reserves the windows at the rate they will run at."""
+    (_reserve), so it reserves the windows at the rate they will run at; `lowest`: the lowest rate the
+    reference's search in progress will have measured (the rate if it ends there without a capacity)."""
     st = s.lt.study
     if st.common_rate is not None:
         return float(st.common_rate), "fixed in the config (loadtest.study.common_rate)"
@@ -707,7 +728,7 @@ def _common_plan(s: _Study, ref: str, slo: float | None) -> tuple[float | None, 
     cap = median_capacity(s.outcomes[ref])
     if cap:
         return frac * cap, f"{frac:.0%} of the reference's median capacity"
-    tried = [x.rate for c in s.outcomes[ref].capacity for x in c.steps]
+    tried = [x.rate for c in s.outcomes[ref].capacity for x in c.steps] + ([lowest] if lowest else [])
     if ref in s.alive() and slo is not None:
         if tried:
             return frac * min(tried), (
@@ -759,13 +780,15 @@ def _unloaded_left(s: _Study, slots: list[int], at: int) -> float:
     return sum(p >= at for p in slots) * sum(s.per_window_s(n, "unloaded") or 0.0 for n in s.alive())
 
 
-def _reserve(s: _Study, ref: str, slots: list[int], slo: float, rounds: int | None = None) -> float:
+def _reserve(
+    s: _Study, ref: str, slots: list[int], slo: float, rounds: int | None = None, lowest: float | None = None
+) -> float:
     """Seconds the unloaded rounds left and `rounds` (default study.repeats) rounds of common-load windows
     will need, each window priced at the rate it will run at as things stand (_common_plan), which a
     capacity search leaves them. Equal utilisation is not reserved: it is the study's lowest priority and
     runs on what is left."""
     st = s.lt.study
-    common = _common_plan(s, ref, slo)[0] or 0.0
+    common = _common_plan(s, ref, slo, lowest)[0] or 0.0
     window = window_s(common, st.load_requests, s.lt.warmup_s) if common > 0 else 0.0
     return _unloaded_left(s, slots, 1) + (st.repeats if rounds is None else rounds) * len(s.alive()) * window
 
