@@ -272,6 +272,7 @@ def bookkeeping_us(n: int = 20000) -> float:
         m.inflight_max.set(3)
         m.observe(times)
         m.rank_cpu.observe(0.001)
+        m.model_cpu.inc(0.001)
         for h in m.loop_cpu.values():
             h.observe(0.0001)
         m.inflight.dec()
