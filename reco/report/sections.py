@@ -158,6 +158,12 @@ def cost(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
     ]
 
 
+def _ratio_range(c: dict[str, float]) -> Estimate:
+    """Server CPU / model CPU of server_cpu_split: the median with the range over its repeats."""
+    keys = ("cpu_over_model_cpu", "cpu_over_model_cpu_rep_min", "cpu_over_model_cpu_rep_max")
+    return Estimate(*(c[k] for k in keys), int(c["cpu_split_n_repeats"]))
+
+
 def overhead(figs: list[VariantFigures]) -> list[str]:
     """A request's server CPU at the common load split by stage, beside the model's in-process cost."""
     rows = []
@@ -176,8 +182,7 @@ def overhead(figs: list[VariantFigures]) -> list[str]:
                 num(ms["parse"] + ms["serialize"]),
                 num(ms["rest"]),
                 _pct(c["cpu_non_model_share"]),
-                f"{c['cpu_over_model_cpu']:.2f} (runs {c['cpu_over_model_cpu_rep_min']:.2f}–"
-                f"{c['cpu_over_model_cpu_rep_max']:.2f}, n = {c['cpu_split_n_repeats']:.0f})",
+                spread(_ratio_range(c), ".2f"),
                 num(m.get("rank_p50_ms")),
                 num(m.get("rank_floor_ms")),
             ]
@@ -197,7 +202,7 @@ def overhead(figs: list[VariantFigures]) -> list[str]:
         "HTTP parsing, the ASGI layers, the hand-off to the model's thread and back, writing the answer, "
         "other threads (a two-tower retrieval runs on the model's threads and lands here). Non-model share "
         "= 1 − model calls / server CPU; server CPU / model CPU is issue 45's overhead ratio (median, the "
-        "range of the per-repeat ratios and their number: a range, not a CI). Beside them the model's "
+        "range of the per-repeat ratios and how many: a range, not a CI). Beside them the model's "
         "in-process cost: rank p50 (one request's call, unloaded, one thread) and its FLOP floor (see "
         "*Inside one ranking call*).",
         "",
