@@ -11,8 +11,8 @@ other helpers on the machine cannot inflate it the way they inflate wall time.
 
 The split of one request's server CPU (from the server's own /metrics, reco_cpu_seconds{stage}, read
 before and after the measured seconds): parse (body read, JSON decode, validation: the event loop's
-thread), retrieval (candidates), features (model input assembly), rank (the model call's thread: the
-model), serialize (top-k, JSON body, Server-Timing, the stage metrics), and the rest = total - those:
+thread), retrieval (candidates), features (model input assembly), rank (the model calls' CPU,
+reco_model_cpu_seconds: each call once, where the server exports it), serialize (top-k, JSON body, Server-Timing, the stage metrics), and the rest = total - those:
 HTTP parsing, the ASGI/Starlette layers, the hand-off to the model's thread and back, writing the
 answer. A server whose code has no stage CPU metrics (an older commit) shows the total and rank only.
 
@@ -45,7 +45,7 @@ from scipy import stats
 from reco.cli.compose import compose
 from reco.loadtest.requests import request_bodies
 from reco.loadtest.runner import plan_cpus
-from reco.loadtest.scrape import parse_histograms, scrape
+from reco.loadtest.scrape import model_cpu_s, parse_histograms, scrape
 from reco.serve.process import ServerHandle, free_port, start_server, stop_servers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -168,7 +168,11 @@ def server_cpu_s(pid: int) -> tuple[float, float]:
 def stage_cpu_sums(port: int) -> dict[str, float]:
     """reco_cpu_seconds{stage} sums from the server's /metrics ({} when it has none: a floor server)."""
     text = scrape(f"http://127.0.0.1:{port}")
-    return {s: h["sum"] for s, h in parse_histograms(text).get("reco_cpu_seconds", {}).items()}
+    sums = {s: h["sum"] for s, h in parse_histograms(text).get("reco_cpu_seconds", {}).items()}
+    model = model_cpu_s(text)
+    if model == model:  # each model call once: the rank histogram repeats a batched call's CPU per request
+        sums["rank"] = model
+    return sums
 
 
 def measure(
@@ -272,6 +276,7 @@ def bookkeeping_us(n: int = 20000) -> float:
         m.inflight_max.set(3)
         m.observe(times)
         m.rank_cpu.observe(0.001)
+        m.model_cpu.inc(0.001)
         for h in m.loop_cpu.values():
             h.observe(0.0001)
         m.inflight.dec()

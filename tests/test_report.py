@@ -104,6 +104,13 @@ def outcome(name, p50, knee, seed, *, common_repeats=3, extra_common=(), correct
             "server_total_mean_ms": 0.8 * p,
             "server_total_p99_ms": 1.5 * p,
             "cpu_per_request_ms": 0.4 * p,
+            # its split (reco.loadtest.scrape.cpu_split): the parts add up to it
+            "cpu_per_request_model_ms": 0.25 * p,
+            "cpu_per_request_parse_ms": 0.02 * p,
+            "cpu_per_request_retrieval_ms": 0.01 * p,
+            "cpu_per_request_features_ms": 0.03 * p,
+            "cpu_per_request_serialize_ms": 0.04 * p,
+            "cpu_per_request_rest_ms": 0.05 * p,
         }
 
     return LoadOutcome(
@@ -150,7 +157,8 @@ def make_study():
     ]
     results = [
         VariantResult(
-            variant("base", "train", None, oracle_auc=0.82, profile_rank_ms=10.0, profile_embedding_ms=2.0,
+            variant("base", "train", None, oracle_auc=0.82, rank_p50_ms=9.0, rank_floor_ms=3.0,
+                    profile_rank_ms=10.0, profile_embedding_ms=2.0,
                     profile_interaction_ms=1.0, profile_mlp_ms=6.5, profile_other_ms=0.5),
             outcome("base", 20, 20, 0),
         ),
@@ -593,6 +601,11 @@ def test_variant_metrics(study, figs):
         common.mean_ms - common.stages()["server_total_mean_ms"]
     )
     assert base["outside_handler_mean_ms"] > 0 and pruned["correctness_passed"] == 1.0
+    # the server's CPU split beside it: parts adding up to the CPU per request, the goal's ratio as a range
+    parts = ("model", "parse", "retrieval", "features", "serialize", "rest")
+    assert sum(base[f"cpu_per_request_{k}_ms"] for k in parts) == pytest.approx(base["cpu_per_request_ms"])
+    assert (base["cpu_over_model_cpu"], base["cpu_over_model_cpu_rep_max"]) == pytest.approx((1.6, 1.6))
+    assert base["cpu_non_model_share"] == pytest.approx(0.375) and base["cpu_split_n_repeats"] == 3
     assert (pruned["correctness_n"], pruned["offered_qps"], pruned["n_unsent"]) == (200, 10.0, 0)
     assert base["slo_p99_ms"] == SLO and all(isinstance(v, float | int) for v in base.values())
 
@@ -882,13 +895,26 @@ def test_report_comparison_sections(figs, written):
     assert list(profiled) == ["base"]  # the others were not profiled: no row
     cells = [profiled["base"][k] for k in ("call ms", "embedding", "interaction", "mlp", "other")]
     assert [numbers(c) for c in cells] == [[10.0], [2.0, 20], [1.0, 10], [6.5, 65], [0.5, 5]]
-    cost = by_variant(md_table(secs["Cost per request"]))
-    assert list(cost) == loaded
+    cost, split = map(by_variant, md_tables(secs["Cost per request"]))
+    assert list(cost) == list(split) == loaded
     for name, row in cost.items():  # 0.4 x the common-load p50 (2 x the variant's); per core: unpinned
-        cpu = 0.4 * 2 * {"base": 20, "pruned": 20 / 3.4, "student": 3, "ort": 40}[name]
-        assert numbers(row["server CPU ms / request"]) == pytest.approx([cpu], rel=0.01)
-        assert numbers(row["requests per CPU-second"]) == pytest.approx([1000 / cpu], abs=0.5)
+        p = 2 * {"base": 20, "pruned": 20 / 3.4, "student": 3, "ort": 40}[name]
+        assert numbers(row["server CPU ms / request"]) == pytest.approx([0.4 * p], rel=0.01)
+        assert numbers(row["requests per CPU-second"]) == pytest.approx([1000 / (0.4 * p)], abs=0.5)
         assert row["max QPS @SLO per core"] == "–"
+        # the overhead table: the same CPU per request, split (model 0.25, assembly 0.04, parse + encode
+        # 0.06, rest 0.05 of p), its non-model share and ratio to the model's CPU over every repeat
+        s = split[name]
+        cells = ["server CPU ms / request", "model calls", "candidates + features", "parse + encode",
+                 "rest (HTTP, event loop)"]  # fmt: skip
+        got = [numbers(s[c])[0] for c in cells]
+        assert got == pytest.approx([0.4 * p, 0.25 * p, 0.04 * p, 0.06 * p, 0.05 * p], rel=0.01)
+        assert sum(got[1:]) == pytest.approx(got[0], rel=0.01)
+        repeats = len(figs[name].latency["common"].used)
+        assert s["non-model share"] == "38%"
+        assert s["server CPU / model CPU (goal ≤ 1.5)"] == f"1.60 (1.60–1.60, {repeats} runs)"
+    assert [split["base"][c] for c in ("rank p50 ms in-process", "FLOP floor ms")] == ["9.00", "3.00"]
+    assert split["student"]["rank p50 ms in-process"] == "–"
 
 
 def test_report_appendix_lists_every_capacity_step(figs, written):

@@ -531,6 +531,69 @@ def test_dynamic_batching_gives_the_same_scores(served):
     batched.close()
 
 
+CPU_PARTS = ("model", "parse", "retrieval", "features", "serialize", "rest")
+
+
+def _rank_cpu_ms(headers: dict) -> float:
+    """The Server-Timing rank_cpu of an answer: its model call's CPU (ms, the whole call)."""
+    return float(dict(p.split(";dur=") for p in headers["server-timing"].split(", "))["rank_cpu"])
+
+
+def _cpu_split(first: str, last: str, n: int) -> dict[str, float]:
+    """The CPU split of the `n` requests answered between two scrapes, checked to cover the process's CPU:
+    every part is there, the event loop's stages and the model's part are positive, and they leave a
+    rest >= 0 (stages that double-counted, or counted wall time, would exceed what the process used)."""
+    s = stage_summary(first, last)
+    used = process_cpu_s(last) - process_cpu_s(first)
+    assert s["cpu_per_request_ms"] == pytest.approx(used / n * 1000)
+    parts = {k: s[f"cpu_per_request_{k}_ms"] for k in CPU_PARTS}
+    assert all(parts[k] > 0 for k in ("model", "parse", "features", "serialize")), parts
+    assert parts["retrieval"] >= 0 and parts["rest"] >= 0, parts
+    assert sum(parts.values()) == pytest.approx(s["cpu_per_request_ms"])
+    return parts
+
+
+def test_server_cpu_split_covers_the_process_cpu(plain, served):
+    """One request per model call: the model's part is what the answers' Server-Timing rank_cpu add up to
+    (to their 1 µs rounding), and the parts leave a rest >= 0 of the process's CPU."""
+    first = plain.request("GET", "/metrics")[2].decode()
+    n = 30
+    rank_ms = [_rank_cpu_ms(plain.recommend(a_test_row(served["data"], i))[1]) for i in range(n)]
+    parts = _cpu_split(first, plain.request("GET", "/metrics")[2].decode(), n)
+    assert parts["model"] == pytest.approx(sum(rank_ms) / n, abs=1e-3)
+
+
+def test_server_cpu_split_counts_a_batched_call_once(served):
+    """A call carrying several requests reports its whole CPU to each (Server-Timing rank_cpu); the
+    model's part of the split counts it once, shared by rows, so it is below their mean, and at least
+    that mean / the largest batch."""
+    url, data = served["handles"]["batched"].url, served["data"]
+    c = Client(url)
+    first, (calls0, reqs0) = c.request("GET", "/metrics")[2].decode(), _batch_counts(c)
+    n = 8
+    rank_ms: list[float] = [0.0] * n
+    gate = threading.Barrier(n)
+
+    def send(i: int) -> None:
+        ci = Client(url)
+        gate.wait()
+        status, headers, _ = ci.recommend({**a_test_row(data, i), "candidates": list(range(1, 41))})
+        assert status == 200
+        rank_ms[i] = _rank_cpu_ms(headers)
+        ci.close()
+
+    threads = [threading.Thread(target=send, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    calls1, reqs1 = _batch_counts(c)
+    parts = _cpu_split(first, c.request("GET", "/metrics")[2].decode(), n)
+    c.close()
+    assert reqs1 - reqs0 == n and calls1 - calls0 < n  # at least one call carried several requests
+    assert sum(rank_ms) / n / n - 1e-3 <= parts["model"] < sum(rank_ms) / n
+
+
 def _batch_counts(c: Client) -> tuple[float, float]:
     """(model calls, requests carried) from reco_batch_requests."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -7,8 +7,8 @@ the requests served between them cost, per stage.
     probe.stages(probe.read(url), probe.read(url))  # is named (reco.loadtest.triton_stats)
 
 reco's server exports the reco_stage_seconds{stage} histogram (wall time per request stage) and
-reco_cpu_seconds{stage="rank"} (CPU time of the model call's thread), with 20 % wide buckets
-(reco.serve.metrics); a quantile is interpolated linearly inside its bucket from the difference of the
+reco_cpu_seconds{stage} (CPU time of the model call's thread; the event loop thread's per stage), with
+20 % wide buckets (reco.serve.metrics); a quantile is interpolated linearly inside its bucket from the difference of the
 two scrapes' cumulative counts (Prometheus' histogram_quantile), so warm-up requests are in neither.
 
 The one reader of /metrics: the runner (reco.loadtest.window) scrapes at the window's edges, and
@@ -28,6 +28,8 @@ from reco.loadtest.triton_stats import scrape_stats, stats_summary
 # The histograms a load run reads back, and the prefix of their summary keys: wall time per stage, and the
 # CPU time of the model call's thread (reco_cpu_seconds{stage="rank"} -> cpu_rank_*).
 FAMILIES = {"reco_stage_seconds": "server_", "reco_cpu_seconds": "cpu_"}
+# The event loop thread's CPU stages (reco.serve.metrics.LOOP_CPU_STAGES) in a request's CPU split.
+SPLIT = ("parse", "retrieval", "features", "serialize")
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> str:
@@ -87,7 +89,8 @@ def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, 
     Returns:
         server_{stage}_mean_ms, server_{stage}_p99_ms (wall time), cpu_rank_mean_ms, cpu_rank_p99_ms (CPU
         time of the model call's thread); quantiles interpolated inside their bucket; cpu_per_request_ms,
-        the server processes' CPU (every thread) per answered request.
+        the server processes' CPU (every thread) per answered request, and its split
+        (cpu_per_request_<model|parse|retrieval|features|serialize|rest>_ms, cpu_split).
     """
     a, b = parse_histograms(before), parse_histograms(after)
     out: dict[str, float] = {}
@@ -110,17 +113,49 @@ def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, 
     cpu_a, cpu_b = process_cpu_s(before), process_cpu_s(after)
     if served > 0 and cpu_a is not None and cpu_b is not None and cpu_b >= cpu_a:
         out["cpu_per_request_ms"] = (cpu_b - cpu_a) / served * 1000
+        out |= cpu_split(a, b, model_cpu_s(after) - model_cpu_s(before), served, out)
     return out
+
+
+def cpu_split(a: dict, b: dict, model_s: float, served: float, out: dict[str, float]) -> dict[str, float]:
+    """The server CPU of a request split by stage: cpu_per_request_<part>_ms for the model calls (`model`,
+    reco_model_cpu_seconds: each call once), the event loop's stages (SPLIT) and `rest` = the process's
+    CPU per request (out["cpu_per_request_ms"]) - those; {} when the server exports no split (an older
+    server, or nothing between the scrapes).
+
+    Args:
+        a, b: parse_histograms of the scrapes at the window's open and close.
+        model_s: model CPU seconds between them (NaN when the server has no reco_model_cpu_seconds).
+        served: requests answered between them.
+    """
+    ha, hb = a.get("reco_cpu_seconds", {}), b.get("reco_cpu_seconds", {})
+    if model_s != model_s or not all(s in hb for s in SPLIT):
+        return {}
+    parts = {"model": model_s} | {s: hb[s]["sum"] - ha.get(s, {"sum": 0.0})["sum"] for s in SPLIT}
+    split = {f"cpu_per_request_{k}_ms": v / served * 1000 for k, v in parts.items()}
+    split["cpu_per_request_rest_ms"] = out["cpu_per_request_ms"] - sum(split.values())
+    return split
+
+
+def _scalar(text: str, family: str, sample: str) -> float | None:
+    """The samples named `sample` of metric `family` in a scrape, summed over workers; None when absent."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    for fam in text_string_to_metric_families(text):
+        if fam.name == family:
+            return float(sum(s.value for s in fam.samples if s.name == sample))
+    return None
 
 
 def process_cpu_s(text: str) -> float | None:
     """reco_process_cpu_seconds in a scrape (summed over workers); None when absent."""
-    from prometheus_client.parser import text_string_to_metric_families
+    return _scalar(text, "reco_process_cpu_seconds", "reco_process_cpu_seconds")
 
-    for fam in text_string_to_metric_families(text):
-        if fam.name == "reco_process_cpu_seconds":
-            return float(sum(s.value for s in fam.samples))
-    return None
+
+def model_cpu_s(text: str) -> float:
+    """reco_model_cpu_seconds in a scrape (summed over workers); NaN when absent (an older server)."""
+    v = _scalar(text, "reco_model_cpu_seconds", "reco_model_cpu_seconds_total")
+    return float("nan") if v is None else v
 
 
 def _bucket_quantile(les: np.ndarray, cum: np.ndarray, q: float) -> float:

@@ -266,7 +266,7 @@ def report(
     lines += ["## Where the time goes", "", *sections.stages(figs), ""]
     lines += ["### Inside one ranking call", "", *sections.rank_profile(figs), ""]
     lines += ["### Retrieval", "", *sections.retrieval(ctx), ""]
-    lines += ["### Cost per request", "", *sections.cost(figs, ctx), ""]
+    lines += ["### Cost per request", "", *sections.cost(figs, ctx), "", *sections.overhead(figs), ""]
     lines += ["## Correctness under load", "", *sections.correctness(figs), ""]
     invalid = sections.invalid_runs(figs)
     if invalid:

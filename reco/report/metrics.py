@@ -48,6 +48,33 @@ def outside_handler(lat: Latency) -> dict[str, float]:
     return out
 
 
+CPU_PARTS = ("model", "parse", "retrieval", "features", "serialize")  # cpu_per_request_<part>_ms
+
+
+def server_cpu_split(lat: Latency) -> dict[str, float]:
+    """A request's server CPU split (reco.loadtest.scrape.cpu_split), medians over the repeats, with the
+    rest recomputed as the median total - the median parts (so a row adds up), the non-model share and
+    the ratio of the server CPU to the model calls' (issue 45's goal: <= 1.5) with its range over the
+    repeats (_rep_min / _rep_max, not an interval); {} when not exported."""
+    st = lat.stages()
+    parts = {p: st.get(f"cpu_per_request_{p}_ms") for p in CPU_PARTS}
+    total = st.get("cpu_per_request_ms")
+    if total is None or None in parts.values() or not parts["model"]:
+        return {}
+    out = {f"cpu_per_request_{p}_ms": v for p, v in parts.items()}
+    out["cpu_per_request_rest_ms"] = total - sum(parts.values())
+    out["cpu_non_model_share"] = (total - parts["model"]) / total
+    out["cpu_over_model_cpu"] = total / parts["model"]
+    ratios = [
+        r.server_stages["cpu_per_request_ms"] / r.server_stages["cpu_per_request_model_ms"]
+        for r in lat.used
+        if r.server_stages.get("cpu_per_request_model_ms") and "cpu_per_request_ms" in r.server_stages
+    ]
+    out |= {"cpu_over_model_cpu_rep_min": min(ratios), "cpu_over_model_cpu_rep_max": max(ratios)}
+    out["cpu_split_n_repeats"] = float(len(ratios))
+    return out
+
+
 def _latency(kind: str, lat: Latency) -> dict[str, float]:
     pre = PREFIX[kind]
     m: dict[str, float] = {}
@@ -67,7 +94,7 @@ def _latency(kind: str, lat: Latency) -> dict[str, float]:
         m |= {f"{pre}e2e_p99_ms_rep_median": spread.value, f"{pre}e2e_p99_ms_rep_min": spread.lo}
         m[f"{pre}e2e_p99_ms_rep_max"] = spread.hi
     if kind == "common":
-        m |= lat.stages() | outside_handler(lat)
+        m |= lat.stages() | outside_handler(lat) | server_cpu_split(lat)
     return m
 
 

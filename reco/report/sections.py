@@ -12,7 +12,7 @@ from reco.report.context import StudyContext
 from reco.report.figures import KINDS, SLO_FACTORS, VariantFigures
 from reco.report.fmt import DASH, bracket, est, num, one_line, scaled, short, spread, table, vs_base
 from reco.report.gate import Gate
-from reco.report.metrics import outside_handler
+from reco.report.metrics import CPU_PARTS, outside_handler, server_cpu_split
 from reco.stats import Estimate, Verdict
 from reco.stats.gauc import GAUC
 from reco.stats.graded import GradedQuality
@@ -155,6 +155,58 @@ def cost(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         *table(
             ["variant", "server CPU ms / request", "requests per CPU-second", "max QPS @SLO per core"], rows
         ),
+    ]
+
+
+def _ratio_range(c: dict[str, float]) -> Estimate:
+    """Server CPU / model CPU of server_cpu_split: the median with the range over its repeats."""
+    keys = ("cpu_over_model_cpu", "cpu_over_model_cpu_rep_min", "cpu_over_model_cpu_rep_max")
+    return Estimate(*(c[k] for k in keys), int(c["cpu_split_n_repeats"]))
+
+
+def overhead(figs: list[VariantFigures]) -> list[str]:
+    """A request's server CPU at the common load split by stage, beside the model's in-process cost."""
+    rows = []
+    for f in figs:
+        lat = f.latency.get("common")
+        c = server_cpu_split(lat) if lat else {}
+        if not c:
+            continue
+        m, ms = f.result.variant.metrics, {p: c[f"cpu_per_request_{p}_ms"] for p in (*CPU_PARTS, "rest")}
+        rows.append(
+            [
+                f"`{f.name}`",
+                num(sum(ms.values())),
+                num(ms["model"]),
+                num(ms["retrieval"] + ms["features"]),
+                num(ms["parse"] + ms["serialize"]),
+                num(ms["rest"]),
+                _pct(c["cpu_non_model_share"]),
+                spread(_ratio_range(c), ".2f"),
+                num(m.get("rank_p50_ms")),
+                num(m.get("rank_floor_ms")),
+            ]
+        )
+    if not rows:
+        return ["No split of the server's CPU (a server without `reco_model_cpu_seconds`, or no load runs)."]
+    header = ["variant", "server CPU ms / request", "model calls", "candidates + features",
+              "parse + encode", "rest (HTTP, event loop)", "non-model share",
+              "server CPU / model CPU (goal ≤ 1.5)", "rank p50 ms in-process", "FLOP floor ms"]  # fmt: skip
+    return [
+        "Where a request's server CPU goes (ms per answered request, the same common-load windows and "
+        "scrapes as above, median over the repeats): `model calls` = the model calls' CPU "
+        "(`reco_model_cpu_seconds`, each call once: a batched call's is shared among its requests by "
+        "candidate rows); `candidates + features` and `parse + encode` = the event loop thread's CPU in "
+        "retrieval and feature assembly, and in reading and validating the body and in top-k, the JSON "
+        "body, Server-Timing and the metrics (`reco_cpu_seconds{stage}`); `rest` = the server CPU − those: "
+        "HTTP parsing, the ASGI layers, the hand-off to the model's thread and back, writing the answer, "
+        "other threads (a two-tower retrieval runs on the model's threads and lands here). Non-model share "
+        "= 1 − model calls / server CPU; server CPU / model CPU is issue 45's overhead ratio (median, the "
+        "range of the per-repeat ratios and how many: a range, not a CI). Beside them the model's "
+        "in-process cost: rank p50 (one request's call, unloaded, one thread) and its FLOP floor (see "
+        "*Inside one ranking call*).",
+        "",
+        *table(header, rows),
     ]
 
 

@@ -304,6 +304,7 @@ class RecoService:
         except BatcherFailed as e:
             raise RequestError(503, "", str(e)) from None
         self.metrics.rank_cpu.observe(scored.rank_cpu_s)
+        self.metrics.model_cpu.inc(scored.rank_cpu_s * len(scored.probs) / max(scored.batch_rows, 1))
         if scored.reports_batch:
             self.metrics.batch_rows.observe(scored.batch_rows)
             self.metrics.batch_requests.observe(scored.batch_requests)

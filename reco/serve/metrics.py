@@ -50,6 +50,12 @@ class ServeMetrics:
         # thread runs other requests), so a request's server CPU splits into the model call (rank), the
         # application's stages and the rest (HTTP, the ASGI layers, hand-offs): bench.overhead reads them.
         self.loop_cpu = {s: self.cpu.labels(stage=s) for s in LOOP_CPU_STAGES}
+        # The model calls' CPU, each call's counted once: a batched call's CPU is split over its requests
+        # by their candidate rows (its rank CPU observation is the whole call's, once per request), so
+        # this over a window / the requests answered is the model's share of a request's server CPU.
+        self.model_cpu = Counter(
+            "reco_model_cpu_seconds", "CPU seconds of the model calls (each call once)", **kw
+        )
         self.requests = Counter("reco_requests", "Requests answered, by HTTP status", ["status"], **kw)
         self.shed = Counter(
             "reco_shed", "Requests shed (503 + Retry-After, no model call), by reason", ["reason"], **kw
