@@ -74,11 +74,12 @@ def like_for_like(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         "speed-up p99 common load",
     ]
     return [
-        "Speed-up = baseline latency / variant latency (> 1: faster), with a 95 % CI combined from the two "
-        "pooled intervals (MOVER; each allows for dependent requests and drift between repeats) and, in "
-        "parentheses, the RANGE of the per-repeat ratios (not a CI). Utilisation = offered rate / the variant's own "
-        "median capacity at the SLO. Unloaded repeats are spread over the study (start, middle, end), so "
-        "minute-scale drift of the machine shows up in that interval instead of between runs.",
+        "Speed-up = baseline latency / variant latency (> 1: faster), with a 95 % CI from the blocks both "
+        "variants ran in (paired, so drift they shared cancels: see Statistics; from the two pooled intervals "
+        "by MOVER where they share fewer than 2 blocks) and, in parentheses, the RANGE of the ratios of any "
+        "two repeats (not a CI). Utilisation = offered rate / the variant's own median capacity at the SLO. "
+        "The unloaded blocks are spread over the study, so minute-scale drift of the machine shows up in "
+        "that interval instead of between runs.",
         "",
         "- **Like for like: unloaded** (one request at a time: what the model and the server cost) and "
         "**at equal utilisation** (each variant at the same fraction of its own capacity).",
