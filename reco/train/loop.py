@@ -148,6 +148,43 @@ class EarlyStop:
         return self.stale > self.patience
 
 
+def _epoch(
+    model: RankingModel,
+    data: Dataset,
+    rows_order: torch.Tensor,
+    opt: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    loss_fn: LossFn,
+    desc: str,
+) -> float:
+    """One pass over `rows_order` (training rows, in order) with gradient accumulation; the mean loss."""
+    n = len(rows_order)
+    bar = tqdm(
+        range(0, n, cfg.batch_size),
+        desc=desc,
+        disable=not cfg.progress,
+        leave=False,
+        mininterval=0.2 if sys.stderr.isatty() else 15,  # a log file gets a line every 15 s, not every step
+    )
+    total, count = 0.0, 0
+    opt.zero_grad(set_to_none=True)
+    for i, lo in enumerate(bar):
+        rows = rows_order[lo : lo + cfg.batch_size]
+        part = data.train.take(rows)
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
+            logits = model(part.dense, model.kjt(part.ids, part.lengths)).float()
+        loss = loss_fn(logits, part, rows)
+        (loss / cfg.grad_accum).backward()
+        if (i + 1) % cfg.grad_accum == 0 or lo + cfg.batch_size >= n:
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+        total += loss.item() * len(rows)
+        count += len(rows)
+        if i % 20 == 0:
+            bar.set_postfix(loss=f"{total / count:.4f}")
+    return total / max(count, 1)
+
+
 def train(
     model: RankingModel,
     data: Dataset,
@@ -172,34 +209,9 @@ def train(
     for epoch in range(cfg.epochs):
         model.train()
         perm = torch.randperm(len(data.train), generator=gen)[:n]
-        steps = range(0, n, cfg.batch_size)
-        bar = tqdm(
-            steps,
-            desc=f"{desc} epoch {epoch + 1}/{cfg.epochs}",
-            disable=not cfg.progress,
-            leave=False,
-            mininterval=0.2
-            if sys.stderr.isatty()
-            else 15,  # a log file gets a line every 15 s, not every step
-        )
-        total, count = 0.0, 0
-        opt.zero_grad(set_to_none=True)
-        for i, lo in enumerate(bar):
-            rows = perm[lo : lo + cfg.batch_size]
-            part = data.train.take(rows)
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=cfg.bf16):
-                logits = model(part.dense, model.kjt(part.ids, part.lengths)).float()
-            loss = loss_fn(logits, part, rows)
-            (loss / cfg.grad_accum).backward()
-            if (i + 1) % cfg.grad_accum == 0 or lo + cfg.batch_size >= n:
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-            total += loss.item() * len(rows)
-            count += len(rows)
-            if i % 20 == 0:
-                bar.set_postfix(loss=f"{total / count:.4f}")
+        loss = _epoch(model, data, perm, opt, cfg, loss_fn, f"{desc} epoch {epoch + 1}/{cfg.epochs}")
         m = classification_metrics(val.labels.numpy(), predict_torch(model, val))
-        row = epoch_row(total / max(count, 1), m)
+        row = epoch_row(loss, m)
         history.append(row)
         if on_epoch:
             on_epoch(epoch, row)
