@@ -53,7 +53,8 @@ def study_cfg(*serve: str, **over) -> dict:
         "common_rate": 150.0,
         "equal_util_fraction": 0.5,
         "unloaded_requests": 100,
-        "settle_s": 0.5,
+        # no settling traffic (~1 s a variant) where it is not under test: the interleaving test asks for it
+        "settle_s": 0.0,
     }
     st.update(
         load_requests=100,
@@ -86,9 +87,8 @@ def test_study_interleaves_repeats_and_returns_every_measurement(tiny_data, buil
     tracker, run_ids = mlflow_runs(tmp_path, [n for n, _ in variants])
     # The features come from a Redis the study starts and loads itself (serve.redis.start): the
     # correctness check below then compares scores served from Redis with offline ones from memory.
-    out = run_study_logged(
-        variants, tiny_data, dpath, study_cfg("features=redis"), tmp_path, calls, study_log(tracker, run_ids)
-    )
+    cfg = study_cfg("features=redis", study={"settle_s": 0.5})
+    out = run_study_logged(variants, tiny_data, dpath, cfg, tmp_path, calls, study_log(tracker, run_ids))
 
     assert variant.__dict__ == before  # nobody's objects are mutated: everything is in the return value
     assert out.slo_p99_ms == 5000.0 and out.slo_source.startswith("fixed") and out.reference == "baseline"
