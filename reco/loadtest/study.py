@@ -105,7 +105,14 @@ def _say(msg: str) -> None:
 class _Study:
     """The state of one study while it runs (see the module docstring for the order of work)."""
 
-    def __init__(self, lt: LoadtestConfig, serve: ServeConfig, out_dir: Path, log: Log | None) -> None:
+    def __init__(
+        self,
+        lt: LoadtestConfig,
+        serve: ServeConfig,
+        out_dir: Path,
+        log: Log | None,
+        clock: Callable[[], float] = time.time,
+    ) -> None:
         self.lt, self.serve, self.out, self.log = lt, serve, out_dir, log
         self.outcomes: dict[str, LoadOutcome] = {}
         self.servers: dict[str, ServerHandle] = {}
@@ -116,7 +123,8 @@ class _Study:
         self.predicted: dict[str, float | None] = {}
         self.pool: LocustPool | None = None  # Locust processes kept across the study's windows
         self.seconds: dict[str, dict[str, float]] = {}  # kind of run -> variant -> wall seconds spent
-        self.budget = Budget(lt.study.budget_min)  # its clock starts with the servers (run_study)
+        # its clock starts with the servers (run_study); every second the study counts is one of this clock
+        self.budget = Budget(lt.study.budget_min, clock=clock)
         self.reserve_s = 0.0  # seconds later phases need: low-priority runs leave them (_reserve)
         self.headline: str | None = (
             None  # the experiment's declared headline (its search: headline_tolerance)
@@ -151,7 +159,7 @@ class _Study:
             _say(f"  {name}: {what} skipped (loadtest.study.budget_min={self.budget.minutes:g} spent)")
             return None
         h = self.servers[name]
-        t0 = time.time()
+        t0 = self.budget.clock()
         try:
             if h.proc.poll() is not None:
                 raise LoadTestError(
@@ -164,7 +172,7 @@ class _Study:
             return None
         finally:
             by = self.seconds.setdefault(kind, {})
-            by[name] = by.get(name, 0.0) + time.time() - t0
+            by[name] = by.get(name, 0.0) + self.budget.clock() - t0
 
     def per_window_s(self, name: str, kind: str) -> float | None:
         """Mean wall seconds of this variant's runs of this kind so far (None before the first)."""
@@ -314,14 +322,16 @@ class _Study:
             def say(msg: str) -> None:
                 _say(f"    {name} capacity r{r}: {msg}")
 
-            t0 = time.time()
+            t0 = self.budget.clock()
 
             def deadline(lowest: float) -> float:
                 end = self.budget.deadline - (reserve_at(lowest) if reserve_at else self.reserve_s) - leave_s
                 return min(end, t0 + (end - t0) / share)
 
             _say(f"    {name} capacity r{r}: starts at {cfg.start_rate:.3g} req/s")
-            return find_capacity(measure, slo, cfg, d, expect_fail=hint, say=say, deadline=deadline)
+            return find_capacity(
+                measure, slo, cfg, d, expect_fail=hint, say=say, deadline=deadline, clock=self.budget.clock
+            )
 
         est_s = self.search_s(name, slo)
         cap = self.measure(name, "capacity", f"capacity search {r}", go, est_s)
@@ -383,6 +393,7 @@ def run_study(
     out_dir: str | Path,
     log: Log | None = None,
     headline: str | None = None,
+    clock: Callable[[], float] = time.time,
 ) -> StudyOutcome:
     """Load-test every variant (see the module docstring).
 
@@ -399,6 +410,8 @@ def run_study(
         headline: the row the study's targets are judged on (the experiment's `headline`): its first
             capacity search runs with the reference's, before the common load, because its QPS gain needs
             both brackets; it bisects to `study.headline_tolerance`.
+        clock: epoch seconds now, for the time budget and the seconds spent (a test hands in one that runs
+            faster than the wall: a slower machine spending the same budget, in fewer real seconds).
     Returns:
         The StudyOutcome; a variant whose load test failed has LoadOutcome.error set.
     """
@@ -425,7 +438,7 @@ def run_study(
         )
     result.reference = ref
     order = [ref] + [n for n in names if n != ref]
-    s = _Study(lt, serve, out, log)
+    s = _Study(lt, serve, out, log, clock)
     s.headline = headline if headline in names else None
     s.outcomes = {n: LoadOutcome(n) for n in order}
     result.outcomes = s.outcomes
@@ -436,7 +449,7 @@ def run_study(
     settings_of = {p.label: p.settings(serve) for p in pairs}
     s.rank_p50_ms = {n: v.metrics["rank_p50_ms"] for n, v in chosen if "rank_p50_ms" in v.metrics}
     check_budget(st.budget_min, *_minimum(s, ref, order))
-    t_start = s.budget.start = time.time()
+    t_start = s.budget.start = clock()
     pool = LocustPool(out, lt.loadgen.startup_timeout_s, say=_say)  # its logs: out/locust-<port>.log
     with (
         stop_on_signals(),
@@ -444,11 +457,11 @@ def run_study(
         _servers(s, variant_of, settings_of, order, data_path, server_cpus),
         pool as s.pool,
     ):
-        s.seconds["servers' start"] = {"all": time.time() - t_start}
+        s.seconds["servers' start"] = {"all": clock() - t_start}
         _measure_all(s, result, ref, order, s.headline)
     result.seconds = s.seconds
     result.budget = summary(s.budget)
-    _say(f"[load] measured in {time.time() - t_start:.0f} s; " + time_spent(s.seconds))
+    _say(f"[load] measured in {clock() - t_start:.0f} s; " + time_spent(s.seconds))
     _say(f"[load] time budget: {result.budget}")
     (out / "time_spent.json").write_text(json.dumps(s.seconds, indent=1))
     if st.correctness.enabled:
