@@ -1,0 +1,230 @@
+"""How much a variant's unloaded p50 differs between server process instances, and what removes it.
+
+    python -m bench.instances --variant DIR [--variant DIR ...] --dataset DATA.pt
+        [--condition study --condition hashseed --condition noaslr ...] [--instances 12] [--requests 400]
+
+Each instance is a NEW `python -m reco.cli.serve` process (reco.serve.process.start_server, the way the
+study starts its servers: the experiment's serve settings, pinned to the study's server core, one keep-warm
+spinner per server core for the whole run), then `--warmup` requests, then `--requests` requests one at a
+time from one keep-alive http.client connection on the generator's core (the study's unloaded block is
+one closed-loop Locust user; this client is lighter but the same shape), the p50 recorded, the server
+stopped. Variants x conditions are interleaved instance by instance in a random order per round, so the
+machine's drift (other helpers on the 2 cores) falls on every cell alike.
+
+Conditions (a server-process setting each; `study` is what the study does today):
+  study      as reco.loadtest.study starts servers
+  hashseed   PYTHONHASHSEED=0 (Python's str/bytes hash randomization off)
+  noaslr     ASLR off for the server (personality(ADDR_NO_RANDOMIZE), inherited across exec = setarch -R)
+  fixed      both of the above
+  arena      MALLOC_ARENA_MAX=1 (one glibc malloc arena, whatever thread allocates)
+  unpinned   the server not pinned to a core (the scheduler places it)
+
+The table: per variant and condition, the between-instance spread of the p50s (sd/mean with a 95 %
+chi-square interval, max/min) beside the within-instance interval (median relative width of each
+instance's order-statistic 95 % CI of its p50, reco.stats.quantile_ci) and the ratio of the between-instance
+sd to the sd that interval implies (≈ 1: the instances differ no more than their own samples do; ≫ 1: a
+per-process effect).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import ctypes
+import http.client
+import os
+import random
+import sys
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import orjson
+from scipy import stats
+
+from reco.cli.compose import compose
+from reco.loadtest.requests import request_bodies
+from reco.loadtest.runner import plan_cpus
+from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
+from reco.serve.process import ServerHandle, start_server
+from reco.stats import quantile_ci
+
+ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h
+QUERY_PERSONALITY = 0xFFFFFFFF
+
+
+@dataclass(frozen=True)
+class Condition:
+    """What a server process is started with, beyond the study's settings."""
+
+    env: dict[str, str] = field(default_factory=dict)
+    no_aslr: bool = False
+    pinned: bool = True
+
+
+CONDITIONS = {
+    "study": Condition(),
+    "hashseed": Condition(env={"PYTHONHASHSEED": "0"}),
+    "noaslr": Condition(no_aslr=True),
+    "fixed": Condition(env={"PYTHONHASHSEED": "0"}, no_aslr=True),
+    "arena": Condition(env={"MALLOC_ARENA_MAX": "1"}),
+    "unpinned": Condition(pinned=False),
+}
+
+
+@dataclass
+class Instance:
+    variant: str
+    condition: str
+    p50_ms: float
+    lo_ms: float
+    hi_ms: float
+    personality: str
+
+
+_libc = ctypes.CDLL(None, use_errno=True)
+
+
+@contextlib.contextmanager
+def started_as(cond: Condition, all_cpus: set[int]) -> Iterator[None]:
+    """This process's environment, personality and affinity set so a child started inside inherits the
+    condition (start_server's Popen takes all three from us), restored after."""
+    old_env = {k: os.environ.get(k) for k in cond.env}
+    old_pers = _libc.personality(QUERY_PERSONALITY)
+    old_aff = os.sched_getaffinity(0)
+    os.environ.update(cond.env)
+    if cond.no_aslr:
+        _libc.personality(old_pers | ADDR_NO_RANDOMIZE)
+    if not cond.pinned:
+        os.sched_setaffinity(0, all_cpus)  # the client's own pin would otherwise be inherited
+    try:
+        yield
+    finally:
+        _libc.personality(old_pers)
+        os.sched_setaffinity(0, old_aff)
+        for k, v in old_env.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def drive(port: int, bodies: list[bytes], warmup: int, n: int) -> np.ndarray:
+    """`warmup` then `n` POST /recommend one at a time on one keep-alive connection: the n latencies (ms)."""
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+    headers = {"Content-Type": "application/json"}
+    out = np.empty(n)
+    try:
+        for i in range(warmup + n):
+            body = bodies[i % len(bodies)]
+            t = time.perf_counter()
+            conn.request("POST", "/recommend", body, headers)
+            r = conn.getresponse()
+            r.read()
+            dt = (time.perf_counter() - t) * 1e3
+            if r.status != 200:
+                raise RuntimeError(f"POST /recommend answered {r.status}")
+            if i >= warmup:
+                out[i - warmup] = dt
+    finally:
+        conn.close()
+    return out
+
+
+def one_instance(variant: str, cond_name: str, args, settings, server_cpus, bodies) -> Instance:
+    cond = CONDITIONS[cond_name]
+    with started_as(cond, set(range(os.cpu_count() or 1))):
+        h: ServerHandle = start_server(
+            Path(variant).resolve(),
+            Path(args.dataset).resolve(),
+            settings,
+            cpus=server_cpus if cond.pinned else None,
+        )
+    try:
+        pers = Path(f"/proc/{h.pid}/personality").read_text().strip()
+        lat = drive(int(h.url.rsplit(":", 1)[1]), bodies, args.warmup, args.requests)
+    finally:
+        h.stop()
+    est = quantile_ci(lat, 0.5)
+    return Instance(Path(variant).name.rsplit("-", 1)[0], cond_name, est.value, est.lo, est.hi, pers)
+
+
+def spread_row(variant: str, cond: str, xs: list[Instance]) -> str:
+    p = np.array([x.p50_ms for x in xs])
+    k = len(p)
+    mean, sd = p.mean(), p.std(ddof=1) if k > 1 else float("nan")
+    cv = sd / mean
+    # 95 % interval of the sd from chi-square on k - 1 df (normal instances)
+    lo = cv * np.sqrt((k - 1) / stats.chi2.ppf(0.975, k - 1)) if k > 1 else float("nan")
+    hi = cv * np.sqrt((k - 1) / stats.chi2.ppf(0.025, k - 1)) if k > 1 else float("nan")
+    width = np.median([(x.hi_ms - x.lo_ms) / x.p50_ms for x in xs])
+    within_sd = np.median([(x.hi_ms - x.lo_ms) / (2 * 1.96) for x in xs])
+    return (
+        f"| {variant} | {cond} | {k} | {mean:.3f} | {100 * cv:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] | "
+        f"{p.max() / p.min():.3f} | ±{50 * width:.1f} | {sd / within_sd:.2f} |"
+    )
+
+
+HEADER = (
+    "| variant | condition | instances | mean p50 ms | between-instance sd/mean % [95 %] | max/min | "
+    "within-instance p50 CI half-width % (median) | between sd / within sd |\n|---|---|---|---|---|---|---|---|"
+)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variant", action="append", required=True, help="a built variant directory (repeat)")
+    ap.add_argument("--dataset", required=True)
+    ap.add_argument("--condition", action="append", choices=sorted(CONDITIONS), help="repeat; default: study")
+    ap.add_argument("--instances", type=int, default=12, help="server processes per variant and condition")
+    ap.add_argument("--requests", type=int, default=400, help="measured requests per instance")
+    ap.add_argument("--warmup", type=int, default=100, help="requests sent and discarded first")
+    ap.add_argument("--experiment", default="ecommerce_case_study", help="whose serve settings")
+    ap.add_argument("--seed", type=int, default=0)
+    args = ap.parse_args()
+    conds = args.condition or ["study"]
+    from reco.data.schema import Dataset
+
+    ds = Dataset.load(args.dataset)
+    bodies = [orjson.dumps(b) for b in request_bodies(ds, 2000, 10, 0)]
+    del ds
+    settings = compose([f"experiment={args.experiment}", "serve.keep_warm=false"]).serve
+    server_cpus, gen_cpus = plan_cpus()
+    if gen_cpus:
+        os.sched_setaffinity(0, gen_cpus)
+    spinners = start_keep_warm(server_cpus or [])  # the study: one per server core, for the whole study
+    rng = random.Random(args.seed)
+    done: list[Instance] = []
+    try:
+        for r in range(args.instances):
+            cells = [(v, c) for v in args.variant for c in conds]
+            rng.shuffle(cells)
+            for v, c in cells:
+                x = one_instance(v, c, args, settings, server_cpus, bodies)
+                done.append(x)
+                print(
+                    f"# round {r + 1} {x.variant} {c}: p50 {x.p50_ms:.3f} [{x.lo_ms:.3f}, {x.hi_ms:.3f}] "
+                    f"personality {x.personality}",
+                    file=sys.stderr,
+                    flush=True,
+                )
+    finally:
+        stop_keep_warm(spinners)
+    print(
+        f"# {args.requests} requests/instance after {args.warmup} warm-up, server cores {server_cpus}, "
+        f"client cores {gen_cpus}"
+    )
+    print(HEADER)
+    for v in dict.fromkeys(x.variant for x in done):
+        for c in conds:
+            xs = [x for x in done if x.variant == v and x.condition == c]
+            if xs:
+                print(spread_row(v, c, xs))
+    print()
+    print("per instance, in order: " + "; ".join(f"{x.variant}/{x.condition} {x.p50_ms:.3f}" for x in done))
+
+
+if __name__ == "__main__":
+    main()
