@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import csv
 import ctypes
 import http.client
 import os
@@ -48,7 +49,7 @@ from reco.cli.compose import compose
 from reco.loadtest.requests import request_bodies
 from reco.loadtest.runner import plan_cpus
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
-from reco.serve.process import ServerHandle, start_server
+from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.stats import quantile_ci
 
 ADDR_NO_RANDOMIZE = 0x0040000  # linux/personality.h
@@ -76,12 +77,22 @@ CONDITIONS = {
 
 @dataclass
 class Instance:
+    """One fresh server process's unloaded p50 (95 % CI) and the long-lived server's p50 around it."""
+
     variant: str
     condition: str
     p50_ms: float
     lo_ms: float
     hi_ms: float
+    ref_p50_ms: float
     personality: str
+
+    @property
+    def ratio(self) -> float:
+        return self.p50_ms / self.ref_p50_ms
+
+
+FIELDS = ("variant", "condition", "p50_ms", "lo_ms", "hi_ms", "ref_p50_ms", "personality")
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -133,7 +144,15 @@ def drive(port: int, bodies: list[bytes], warmup: int, n: int) -> np.ndarray:
     return out
 
 
-def one_instance(variant: str, cond_name: str, args, settings, server_cpus, bodies) -> Instance:
+def port_of(h: ServerHandle) -> int:
+    return int(h.url.rsplit(":", 1)[1])
+
+
+def one_instance(
+    variant: str, cond_name: str, args, settings, server_cpus, bodies, ref: ServerHandle
+) -> Instance:
+    """A fresh server of `variant` under the condition, measured between two halves of the same variant's
+    long-lived server (started once, as the study's): their ratio cancels the machine's drift."""
     cond = CONDITIONS[cond_name]
     with started_as(cond, set(range(os.cpu_count() or 1))):
         h: ServerHandle = start_server(
@@ -144,11 +163,19 @@ def one_instance(variant: str, cond_name: str, args, settings, server_cpus, bodi
         )
     try:
         pers = Path(f"/proc/{h.pid}/personality").read_text().strip()
-        lat = drive(int(h.url.rsplit(":", 1)[1]), bodies, args.warmup, args.requests)
+        half = args.requests // 2
+        before = drive(port_of(ref), bodies, args.warmup // 4, half)
+        lat = drive(port_of(h), bodies, args.warmup, args.requests)
+        after = drive(port_of(ref), bodies, args.warmup // 4, half)
     finally:
         h.stop()
     est = quantile_ci(lat, 0.5)
-    return Instance(Path(variant).name.rsplit("-", 1)[0], cond_name, est.value, est.lo, est.hi, pers)
+    ref_p50 = float(np.median(np.concatenate([before, after])))
+    return Instance(name_of(variant), cond_name, est.value, est.lo, est.hi, ref_p50, pers)
+
+
+def name_of(variant: str) -> str:
+    return Path(variant).name.rsplit("-", 1)[0]
 
 
 def spread_row(variant: str, cond: str, xs: list[Instance]) -> str:
@@ -161,30 +188,42 @@ def spread_row(variant: str, cond: str, xs: list[Instance]) -> str:
     hi = cv * np.sqrt((k - 1) / stats.chi2.ppf(0.025, k - 1)) if k > 1 else float("nan")
     width = np.median([(x.hi_ms - x.lo_ms) / x.p50_ms for x in xs])
     within_sd = np.median([(x.hi_ms - x.lo_ms) / (2 * 1.96) for x in xs])
+    q = np.array([x.ratio for x in xs])
     return (
         f"| {variant} | {cond} | {k} | {mean:.3f} | {100 * cv:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] | "
-        f"{p.max() / p.min():.3f} | ±{50 * width:.1f} | {sd / within_sd:.2f} |"
+        f"{p.max() / p.min():.3f} | ±{50 * width:.1f} | {sd / within_sd:.2f} | "
+        f"{100 * q.std(ddof=1) / q.mean():.1f} | {q.max() / q.min():.3f} |"
     )
 
 
 HEADER = (
     "| variant | condition | instances | mean p50 ms | between-instance sd/mean % [95 %] | max/min | "
-    "within-instance p50 CI half-width % (median) | between sd / within sd |\n|---|---|---|---|---|---|---|---|"
+    "within-instance p50 CI half-width % (median) | between sd / within sd | "
+    "fresh / long-lived p50: sd/mean % | its max/min |\n|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--variant", action="append", required=True, help="a built variant directory (repeat)")
-    ap.add_argument("--dataset", required=True)
-    ap.add_argument("--condition", action="append", choices=sorted(CONDITIONS), help="repeat; default: study")
-    ap.add_argument("--instances", type=int, default=12, help="server processes per variant and condition")
-    ap.add_argument("--requests", type=int, default=400, help="measured requests per instance")
-    ap.add_argument("--warmup", type=int, default=100, help="requests sent and discarded first")
-    ap.add_argument("--experiment", default="ecommerce_case_study", help="whose serve settings")
-    ap.add_argument("--seed", type=int, default=0)
-    args = ap.parse_args()
-    conds = args.condition or ["study"]
+def table(done: list[Instance], conds: list[str]) -> str:
+    lines = [HEADER]
+    for v in dict.fromkeys(x.variant for x in done):
+        for c in conds:
+            xs = [x for x in done if x.variant == v and x.condition == c]
+            if len(xs) > 1:
+                lines.append(spread_row(v, c, xs))
+    return "\n".join(lines)
+
+
+def read_csv(path: Path) -> list[Instance]:
+    with open(path) as f:
+        rows = list(csv.DictReader(f))
+    return [
+        Instance(r["variant"], r["condition"], *(float(r[k]) for k in FIELDS[2:6]), r["personality"])
+        for r in rows
+    ]
+
+
+def run(args, conds: list[str]) -> None:
+    """Every round: each variant x condition once, in a random order; each instance appended to args.csv."""
     from reco.data.schema import Dataset
 
     ds = Dataset.load(args.dataset)
@@ -195,35 +234,61 @@ def main() -> None:
     if gen_cpus:
         os.sched_setaffinity(0, gen_cpus)
     spinners = start_keep_warm(server_cpus or [])  # the study: one per server core, for the whole study
+    refs = {
+        v: start_server(Path(v).resolve(), Path(args.dataset).resolve(), settings, cpus=server_cpus)
+        for v in args.variant
+    }
     rng = random.Random(args.seed)
-    done: list[Instance] = []
+    new = not args.csv.exists()
     try:
-        for r in range(args.instances):
-            cells = [(v, c) for v in args.variant for c in conds]
-            rng.shuffle(cells)
-            for v, c in cells:
-                x = one_instance(v, c, args, settings, server_cpus, bodies)
-                done.append(x)
-                print(
-                    f"# round {r + 1} {x.variant} {c}: p50 {x.p50_ms:.3f} [{x.lo_ms:.3f}, {x.hi_ms:.3f}] "
-                    f"personality {x.personality}",
-                    file=sys.stderr,
-                    flush=True,
-                )
+        with open(args.csv, "a", newline="") as f:
+            w = csv.writer(f)
+            if new:
+                w.writerow(FIELDS)
+            for r in range(args.instances):
+                cells = [(v, c) for v in args.variant for c in conds]
+                rng.shuffle(cells)
+                for v, c in cells:
+                    x = one_instance(v, c, args, settings, server_cpus, bodies, refs[v])
+                    w.writerow([getattr(x, k) for k in FIELDS])
+                    f.flush()
+                    print(
+                        f"# round {r + 1} {x.variant} {c}: p50 {x.p50_ms:.3f} [{x.lo_ms:.3f}, {x.hi_ms:.3f}], "
+                        f"long-lived {x.ref_p50_ms:.3f}, personality {x.personality}",
+                        file=sys.stderr,
+                        flush=True,
+                    )
     finally:
+        stop_servers(list(refs.values()))
         stop_keep_warm(spinners)
     print(
         f"# {args.requests} requests/instance after {args.warmup} warm-up, server cores {server_cpus}, "
         f"client cores {gen_cpus}"
     )
-    print(HEADER)
-    for v in dict.fromkeys(x.variant for x in done):
-        for c in conds:
-            xs = [x for x in done if x.variant == v and x.condition == c]
-            if xs:
-                print(spread_row(v, c, xs))
-    print()
-    print("per instance, in order: " + "; ".join(f"{x.variant}/{x.condition} {x.p50_ms:.3f}" for x in done))
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--variant", action="append", default=[], help="a built variant directory (repeat)")
+    ap.add_argument("--dataset")
+    ap.add_argument("--condition", action="append", choices=sorted(CONDITIONS), help="repeat; default: study")
+    ap.add_argument(
+        "--instances", type=int, default=12, help="rounds: server processes per variant and condition"
+    )
+    ap.add_argument("--requests", type=int, default=400, help="measured requests per instance")
+    ap.add_argument("--warmup", type=int, default=100, help="requests sent and discarded first")
+    ap.add_argument("--experiment", default="ecommerce_case_study", help="whose serve settings")
+    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--csv", type=Path, required=True, help="one row per instance, appended (runs pool)")
+    ap.add_argument("--table-only", action="store_true", help="print the table of --csv, measure nothing")
+    args = ap.parse_args()
+    conds = args.condition or ["study"]
+    if not args.table_only:
+        if not (args.variant and args.dataset):
+            ap.error("--variant and --dataset are required to measure")
+        run(args, conds)
+    done = read_csv(args.csv)
+    print(table(done, list(dict.fromkeys([*conds, *(x.condition for x in done)]))))
 
 
 if __name__ == "__main__":
