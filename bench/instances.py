@@ -35,6 +35,7 @@ import ctypes
 import http.client
 import os
 import random
+import re
 import sys
 import time
 from collections.abc import Iterator
@@ -86,13 +87,14 @@ class Instance:
     hi_ms: float
     ref_p50_ms: float
     personality: str
+    rank_p50_ms: float = float("nan")  # the server's own model-call stage (Server-Timing), median
 
     @property
     def ratio(self) -> float:
         return self.p50_ms / self.ref_p50_ms
 
 
-FIELDS = ("variant", "condition", "p50_ms", "lo_ms", "hi_ms", "ref_p50_ms", "personality")
+FIELDS = ("variant", "condition", "p50_ms", "lo_ms", "hi_ms", "ref_p50_ms", "personality", "rank_p50_ms")
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -122,11 +124,16 @@ def started_as(cond: Condition, all_cpus: set[int]) -> Iterator[None]:
                 os.environ[k] = v
 
 
-def drive(port: int, bodies: list[bytes], warmup: int, n: int) -> np.ndarray:
-    """`warmup` then `n` POST /recommend one at a time on one keep-alive connection: the n latencies (ms)."""
+RANK = re.compile(r"(?:^|, )rank;dur=([0-9.]+)")
+
+
+def drive(port: int, bodies: list[bytes], warmup: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """`warmup` then `n` POST /recommend one at a time on one keep-alive connection: the n latencies and the
+    server's own rank stage (Server-Timing: the model call, so a per-process effect can be placed in the
+    model or around it), both ms."""
     conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
     headers = {"Content-Type": "application/json"}
-    out = np.empty(n)
+    out, rank = np.empty(n), np.full(n, np.nan)
     try:
         for i in range(warmup + n):
             body = bodies[i % len(bodies)]
@@ -139,9 +146,11 @@ def drive(port: int, bodies: list[bytes], warmup: int, n: int) -> np.ndarray:
                 raise RuntimeError(f"POST /recommend answered {r.status}")
             if i >= warmup:
                 out[i - warmup] = dt
+                m = RANK.search(r.getheader("Server-Timing") or "")
+                rank[i - warmup] = float(m.group(1)) if m else np.nan
     finally:
         conn.close()
-    return out
+    return out, rank
 
 
 def port_of(h: ServerHandle) -> int:
@@ -164,14 +173,16 @@ def one_instance(
     try:
         pers = Path(f"/proc/{h.pid}/personality").read_text().strip()
         half = args.requests // 2
-        before = drive(port_of(ref), bodies, args.warmup // 4, half)
-        lat = drive(port_of(h), bodies, args.warmup, args.requests)
-        after = drive(port_of(ref), bodies, args.warmup // 4, half)
+        before, _ = drive(port_of(ref), bodies, args.warmup // 4, half)
+        lat, rank = drive(port_of(h), bodies, args.warmup, args.requests)
+        after, _ = drive(port_of(ref), bodies, args.warmup // 4, half)
     finally:
         h.stop()
     est = quantile_ci(lat, 0.5)
     ref_p50 = float(np.median(np.concatenate([before, after])))
-    return Instance(name_of(variant), cond_name, est.value, est.lo, est.hi, ref_p50, pers)
+    return Instance(
+        name_of(variant), cond_name, est.value, est.lo, est.hi, ref_p50, pers, float(np.nanmedian(rank))
+    )
 
 
 def name_of(variant: str) -> str:
@@ -189,17 +200,20 @@ def spread_row(variant: str, cond: str, xs: list[Instance]) -> str:
     width = np.median([(x.hi_ms - x.lo_ms) / x.p50_ms for x in xs])
     within_sd = np.median([(x.hi_ms - x.lo_ms) / (2 * 1.96) for x in xs])
     q = np.array([x.ratio for x in xs])
+    rk = np.array([x.rank_p50_ms for x in xs])
+    rank = f"{100 * rk.std(ddof=1) / rk.mean():.1f}" if not np.isnan(rk).any() else "–"
     return (
         f"| {variant} | {cond} | {k} | {mean:.3f} | {100 * cv:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] | "
         f"{p.max() / p.min():.3f} | ±{50 * width:.1f} | {sd / within_sd:.2f} | "
-        f"{100 * q.std(ddof=1) / q.mean():.1f} | {q.max() / q.min():.3f} |"
+        f"{100 * q.std(ddof=1) / q.mean():.1f} | {q.max() / q.min():.3f} | {rank} |"
     )
 
 
 HEADER = (
     "| variant | condition | instances | mean p50 ms | between-instance sd/mean % [95 %] | max/min | "
     "within-instance p50 CI half-width % (median) | between sd / within sd | "
-    "fresh / long-lived p50: sd/mean % | its max/min |\n|---|---|---|---|---|---|---|---|---|---|"
+    "fresh / long-lived p50: sd/mean % | its max/min | rank stage p50: sd/mean % |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
