@@ -127,30 +127,50 @@ def started_as(cond: Condition, all_cpus: set[int]) -> Iterator[None]:
 RANK = re.compile(r"(?:^|, )rank;dur=([0-9.]+)")
 
 
-def drive(port: int, bodies: list[bytes], warmup: int, n: int) -> tuple[np.ndarray, np.ndarray]:
-    """`warmup` then `n` POST /recommend one at a time on one keep-alive connection: the n latencies and the
-    server's own rank stage (Server-Timing: the model call, so a per-process effect can be placed in the
-    model or around it), both ms."""
-    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-    headers = {"Content-Type": "application/json"}
-    out, rank = np.empty(n), np.full(n, np.nan)
-    try:
-        for i in range(warmup + n):
-            body = bodies[i % len(bodies)]
+class Client:
+    """One keep-alive connection to a server; `send` times n POST /recommend one at a time."""
+
+    def __init__(self, port: int) -> None:
+        self.conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30)
+        self.i = 0
+
+    def send(self, bodies: list[bytes], n: int) -> tuple[list[float], list[float]]:
+        """n requests: their latencies and the server's own rank stage (Server-Timing: the model call, so a
+        per-process effect can be placed in the model or around it), both ms."""
+        lat, rank = [], []
+        for _ in range(n):
+            body = bodies[self.i % len(bodies)]
+            self.i += 1
             t = time.perf_counter()
-            conn.request("POST", "/recommend", body, headers)
-            r = conn.getresponse()
+            self.conn.request("POST", "/recommend", body, {"Content-Type": "application/json"})
+            r = self.conn.getresponse()
             r.read()
-            dt = (time.perf_counter() - t) * 1e3
+            lat.append((time.perf_counter() - t) * 1e3)
             if r.status != 200:
                 raise RuntimeError(f"POST /recommend answered {r.status}")
-            if i >= warmup:
-                out[i - warmup] = dt
-                m = RANK.search(r.getheader("Server-Timing") or "")
-                rank[i - warmup] = float(m.group(1)) if m else np.nan
-    finally:
-        conn.close()
-    return out, rank
+            m = RANK.search(r.getheader("Server-Timing") or "")
+            rank.append(float(m.group(1)) if m else np.nan)
+        return lat, rank
+
+    def close(self) -> None:
+        self.conn.close()
+
+
+def paired(
+    fresh: Client, ref: Client, bodies: list[bytes], args
+) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """Both servers warmed, then `args.chunk` requests to each in turn until `args.requests` each: the other
+    helpers' bursts on the shared cores last seconds, so chunks of a few tens of ms fall on both alike.
+    Returns (fresh latencies, fresh rank stage, long-lived latencies)."""
+    fresh.send(bodies, args.warmup)
+    ref.send(bodies, args.warmup // 4)
+    lat, rank, other = [], [], []
+    while len(lat) < args.requests:
+        a, b = fresh.send(bodies, args.chunk)
+        lat += a
+        rank += b
+        other += ref.send(bodies, args.chunk)[0]
+    return np.array(lat), np.array(rank), np.array(other)
 
 
 def port_of(h: ServerHandle) -> int:
@@ -160,8 +180,8 @@ def port_of(h: ServerHandle) -> int:
 def one_instance(
     variant: str, cond_name: str, args, settings, server_cpus, bodies, ref: ServerHandle
 ) -> Instance:
-    """A fresh server of `variant` under the condition, measured between two halves of the same variant's
-    long-lived server (started once, as the study's): their ratio cancels the machine's drift."""
+    """A fresh server of `variant` under the condition, measured in alternating chunks with the same
+    variant's long-lived server (started once, as the study's): their ratio cancels the machine's drift."""
     cond = CONDITIONS[cond_name]
     with started_as(cond, set(range(os.cpu_count() or 1))):
         h: ServerHandle = start_server(
@@ -172,14 +192,16 @@ def one_instance(
         )
     try:
         pers = Path(f"/proc/{h.pid}/personality").read_text().strip()
-        half = args.requests // 2
-        before, _ = drive(port_of(ref), bodies, args.warmup // 4, half)
-        lat, rank = drive(port_of(h), bodies, args.warmup, args.requests)
-        after, _ = drive(port_of(ref), bodies, args.warmup // 4, half)
+        fresh, other = Client(port_of(h)), Client(port_of(ref))
+        try:
+            lat, rank, ref_lat = paired(fresh, other, bodies, args)
+        finally:
+            fresh.close()
+            other.close()
     finally:
         h.stop()
     est = quantile_ci(lat, 0.5)
-    ref_p50 = float(np.median(np.concatenate([before, after])))
+    ref_p50 = float(np.median(ref_lat))
     return Instance(
         name_of(variant), cond_name, est.value, est.lo, est.hi, ref_p50, pers, float(np.nanmedian(rank))
     )
@@ -291,6 +313,7 @@ def main() -> None:
     )
     ap.add_argument("--requests", type=int, default=400, help="measured requests per instance")
     ap.add_argument("--warmup", type=int, default=100, help="requests sent and discarded first")
+    ap.add_argument("--chunk", type=int, default=20, help="requests to each server in turn")
     ap.add_argument("--experiment", default="ecommerce_case_study", help="whose serve settings")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--csv", type=Path, required=True, help="one row per instance, appended (runs pool)")
