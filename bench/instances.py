@@ -88,13 +88,24 @@ class Instance:
     ref_p50_ms: float
     personality: str
     rank_p50_ms: float = float("nan")  # the server's own model-call stage (Server-Timing), median
+    ref_rank_p50_ms: float = float("nan")  # the same of the long-lived server
 
     @property
     def ratio(self) -> float:
         return self.p50_ms / self.ref_p50_ms
 
 
-FIELDS = ("variant", "condition", "p50_ms", "lo_ms", "hi_ms", "ref_p50_ms", "personality", "rank_p50_ms")
+FIELDS = (
+    "variant",
+    "condition",
+    "p50_ms",
+    "lo_ms",
+    "hi_ms",
+    "ref_p50_ms",
+    "personality",
+    "rank_p50_ms",
+    "ref_rank_p50_ms",
+)
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -156,21 +167,18 @@ class Client:
         self.conn.close()
 
 
-def paired(
-    fresh: Client, ref: Client, bodies: list[bytes], args
-) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def paired(fresh: Client, ref: Client, bodies: list[bytes], args) -> tuple[np.ndarray, ...]:
     """Both servers warmed, then `args.chunk` requests to each in turn until `args.requests` each: the other
     helpers' bursts on the shared cores last seconds, so chunks of a few tens of ms fall on both alike.
-    Returns (fresh latencies, fresh rank stage, long-lived latencies)."""
+    Returns the fresh server's latencies and rank stage, then the long-lived one's."""
     fresh.send(bodies, args.warmup)
     ref.send(bodies, args.warmup // 4)
-    lat, rank, other = [], [], []
-    while len(lat) < args.requests:
-        a, b = fresh.send(bodies, args.chunk)
-        lat += a
-        rank += b
-        other += ref.send(bodies, args.chunk)[0]
-    return np.array(lat), np.array(rank), np.array(other)
+    out: list[list[float]] = [[], [], [], []]
+    while len(out[0]) < args.requests:
+        for i, (a, b) in enumerate([fresh.send(bodies, args.chunk), ref.send(bodies, args.chunk)]):
+            out[2 * i] += a
+            out[2 * i + 1] += b
+    return tuple(np.array(x) for x in out)
 
 
 def port_of(h: ServerHandle) -> int:
@@ -194,7 +202,7 @@ def one_instance(
         pers = Path(f"/proc/{h.pid}/personality").read_text().strip()
         fresh, other = Client(port_of(h)), Client(port_of(ref))
         try:
-            lat, rank, ref_lat = paired(fresh, other, bodies, args)
+            lat, rank, ref_lat, ref_rank = paired(fresh, other, bodies, args)
         finally:
             fresh.close()
             other.close()
@@ -203,7 +211,15 @@ def one_instance(
     est = quantile_ci(lat, 0.5)
     ref_p50 = float(np.median(ref_lat))
     return Instance(
-        name_of(variant), cond_name, est.value, est.lo, est.hi, ref_p50, pers, float(np.nanmedian(rank))
+        name_of(variant),
+        cond_name,
+        est.value,
+        est.lo,
+        est.hi,
+        ref_p50,
+        pers,
+        float(np.nanmedian(rank)),
+        float(np.nanmedian(ref_rank)),
     )
 
 
@@ -222,8 +238,9 @@ def spread_row(variant: str, cond: str, xs: list[Instance]) -> str:
     width = np.median([(x.hi_ms - x.lo_ms) / x.p50_ms for x in xs])
     within_sd = np.median([(x.hi_ms - x.lo_ms) / (2 * 1.96) for x in xs])
     q = np.array([x.ratio for x in xs])
-    rk = np.array([x.rank_p50_ms for x in xs])
-    rank = f"{100 * rk.std(ddof=1) / rk.mean():.1f}" if not np.isnan(rk).any() else "–"
+    rk = np.array([x.rank_p50_ms / x.ref_rank_p50_ms for x in xs])
+    rk = rk[~np.isnan(rk)]  # files from before the long-lived server's rank stage was kept
+    rank = f"{100 * rk.std(ddof=1) / rk.mean():.1f} (n={len(rk)})" if len(rk) > 1 else "–"
     return (
         f"| {variant} | {cond} | {k} | {mean:.3f} | {100 * cv:.1f} [{100 * lo:.1f}, {100 * hi:.1f}] | "
         f"{p.max() / p.min():.3f} | ±{50 * width:.1f} | {sd / within_sd:.2f} | "
@@ -234,7 +251,7 @@ def spread_row(variant: str, cond: str, xs: list[Instance]) -> str:
 HEADER = (
     "| variant | condition | instances | mean p50 ms | between-instance sd/mean % [95 %] | max/min | "
     "within-instance p50 CI half-width % (median) | between sd / within sd | "
-    "fresh / long-lived p50: sd/mean % | its max/min | rank stage p50: sd/mean % |\n"
+    "fresh / long-lived p50: sd/mean % | its max/min | fresh / long-lived rank stage p50: sd/mean % |\n"
     "|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
@@ -253,7 +270,14 @@ def read_csv(path: Path) -> list[Instance]:
     with open(path) as f:
         rows = list(csv.DictReader(f))
     return [
-        Instance(r["variant"], r["condition"], *(float(r[k]) for k in FIELDS[2:6]), r["personality"])
+        Instance(
+            r["variant"],
+            r["condition"],
+            *(float(r[k]) for k in FIELDS[2:6]),
+            r["personality"],
+            float(r.get("rank_p50_ms") or "nan"),  # files from before the column
+            float(r.get("ref_rank_p50_ms") or "nan"),
+        )
         for r in rows
     ]
 
@@ -275,9 +299,10 @@ def run(args, conds: list[str]) -> None:
         for v in args.variant
     }
     rng = random.Random(args.seed)
-    new = not args.csv.exists()
+    out = args.csv[-1]
+    new = not out.exists()
     try:
-        with open(args.csv, "a", newline="") as f:
+        with open(out, "a", newline="") as f:
             w = csv.writer(f)
             if new:
                 w.writerow(FIELDS)
@@ -316,7 +341,13 @@ def main() -> None:
     ap.add_argument("--chunk", type=int, default=20, help="requests to each server in turn")
     ap.add_argument("--experiment", default="ecommerce_case_study", help="whose serve settings")
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--csv", type=Path, required=True, help="one row per instance, appended (runs pool)")
+    ap.add_argument(
+        "--csv",
+        type=Path,
+        action="append",
+        required=True,
+        help="one row per instance, appended to the last given; the table pools every one given (repeat)",
+    )
     ap.add_argument("--table-only", action="store_true", help="print the table of --csv, measure nothing")
     args = ap.parse_args()
     conds = args.condition or ["study"]
@@ -324,7 +355,7 @@ def main() -> None:
         if not (args.variant and args.dataset):
             ap.error("--variant and --dataset are required to measure")
         run(args, conds)
-    done = read_csv(args.csv)
+    done = [x for path in args.csv for x in read_csv(path)]
     print(table(done, list(dict.fromkeys([*conds, *(x.condition for x in done)]))))
 
 
