@@ -5,11 +5,13 @@
 
 Each instance is a NEW `python -m reco.cli.serve` process (reco.serve.process.start_server, the way the
 study starts its servers: the experiment's serve settings, pinned to the study's server core, one keep-warm
-spinner per server core for the whole run), then `--warmup` requests, then `--requests` requests one at a
-time from one keep-alive http.client connection on the generator's core (the study's unloaded block is
-one closed-loop Locust user; this client is lighter but the same shape), the p50 recorded, the server
-stopped. Variants x conditions are interleaved instance by instance in a random order per round, so the
-machine's drift (other helpers on the 2 cores) falls on every cell alike.
+spinner per server core for the whole run). After `--warmup` requests it gets `--requests` requests one at
+a time from one keep-alive http.client connection on the generator's core (the study's unloaded block is
+one closed-loop Locust user; this client is lighter but the same shape), in `--chunk`-request turns with a
+LONG-LIVED server of the same variant (started once, study condition): the other jobs on a shared machine
+move a server's p50 several-fold within minutes, and fresh / long-lived cancels what hits both. Then the
+fresh server is stopped. Variants x conditions are interleaved instance by instance in a random order per
+round. Rows go to --csv as they are measured (a run cut short keeps them); --table-only pools CSVs.
 
 Conditions (a server-process setting each; `study` is what the study does today):
   study      as reco.loadtest.study starts servers
@@ -20,10 +22,10 @@ Conditions (a server-process setting each; `study` is what the study does today)
   unpinned   the server not pinned to a core (the scheduler places it)
 
 The table: per variant and condition, the between-instance spread of the p50s (sd/mean with a 95 %
-chi-square interval, max/min) beside the within-instance interval (median relative width of each
-instance's order-statistic 95 % CI of its p50, reco.stats.quantile_ci) and the ratio of the between-instance
-sd to the sd that interval implies (≈ 1: the instances differ no more than their own samples do; ≫ 1: a
-per-process effect).
+chi-square interval, max/min) beside the within-instance interval (median relative half-width of each
+instance's order-statistic 95 % CI of its p50, reco.stats.quantile_ci) and their ratio; then the spread of
+fresh / long-lived for the p50, the server's own rank stage (Server-Timing: the model call) and the p10:
+the per-process effect with the machine's drift taken out.
 """
 
 from __future__ import annotations
