@@ -377,12 +377,13 @@ def test_a_prior_bracket_is_confirmed_in_two_steps(lt, tmp_path):
     assert first.lowest_fail < moved.highest_pass <= 400.0
 
 
-def _bursty(n: int, seed: int = 0) -> np.ndarray:
+def _bursty(n: int, seed: int = 0, starts: list[int] | None = None) -> np.ndarray:
     """A fast variant's step as the case study sees it: ~4 ms requests and a few bursts of 40 slow ones
-    (up to 5x), so the p99's dependent interval stays open however far below the SLO every request is."""
+    (up to 5x; 6 at random places unless `starts`), so the p99's dependent interval stays open however
+    far below the SLO every request is."""
     rng = np.random.default_rng(seed)
     x = rng.lognormal(math.log(4.0), 0.3, n)
-    for start in rng.choice(n - 40, 6, replace=False):
+    for start in rng.choice(n - 40, 6, replace=False) if starts is None else starts:
         x[start : start + 40] *= np.linspace(5.0, 1.5, 40)
     return x
 
@@ -403,3 +404,22 @@ def test_a_bursty_step_far_below_the_slo_passes_on_the_exceedance_bound():
     failed[::200] = np.inf
     run = make_run(failed, kind="capacity", offered_qps=200.0, window_s=40.0)
     assert step_verdict(run, 200.0, 0.01, 0.99)[0] != Verdict.PASS
+
+
+def test_a_step_that_passes_on_the_exceedance_bound_says_so(lt, tmp_path):
+    """The progress line of a PASS whose p99 interval is open names the bound it passed on."""
+    c = cap_cfg(
+        lt, start_rate=200, min_rate=200, max_rate=200, steps=1, step_requests=600, max_step_requests=8000
+    )
+
+    # one continuous step, each window the next n requests, with a burst in each of them
+    series, sent = _bursty(8000, starts=[300, 900, 1500, 2000, 3000, 4500]), [0]
+
+    def bursty(rate, n, out_dir):
+        x, sent[0] = series[sent[0] : sent[0] + n], sent[0] + n
+        return make_run(x, kind="capacity", offered_qps=rate, window_s=n / rate)
+
+    said: list[str] = []
+    cap = find_capacity(bursty, 200.0, c, tmp_path, say=said.append)
+    assert cap.steps[0].verdict == Verdict.PASS and "exceedance bound" in cap.steps[0].reason
+    assert said[-1].endswith("-> PASS (exceedance bound)"), said

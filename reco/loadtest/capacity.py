@@ -193,7 +193,8 @@ def run_step(
         then = (
             f": not extended, {more} more requests would end past the time budget" if cut else ", extending"
         )
-        say(f"{rate:.1f} req/s: {judged} -> {verdict.value}{'' if done else then}")
+        how = " (exceedance bound)" if verdict == Verdict.PASS and reason else ""  # the interval is open
+        say(f"{rate:.1f} req/s: {judged} -> {verdict.value}{how}{'' if done else then}")
         if cut:
             return CapacityStep(
                 rate, pooled, verdict, f"{reason}; not extended (time budget)", budget_cut=True
