@@ -12,9 +12,9 @@ other helpers on the machine cannot inflate it the way they inflate wall time.
 The split of one request's server CPU (from the server's own /metrics, reco_cpu_seconds{stage}, read
 before and after the measured seconds): parse (body read, JSON decode, validation: the event loop's
 thread), retrieval (candidates), features (model input assembly), rank (the model calls' CPU,
-reco_model_cpu_seconds: each call once, where the server exports it), serialize (top-k, JSON body, Server-Timing, the stage metrics), and the rest = total - those:
-HTTP parsing, the ASGI/Starlette layers, the hand-off to the model's thread and back, writing the
-answer. A server whose code has no stage CPU metrics (an older commit) shows the total and rank only.
+reco_model_cpu_seconds: each call once, where the server exports it), serialize (top-k, JSON body,
+Server-Timing, the stage metrics), and the rest = total - those: HTTP parsing, the ASGI/Starlette
+layers, the hand-off to the model's thread and back, writing the answer. A server whose code has no stage CPU metrics (an older commit) shows the total and rank only.
 
 Floors on the same stack (uvicorn, uvloop, reco's httptools protocol with serve.http's limits, the
 same request bodies): `asgi`, a bare ASGI callable answering a fixed body; `starlette`, a one-route
@@ -170,7 +170,7 @@ def stage_cpu_sums(port: int) -> dict[str, float]:
     text = scrape(f"http://127.0.0.1:{port}")
     sums = {s: h["sum"] for s, h in parse_histograms(text).get("reco_cpu_seconds", {}).items()}
     model = model_cpu_s(text)
-    if model == model:  # each model call once: the rank histogram repeats a batched call's CPU per request
+    if model is not None:  # each model call once: the rank histogram repeats a batched call's CPU per request
         sums["rank"] = model
     return sums
 

@@ -8,8 +8,9 @@ the requests served between them cost, per stage.
 
 reco's server exports the reco_stage_seconds{stage} histogram (wall time per request stage) and
 reco_cpu_seconds{stage} (CPU time of the model call's thread; the event loop thread's per stage), with
-20 % wide buckets (reco.serve.metrics); a quantile is interpolated linearly inside its bucket from the difference of the
-two scrapes' cumulative counts (Prometheus' histogram_quantile), so warm-up requests are in neither.
+20 % wide buckets (reco.serve.metrics); a quantile is interpolated linearly inside its bucket from the
+difference of the two scrapes' cumulative counts (Prometheus' histogram_quantile), so warm-up requests
+are in neither.
 
 The one reader of /metrics: the runner (reco.loadtest.window) scrapes at the window's edges, and
 loadtest/locustfile.py's web UI ("reco" tab) at the test's start and on each poll. Standard library and
@@ -28,8 +29,6 @@ from reco.loadtest.triton_stats import scrape_stats, stats_summary
 # The histograms a load run reads back, and the prefix of their summary keys: wall time per stage, and the
 # CPU time of the model call's thread (reco_cpu_seconds{stage="rank"} -> cpu_rank_*).
 FAMILIES = {"reco_stage_seconds": "server_", "reco_cpu_seconds": "cpu_"}
-# The event loop thread's CPU stages (reco.serve.metrics.LOOP_CPU_STAGES) in a request's CPU split.
-SPLIT = ("parse", "retrieval", "features", "serialize")
 
 
 def scrape(url: str, timeout_s: float = 5.0) -> str:
@@ -113,25 +112,30 @@ def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, 
     cpu_a, cpu_b = process_cpu_s(before), process_cpu_s(after)
     if served > 0 and cpu_a is not None and cpu_b is not None and cpu_b >= cpu_a:
         out["cpu_per_request_ms"] = (cpu_b - cpu_a) / served * 1000
-        out |= cpu_split(a, b, model_cpu_s(after) - model_cpu_s(before), served, out)
+        model_a, model_b = model_cpu_s(before), model_cpu_s(after)
+        if model_a is not None and model_b is not None:
+            out |= cpu_split(a, b, model_b - model_a, served, out)
     return out
 
 
 def cpu_split(a: dict, b: dict, model_s: float, served: float, out: dict[str, float]) -> dict[str, float]:
     """The server CPU of a request split by stage: cpu_per_request_<part>_ms for the model calls (`model`,
-    reco_model_cpu_seconds: each call once), the event loop's stages (SPLIT) and `rest` = the process's
-    CPU per request (out["cpu_per_request_ms"]) - those; {} when the server exports no split (an older
-    server, or nothing between the scrapes).
+    reco_model_cpu_seconds: each call once), the event loop's stages (LOOP_CPU_STAGES) and `rest` = the
+    process's CPU per request (out["cpu_per_request_ms"]) - those; {} when the server exports no split (an
+    older server, or nothing between the scrapes).
 
     Args:
         a, b: parse_histograms of the scrapes at the window's open and close.
-        model_s: model CPU seconds between them (NaN when the server has no reco_model_cpu_seconds).
+        model_s: model CPU seconds between them.
         served: requests answered between them.
     """
+    # here, not at the top: the Locust workers import this module and need none of the server's
+    from reco.serve.metrics import LOOP_CPU_STAGES
+
     ha, hb = a.get("reco_cpu_seconds", {}), b.get("reco_cpu_seconds", {})
-    if model_s != model_s or not all(s in hb for s in SPLIT):
+    if not all(s in hb for s in LOOP_CPU_STAGES):
         return {}
-    parts = {"model": model_s} | {s: hb[s]["sum"] - ha.get(s, {"sum": 0.0})["sum"] for s in SPLIT}
+    parts = {"model": model_s} | {s: hb[s]["sum"] - ha.get(s, {"sum": 0.0})["sum"] for s in LOOP_CPU_STAGES}
     split = {f"cpu_per_request_{k}_ms": v / served * 1000 for k, v in parts.items()}
     split["cpu_per_request_rest_ms"] = out["cpu_per_request_ms"] - sum(split.values())
     return split
@@ -152,10 +156,9 @@ def process_cpu_s(text: str) -> float | None:
     return _scalar(text, "reco_process_cpu_seconds", "reco_process_cpu_seconds")
 
 
-def model_cpu_s(text: str) -> float:
-    """reco_model_cpu_seconds in a scrape (summed over workers); NaN when absent (an older server)."""
-    v = _scalar(text, "reco_model_cpu_seconds", "reco_model_cpu_seconds_total")
-    return float("nan") if v is None else v
+def model_cpu_s(text: str) -> float | None:
+    """reco_model_cpu_seconds in a scrape (summed over workers); None when absent (an older server)."""
+    return _scalar(text, "reco_model_cpu_seconds", "reco_model_cpu_seconds_total")
 
 
 def _bucket_quantile(les: np.ndarray, cum: np.ndarray, q: float) -> float:

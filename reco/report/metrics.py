@@ -16,6 +16,7 @@ from reco.loadtest.outcome import QUANTILES
 from reco.report.context import StudyContext, VariantResult
 from reco.report.figures import SLO_FACTORS, Latency, VariantFigures, study_figures
 from reco.report.gate import Gate, gate
+from reco.serve.metrics import LOOP_CPU_STAGES
 from reco.stats import Estimate, Verdict
 
 VERDICT_CODE = {Verdict.PASS: 1.0, Verdict.INCONCLUSIVE: 0.5, Verdict.FAIL: 0.0, Verdict.INVALID: -1.0}
@@ -48,7 +49,7 @@ def outside_handler(lat: Latency) -> dict[str, float]:
     return out
 
 
-CPU_PARTS = ("model", "parse", "retrieval", "features", "serialize")  # cpu_per_request_<part>_ms
+CPU_PARTS = ("model", *LOOP_CPU_STAGES)  # cpu_per_request_<part>_ms (reco.loadtest.scrape.cpu_split)
 
 
 def server_cpu_split(lat: Latency) -> dict[str, float]:
