@@ -23,6 +23,7 @@ equals the SLO, where a valid 95 % interval passes at most ~2.5 % of the time. I
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import math
 import sys
 from collections.abc import Iterator
@@ -352,12 +353,7 @@ def step_power(
     """(SLO / true p99, k) -> share of `runs` steps that PASS (k = 0: the p99's interval alone)."""
     truth_p99 = float(np.quantile(_step_chains(model, u, drift, 400, rng), 0.99))
     x = _step_chains(model, u, drift, runs, rng)
-    c = CapacityConfig(
-        enabled=True, slo_p99_ms=None, slo_factor=2.0, reference_repeats=5, max_error_rate=0.01,
-        start_rate=None, growth=2.0, min_rate=0.01, max_rate=1.0, steps=12, tolerance=0.05,
-        step_requests=STEP_LOOKS[0], max_step_requests=STEP_LOOKS[-1], max_step_s=None, step_warmup_s=0.0,
-        screen_s=0.0,
-    )  # fmt: skip
+    c = dataclasses.replace(step_config(), step_requests=STEP_LOOKS[0], max_step_requests=STEP_LOOKS[-1])
     out = {}
     for f in factors:
         for k in powers:
