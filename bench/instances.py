@@ -41,7 +41,7 @@ import re
 import sys
 import time
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 import numpy as np
@@ -99,19 +99,8 @@ class Instance:
         return self.p50_ms / self.ref_p50_ms
 
 
-FIELDS = (
-    "variant",
-    "condition",
-    "p50_ms",
-    "lo_ms",
-    "hi_ms",
-    "ref_p50_ms",
-    "personality",
-    "rank_p50_ms",
-    "ref_rank_p50_ms",
-    "p10_ms",
-    "ref_p10_ms",
-)
+FIELDS = tuple(f.name for f in fields(Instance))  # the CSV's columns
+TEXT_FIELDS = {"variant", "condition", "personality"}
 
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -278,18 +267,11 @@ def table(done: list[Instance], conds: list[str]) -> str:
 
 
 def read_csv(path: Path) -> list[Instance]:
+    """The instances a --csv file holds; a column files from before it lack reads NaN."""
     with open(path) as f:
         rows = list(csv.DictReader(f))
     return [
-        Instance(
-            r["variant"],
-            r["condition"],
-            *(float(r[k]) for k in FIELDS[2:6]),
-            r["personality"],
-            float(r.get("rank_p50_ms") or "nan"),  # files from before the column
-            *(float(r.get(k) or "nan") for k in FIELDS[8:]),
-        )
-        for r in rows
+        Instance(**{k: r[k] if k in TEXT_FIELDS else float(r.get(k) or "nan") for k in FIELDS}) for r in rows
     ]
 
 
