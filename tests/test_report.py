@@ -1093,7 +1093,7 @@ def test_machine_from_environment_tags():
 
 def _comparison_csv(path, rows, experiment="case_study"):
     """A comparison.csv as write_csv lays it out: variant, experiment, then each figure with its _lo/_hi."""
-    keys = ["speedup_p99_unloaded", "qps_gain"]
+    keys = ["speedup_p99_unloaded", "speedup_p50_unloaded", "qps_gain"]
     fields = ["variant", "experiment"] + [k + s for k in keys for s in ("", "_lo", "_hi")]
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields, restval="")
@@ -1283,3 +1283,59 @@ def test_qps_plot_draws_when_no_step_has_a_finite_p99(tmp_path):
                 s.verdict = Verdict.FAIL
     fl = study_figures(results, ctx)
     assert qps_vs_p99(fl, ctx, _colors(fl), tmp_path / "qps_vs_p99.png").stat().st_size > 0
+
+
+def test_agree_allows_for_what_moves_between_runs_and_estimates_it_from_pairs(tmp_path, capsys):
+    """Two runs whose tight intervals sit 10 % apart differ by their own intervals; with a between-run sd
+    of 5 % (what runs of one commit have moved by) they are consistent, and a 40 % move still differs.
+    The sd is estimated from pairs of runs where it was planted, and a bad file is named."""
+    import json
+
+    from reco.cli import agree as agree_cli
+    from reco.cli import between_runs as between_cli
+    from reco.report.agree import Z95, BetweenRuns, Verdict, compare
+
+    key = "speedup_p50_unloaded"
+    a = _comparison_csv(
+        tmp_path / "a.csv", {"base": {}, "s": {key: (11.0, 10.8, 11.2)}, "t": {key: (3.0, 2.95, 3.05)}}
+    )
+    b = _comparison_csv(
+        tmp_path / "b.csv", {"base": {}, "s": {key: (10.0, 9.8, 10.2)}, "t": {key: (2.1, 2.07, 2.13)}}
+    )
+    tau = BetweenRuns({key: 0.05}, {key: 0.02}, {key: 0.07}, {key: 24}, [["r1", "r2"]])
+    before = {p.variant: p.verdict() for p in compare(a, b).pairs}
+    after = {p.variant: (p.verdict(), p.ratio) for p in compare(a, b, between=tau).pairs}
+    assert before == {"s": Verdict.DIFFER, "t": Verdict.DIFFER}
+    assert after["s"][0] is Verdict.CONSISTENT and after["t"][0] is Verdict.DIFFER
+    r = after["s"][1]  # 1.1 x exp(+-hypot(within, 1.96 sqrt(2) 0.05)): about +-14 %
+    assert r.value == pytest.approx(1.1) and 1.3 < r.hi / r.lo < 1.35
+    tau.save(tmp_path / "between.json")
+    assert agree_cli.main([str(a), str(b), "--between-runs", str(tmp_path / "between.json")]) == 1
+    out = capsys.readouterr().out
+    assert "widened by the between-run sd" in out and "p50 speed-up unloaded 5.0 % [2.0, 7.0] (n=24)" in out
+
+    # planted: each run's log figure moves by N(0, 0.08) around the truth, each interval +-2 %
+    rng = np.random.default_rng(1)
+    pairs = []
+    for i in range(4):
+        rows = [{}, {}]
+        for v in range(12):
+            for side in rows:
+                x = 5.0 * math.exp(rng.normal(0, 0.08) + rng.normal(0, 0.02 / Z95))
+                side[f"v{v}"] = {
+                    key: (x, x / math.exp(0.02), x * math.exp(0.02)),
+                    "qps_gain": (9.0, 6.0, 12.0),
+                }
+        pairs += [str(_comparison_csv(tmp_path / f"p{i}{j}.csv", {"base": {}, **rows[j]})) for j in (0, 1)]
+    argv = [x for i in range(4) for x in ("--pair", pairs[2 * i], pairs[2 * i + 1])]
+    assert between_cli.main([*argv, "--out", str(tmp_path / "est.json")]) == 0
+    est = json.loads((tmp_path / "est.json").read_text())
+    assert 0.06 < est["sd"][key] < 0.10 and est["n"][key] == 48
+    assert est["lo"][key] < est["sd"][key] < est["hi"][key]
+    assert "qps_gain" not in est["sd"]  # a bracket range has no within-run variance to take out
+    capsys.readouterr()
+
+    (tmp_path / "bad.json").write_text(json.dumps({**est, "sd": {"p50": 0.05}}))
+    assert agree_cli.main([str(a), str(b), "--between-runs", str(tmp_path / "bad.json")]) == 2
+    err = capsys.readouterr().err
+    assert "bad.json: field 'sd' has {'p50': 0.05}: expected figures of" in err

@@ -5,7 +5,12 @@ gains), the runs DIFFER on a figure when the 95 % interval of run A / run B excl
 when it holds 1 and is closed and at most --max-width wide (hi / lo), and are UNDECIDED when it holds 1
 but is open or wider (reco.report.agree says why); a figure missing from either run is listed as such.
 
-    python -m reco.cli.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run A" "run B"
+    python -m reco.cli.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run A" "run B" \
+        [--between-runs experiments/<study>/between_runs.json]
+
+--between-runs widens each run-ratio interval by what runs of one commit have differed by on this
+machine kind beyond their own intervals (written by `python -m reco.cli.between_runs` from earlier pairs;
+reco.report.agree says why).
 
 Prints a Markdown table and a one-line summary starting with the overall verdict. Exit codes:
 0 consistent, 1 differ on some figure, 2 bad input (the message names the file and the column),
@@ -19,7 +24,16 @@ import sys
 from pathlib import Path
 
 from reco.cli.errors import exits_cleanly
-from reco.report.agree import MAX_WIDTH, Verdict, compare, markdown, summary
+from reco.report.agree import (
+    MAX_WIDTH,
+    NO_BETWEEN,
+    BetweenRuns,
+    Verdict,
+    between_text,
+    compare,
+    markdown,
+    summary,
+)
 
 EXIT = {Verdict.CONSISTENT: 0, Verdict.DIFFER: 1, Verdict.UNDECIDED: 3}
 
@@ -49,10 +63,19 @@ def main(argv: list[str] | None = None) -> int:
         help=f"widest run-ratio interval (hi / lo) that decides 'consistent' (default {MAX_WIDTH:g}); "
         "wider or open intervals that hold 1 are 'undecided'",
     )
+    ap.add_argument(
+        "--between-runs",
+        type=Path,
+        metavar="JSON",
+        help="the between-run component (python -m reco.cli.between_runs); default: none",
+    )
     args = ap.parse_args(argv)
-    c = compare(args.a, args.b, args.max_width)
+    between = BetweenRuns.load(args.between_runs) if args.between_runs else NO_BETWEEN
+    c = compare(args.a, args.b, args.max_width, between)
     print(markdown(c, tuple(args.names)))
     print("\n" + summary(c))
+    if between.sd:
+        print(f"between-run sd of log(figure) ({args.between_runs}): {between_text(between)}")
     return EXIT[c.overall]
 
 

@@ -15,6 +15,17 @@ labelled so. Each figure gets one verdict:
   from twelve intervals that were all [0, inf).
 - MISSING when a run lacks the figure (an empty cell: not measured, or n too small).
 
+**Between runs.** Each run's interval holds the drift *within* it (its paired blocks, its windows), not
+what moves a whole run on a shared VM: the machine's state (its neighbours' load on the shared caches,
+its memory) changes over tens of minutes and moves every process of a run alike, the fast variants'
+Python-heavy requests more than the baseline's GEMMs. Two runs of one commit 20 minutes apart read the
+students' p50 speed-ups 2-20 % apart against +-2-4 % intervals. That component is measured the only way it
+can be, from earlier pairs of runs of one commit on the machine kind (a type-B uncertainty in the GUM's
+terms: from other series, not this one's): `estimate_between_runs` gives each figure's sd tau of log(run)
+by the method of moments, E[d^2] = se_a^2 + se_b^2 + 2 tau^2 for d = the log of the run ratio, and
+`Pair.ratio` widens the run-ratio interval by it. CONSISTENT then means "within what runs of one commit
+on this machine kind have differed by"; a figure that moved more still DIFFERs.
+
     python -m reco.cli.agree RUN_A/comparison.csv RUN_B/comparison.csv --names "run A" "run B"
 
 The two files must be comparison.csv files of one load-tested study (check_same_study); otherwise
@@ -24,10 +35,14 @@ AgreeInputError names the file and the column.
 from __future__ import annotations
 
 import csv
+import dataclasses
+import json
 import math
 from dataclasses import dataclass
 from enum import StrEnum
 from pathlib import Path
+
+import numpy as np
 
 from reco.report.fmt import DASH, short, table
 from reco.stats import Estimate
@@ -47,6 +62,9 @@ FIGURE_COLUMNS: tuple[str, ...] = tuple(k + s for k in FIGURES for s in ("", "_l
 # within a factor of 2 at worst. Wider, the interval holds 1 for runs that differ by more than the
 # effects the report states (the case study's speed-ups are 1.5-4x), so it could not tell.
 MAX_WIDTH = 2.0
+Z95 = 1.959963984540054  # the intervals in comparison.csv are 95 %
+RANGES = {"qps_gain"}  # figures whose interval is a range, not a CI: no between-run sd is estimated for them
+MIN_DIFFERENCES = 6  # run-ratio differences (over >= 2 pairs of runs) a figure's between-run sd needs
 
 
 class AgreeInputError(ValueError):
@@ -61,19 +79,68 @@ class Verdict(StrEnum):
 
 
 @dataclass(frozen=True)
+class BetweenRuns:
+    """Each figure's sd of log(figure) between runs of one commit beyond the runs' own intervals (module
+    docstring), with what it rests on; an absent figure has none known (0)."""
+
+    sd: dict[str, float]
+    lo: dict[str, float]  # a rough 95 % range: bootstrap over the run pairs (few pairs: rough)
+    hi: dict[str, float]
+    n: dict[str, int]  # run-ratio differences the figure's estimate rests on
+    runs: list[list[str]]  # the pairs of runs, by name
+
+    def tau(self, figure: str) -> float:
+        return self.sd.get(figure, 0.0)
+
+    def save(self, path: Path) -> None:
+        path.write_text(json.dumps(dataclasses.asdict(self), indent=1) + "\n")
+
+    @classmethod
+    def load(cls, path: Path) -> BetweenRuns:
+        try:
+            d = json.loads(path.read_text())
+            out = cls(**d)
+        except (OSError, ValueError, TypeError) as e:
+            raise AgreeInputError(
+                f"{path}: expected the JSON `python -m reco.cli.between_runs` writes "
+                f"(keys {', '.join(f.name for f in dataclasses.fields(cls))}): {e}"
+            ) from None
+        bad = {k: v for k, v in out.sd.items() if k not in FIGURES or not 0 <= v < 1}
+        if bad:
+            raise AgreeInputError(
+                f"{path}: field 'sd' has {bad}: expected figures of {', '.join(FIGURES)} with an sd of "
+                "log(figure) in [0, 1)"
+            )
+        return out
+
+
+NO_BETWEEN = BetweenRuns({}, {}, {}, {}, [])
+
+
+@dataclass(frozen=True)
 class Pair:
     variant: str
     figure: str
     a: Estimate | None
     b: Estimate | None
+    tau: float = 0.0  # the figure's between-run sd of log (BetweenRuns)
 
     @property
     def ratio(self) -> Estimate | None:
-        """Run A's figure / run B's with its interval; None when either run lacks the figure."""
+        """Run A's figure / run B's with its interval, widened by the between-run component; None when
+        either run lacks the figure."""
         if self.a is None or self.b is None:
             return None
         r = ratio_ci(self.a, self.b)
-        return r if r.supported else None
+        if not r.supported:
+            return None
+        if self.tau == 0 or not (0 < r.lo and math.isfinite(r.hi)):
+            return r
+        extra = Z95 * math.sqrt(2.0) * self.tau  # both runs carry the component
+        c = math.log(r.value)
+        down = math.hypot(c - math.log(r.lo), extra)
+        up = math.hypot(math.log(r.hi) - c, extra)
+        return Estimate(r.value, math.exp(c - down), math.exp(c + up), r.n)
 
     @property
     def width(self) -> float | None:
@@ -99,6 +166,7 @@ class Comparison:
 
     pairs: list[Pair]
     max_width: float = MAX_WIDTH
+    between: BetweenRuns = NO_BETWEEN
 
     def count(self, v: Verdict) -> int:
         return sum(p.verdict(self.max_width) is v for p in self.pairs)
@@ -182,7 +250,7 @@ def ci(row: dict[str, str], key: str, path: Path) -> Estimate | None:
         ) from None
 
 
-def compare(a: Path, b: Path, max_width: float = MAX_WIDTH) -> Comparison:
+def compare(a: Path, b: Path, max_width: float = MAX_WIDTH, between: BetweenRuns = NO_BETWEEN) -> Comparison:
     """Every (variant, figure) that either run has, run a's variants first; a variant one run lacks is
     listed with its figures missing there, not dropped."""
     (ca, ra), (cb, rb) = read_rows(a), read_rows(b)
@@ -193,8 +261,44 @@ def compare(a: Path, b: Path, max_width: float = MAX_WIDTH) -> Comparison:
             x, y = ci(ra.get(name, {}), key, a), ci(rb.get(name, {}), key, b)
             if x is None and y is None:
                 continue  # the reference, or a figure neither run has
-            out.append(Pair(name, key, x, y))
-    return Comparison(out, max_width)
+            out.append(Pair(name, key, x, y, between.tau(key)))
+    return Comparison(out, max_width, between)
+
+
+def estimate_between_runs(
+    pairs: list[tuple[Path, Path]], names: list[tuple[str, str]], seed: int = 0
+) -> BetweenRuns:
+    """Each figure's between-run sd of log(figure) from pairs of runs of one commit (module docstring).
+
+    Per figure, over every variant and pair where both runs' intervals are closed: d = log(a / b) and
+    v = the variance of d the two intervals imply ((log hi - log lo) / (2 z) each side, squared, summed);
+    tau^2 = max(0, mean(d^2 - v)) / 2. Its range: the same over run pairs resampled with replacement (the
+    variants of one pair share that pair's machine states, so the pair is the unit).
+    """
+    per: dict[str, list[tuple[int, float, float]]] = {k: [] for k in FIGURES}
+    for i, (a, b) in enumerate(pairs):
+        for p in compare(a, b, math.inf).pairs:
+            r = p.ratio
+            if r is None or not (0 < r.lo and math.isfinite(r.hi)) or p.a.value == 1 == p.b.value:
+                continue
+            half = math.log(r.hi / r.lo) / (2 * Z95)
+            per[p.figure].append((i, math.log(r.value), half * half))
+    rng = np.random.default_rng(seed)
+
+    def tau(rows: list[tuple[int, float, float]]) -> float:
+        return math.sqrt(max(0.0, float(np.mean([d * d - v for _, d, v in rows]))) / 2) if rows else 0.0
+
+    sd, lo, hi, n = {}, {}, {}, {}
+    for key, rows in per.items():
+        if key in RANGES or len({i for i, _, _ in rows}) < 2 or len(rows) < MIN_DIFFERENCES:
+            continue  # a range has no variance to subtract; one pair or a few figures estimate nothing
+        sd[key], n[key] = tau(rows), len(rows)
+        boot = []
+        for _ in range(1000):
+            pick = rng.integers(0, len(pairs), len(pairs))
+            boot.append(tau([r for j in pick for r in rows if r[0] == j]))
+        lo[key], hi[key] = (float(x) for x in np.quantile(boot, [0.025, 0.975]))
+    return BetweenRuns(sd, lo, hi, n, [list(x) for x in names])
 
 
 def _word(p: Pair, max_width: float) -> str:
@@ -230,10 +334,20 @@ def summary(c: Comparison) -> str:
     compared = len(c.pairs) - n[Verdict.MISSING]
     decided = n[Verdict.CONSISTENT] + n[Verdict.DIFFER]
     w = f"{c.max_width:g}×"
+    between = ", widened by the between-run sd," if c.between.sd else ""
     return (
         f"{c.overall}: {decided} of {compared} figures decidable; "
-        f"{n[Verdict.CONSISTENT]} consistent (run-ratio 95 % interval holds 1, closed, at most {w} wide), "
+        f"{n[Verdict.CONSISTENT]} consistent (run-ratio 95 % interval{between} holds 1, closed, at most {w} wide), "
         f"{n[Verdict.DIFFER]} differ (it excludes 1), "
         f"{n[Verdict.UNDECIDED]} undecided (it holds 1 but is open or wider than {w}); "
         f"{n[Verdict.MISSING]} missing in a run"
     )
+
+
+def between_text(b: BetweenRuns) -> str:
+    """'p50 speed-up unloaded 4.6 % [1.2, 7.0] (n=24), ...: 4 run pairs'."""
+    parts = [
+        f"{FIGURES[k]} {100 * v:.1f} % [{100 * b.lo[k]:.1f}, {100 * b.hi[k]:.1f}] (n={b.n[k]})"
+        for k, v in b.sd.items()
+    ]
+    return "; ".join(parts) + f" from {len(b.runs)} pairs of runs of one commit"
