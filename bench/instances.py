@@ -75,6 +75,9 @@ CONDITIONS = {
     "fixed": Condition(env={"PYTHONHASHSEED": "0"}, no_aslr=True),
     "arena": Condition(env={"MALLOC_ARENA_MAX": "1"}),
     "unpinned": Condition(pinned=False),
+    # THP is `madvise` here: only memory a process asks for gets 2 MB pages. torch's CPU allocator asks
+    # when THP_MEM_ALLOC_ENABLE is set, glibc's malloc (ONNX Runtime's, numpy's) with this tunable.
+    "hugepages": Condition(env={"THP_MEM_ALLOC_ENABLE": "1", "GLIBC_TUNABLES": "glibc.malloc.hugetlb=1"}),
 }
 
 
@@ -93,6 +96,7 @@ class Instance:
     ref_rank_p50_ms: float = float("nan")  # the same of the long-lived server
     p10_ms: float = float("nan")  # a low quantile: the request that no co-runner's burst delayed
     ref_p10_ms: float = float("nan")
+    huge_kb: float = float("nan")  # the fresh server's AnonHugePages after its requests (smaps_rollup)
 
     @property
     def ratio(self) -> float:
@@ -198,6 +202,7 @@ def one_instance(
         fresh, other = Client(port_of(h)), Client(port_of(ref))
         try:
             lat, rank, ref_lat, ref_rank = paired(fresh, other, bodies, args)
+            huge_kb = anon_huge_kb(h.pid)
         finally:
             fresh.close()
             other.close()
@@ -217,7 +222,15 @@ def one_instance(
         float(np.nanmedian(ref_rank)),
         float(np.quantile(lat, 0.1)),
         float(np.quantile(ref_lat, 0.1)),
+        huge_kb,
     )
+
+
+def anon_huge_kb(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        if line.startswith("AnonHugePages:"):
+            return float(line.split()[1])
+    return float("nan")
 
 
 def name_of(variant: str) -> str:
@@ -308,7 +321,8 @@ def run(args, conds: list[str]) -> None:
                     f.flush()
                     print(
                         f"# round {r + 1} {x.variant} {c}: p50 {x.p50_ms:.3f} [{x.lo_ms:.3f}, {x.hi_ms:.3f}], "
-                        f"long-lived {x.ref_p50_ms:.3f}, personality {x.personality}",
+                        f"long-lived {x.ref_p50_ms:.3f}, rank {x.rank_p50_ms:.3f} / {x.ref_rank_p50_ms:.3f}, "
+                        f"huge pages {x.huge_kb / 1024:.0f} MB",
                         file=sys.stderr,
                         flush=True,
                     )

@@ -21,6 +21,11 @@ same request bodies): `asgi`, a bare ASGI callable answering a fixed body; `star
 Starlette app doing the same. Both run in a process this module starts (`python -m bench.overhead
 --floor KIND --port P`).
 
+`--with NAME=key=value,...` adds a server of this checkout with those serve keys on top of `--set`, e.g.
+the network off the model's core: `--with split=model_cpu_affinity=[0]` (the event loop on the server
+core, the model's thread on the generator's) or `--with split=cpu_affinity=[0],model_cpu_affinity=[1]`
+(a `cpu_affinity` given there replaces the server core).
+
 `--code NAME=DIR` serves from another checkout (its PYTHONPATH; e.g. `git worktree add /tmp/old
 <commit>`), so a change's before and after run side by side, interleaved round by round.
 """
@@ -369,7 +374,7 @@ def summary(loads: dict[str, list[Load]], codes: list[str]) -> str:
     return "\n".join(lines)
 
 
-def run_one(name: str, args, code: Path | None, bodies: list[bytes], cpus) -> Load:
+def run_one(name: str, args, code: Path | None, bodies: list[bytes], cpus, extra: list[str]) -> Load:
     server_cpus, gen_cpus = cpus
     if code is None:
         proc, port = start_floor(name, server_cpus)
@@ -378,14 +383,28 @@ def run_one(name: str, args, code: Path | None, bodies: list[bytes], cpus) -> Lo
         finally:
             proc.terminate()
             proc.wait(10)
-    settings = compose([f"serve.{o}" for o in ["keep_warm=false", *args.set]]).serve
-    h = start_reco(code, args.variant, args.dataset, settings, server_cpus)
+    settings = compose([f"serve.{o}" for o in ["keep_warm=false", *args.set, *extra]]).serve
+    placed = any(o.startswith("cpu_affinity=") for o in extra)  # its own server cores, not the plan's
+    h = start_reco(code, args.variant, args.dataset, settings, None if placed else server_cpus)
     try:
         return measure(
             int(h.url.rsplit(":", 1)[1]), h.pid, bodies, args.connections, args.seconds, gen_cpus, True
         )
     finally:
         stop_servers([h])
+
+
+def split_keys(keys: str) -> list[str]:
+    """'a=[0],b=[1, 2],c=x' -> ['a=[0]', 'b=[1, 2]', 'c=x']: commas inside brackets stay."""
+    out, depth, cur = [], 0, ""
+    for ch in keys:
+        depth += (ch == "[") - (ch == "]")
+        if ch == "," and depth == 0:
+            out.append(cur)
+            cur = ""
+        else:
+            cur += ch
+    return [*out, cur] if cur else out
 
 
 def main() -> None:
@@ -399,6 +418,13 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--requests", type=int, default=2000, help="distinct request bodies replayed")
     ap.add_argument("--set", action="append", default=[], help="serve key=value for reco's servers")
+    ap.add_argument(
+        "--with",
+        dest="with_",
+        action="append",
+        default=[],
+        help="NAME=key=value,...: a server of this checkout with these serve keys too",
+    )
     ap.add_argument("--floor", choices=FLOORS, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -413,6 +439,11 @@ def main() -> None:
     bodies = [http_request("/recommend", orjson.dumps(b)) for b in request_bodies(ds, args.requests, 10, 0)]
     codes = dict(c.split("=", 1) for c in args.code) or {"reco": str(ROOT)}
     runs: list[tuple[str, Path | None]] = [(n, Path(d)) for n, d in codes.items()]
+    extras = {n: [] for n in codes}
+    for w in args.with_:
+        name, keys = w.split("=", 1)
+        runs.append((name, ROOT))
+        extras[name] = split_keys(keys)
     runs += [(f, None) for f in args.floors.split(",") if f]
     cpus = plan_cpus()
     print(f"# {len(bodies)} bodies, {args.connections} connections, {args.seconds:g} s per run, cores {cpus}")
@@ -423,7 +454,7 @@ def main() -> None:
     loads: dict[str, list[Load]] = {name: [] for name, _ in runs}
     for r in range(args.rounds):
         for name, code in runs:
-            load = run_one(name, args, code, bodies, cpus)
+            load = run_one(name, args, code, bodies, cpus, extras.get(name, []))
             loads[name].append(load)
             print(row(f"{name} (round {r + 1})", load), flush=True)
     print(summary(loads, [n for n, c in runs if c is not None]))

@@ -6,8 +6,10 @@ import dataclasses
 import http.client
 import json
 import os
+import re
 import socket
 import threading
+from pathlib import Path
 from urllib.parse import urlparse
 
 import numpy as np
@@ -70,6 +72,8 @@ def served(tiny_data, tmp_path_factory):
         ],
         "limited": ["keep_warm=false", "queue_limit=2", "retry_after_s=1", "body_timeout_s=3"],
         "workers": ["workers=2"],
+        # the network off the model's core: the event loop on core 0, the rank thread on PIN
+        "split": ["keep_warm=false", "cpu_affinity=[0]", f"model_cpu_affinity=[{PIN}]"],
     }
     for handles in running_servers(vdir, dpath, specs, root):
         yield {
@@ -686,6 +690,35 @@ def test_variant_built_on_other_data_refuses_to_start(served, tmp_path, capsys):
     code = serve_main(["--variant", v.dir, "--dataset", str(served["dpath"]), "--port", "1"])
     assert code == 2
     assert "data fingerprint" in capsys.readouterr().err
+
+
+def test_the_model_runs_on_its_own_cores_and_the_event_loop_on_the_servers(served):
+    """serve.model_cpu_affinity: the threads that called the model (the rank thread, and any its runtime
+    started) are on their cores, the event loop (the main thread) stays on cpu_affinity, and the answers
+    are the plain server's."""
+    h = served["handles"]["split"]
+    c, p = Client(h.url), Client(served["handles"]["plain"].url)
+    body = a_test_row(served["data"])
+    try:
+        a, b = c.recommend(body), p.recommend(body)
+    finally:
+        c.close()
+        p.close()
+    assert a[0] == 200 and a[2]["items"] == b[2]["items"]
+
+    def cores(tid: int) -> str:
+        status = Path(f"/proc/{h.pid}/task/{tid}/status").read_text()
+        return re.search(r"Cpus_allowed_list:\s*(\S+)", status).group(1)
+
+    placed = {tid: cores(tid) for tid in map(int, os.listdir(f"/proc/{h.pid}/task"))}
+    assert placed[h.pid] == "0"  # the main thread runs the event loop
+    assert str(PIN) in placed.values() and set(placed.values()) == {"0", str(PIN)}
+    with pytest.raises(
+        ConfigError, match=r"serve.model_cpu_affinity: expected a non-empty list of this machine's cores"
+    ):
+        cli_settings(["model_cpu_affinity=[4096]"])
+    with pytest.raises(ConfigError, match=r"serve.cpu_affinity: expected a non-empty list"):
+        cli_settings(["cpu_affinity=[]"])
 
 
 def test_settings_overrides_and_their_errors(tmp_path):

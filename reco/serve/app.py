@@ -29,6 +29,7 @@ import contextlib
 import logging
 import math
 import os
+import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -124,7 +125,12 @@ class RecoService:
             if cfg.max_wait_ms is not None and not self.batching.enabled
             else None
         )
-        self.executor = ThreadPoolExecutor(cfg.rank_threads, thread_name_prefix="rank")
+        self.executor = ThreadPoolExecutor(
+            cfg.rank_threads,
+            thread_name_prefix="rank",
+            initializer=pin_model_thread,
+            initargs=(cfg.model_cpu_affinity,),
+        )
         scorer = slowed(self.scorer, cfg.faults)
         if self.batching.enabled:
             self.ranker: DirectRanker | DynamicBatcher = DynamicBatcher(
@@ -436,3 +442,10 @@ def create_app(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Starlet
     app.add_middleware(GuardErrors)
     app.state.service = svc
     return app
+
+
+def pin_model_thread(cpus: list[int] | None) -> None:
+    """A rank thread's start: onto serve.model_cpu_affinity (threads it starts, e.g. torch's intra-op
+    pool, inherit it); None leaves it where the event loop is."""
+    if cpus:
+        os.sched_setaffinity(threading.get_native_id(), cpus)

@@ -9,6 +9,7 @@ processes (the server, each worker) types that file once (`read_settings`).
 from __future__ import annotations
 
 import json
+import os
 import re
 from dataclasses import asdict, dataclass
 from enum import StrEnum
@@ -131,6 +132,9 @@ class ServeConfig:
     intra_op_threads: int = MISSING  # runtime threads per worker for one model call
     rank_threads: int = MISSING  # threads calling the model; the event loop never does
     cpu_affinity: list[int] | None = MISSING  # core ids to pin the server to; null = any
+    # core ids of the threads that call the model (rank threads; a runtime's intra-op threads they start),
+    # the event loop staying on cpu_affinity: the network and the model on separate cores; null = the same
+    model_cpu_affinity: list[int] | None = MISSING
     keep_warm: bool = MISSING  # a SCHED_IDLE spinner per server core (reco/serve/keepwarm.py)
     log_level: str = MISSING  # uvicorn / reco.serve log level (debug, info, warning, error)
     backend: ServeBackend = MISSING  # reco (Starlette) or triton (PyTriton)
@@ -170,6 +174,13 @@ class ServeConfig:
 
     def check(self, where: str) -> None:
         """Range checks the types cannot express (reco.config.typed runs it); ConfigError names `where.<key>`."""
+        here = list(range(os.cpu_count() or 1))  # the machine's, not this process's (a pinned parent's)
+        for key in ("cpu_affinity", "model_cpu_affinity"):
+            cores = getattr(self, key)
+            if cores is not None and (not cores or not set(cores) <= set(here)):
+                raise ConfigError(
+                    f"{where}.{key}: expected a non-empty list of this machine's cores {here} or null, got {cores}"
+                )
         at_least = {
             "workers": 1,
             "intra_op_threads": 1,

@@ -11,6 +11,7 @@ import logging
 import os
 import signal
 import sys
+import threading
 from collections.abc import Callable
 
 from reco.serve.config import FeatureSource, ServeConfig
@@ -49,11 +50,17 @@ def check_servable(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Non
         RedisFeatures(store, data.fingerprint, cfg.redis)  # raises when Redis lacks this dataset's rows
 
 
-def pin_threads(cpus: list[int]) -> None:
-    """Pin every thread this process has (the model runtime's included) to `cpus`; threads and processes
-    started later (executor, spinners) inherit it from the thread that starts them."""
+def pin_threads(cpus: list[int], model_cpus: list[int] | None = None) -> None:
+    """Pin every thread this process has (the model runtime's included) to `cpus`, the rank threads that
+    already exist (the warm-up's) to `model_cpus` when given; threads and processes started later
+    (executor, spinners) inherit it from the thread that starts them, a rank thread pins itself
+    (reco.serve.app.pin_model_thread)."""
     for tid in os.listdir("/proc/self/task"):
         os.sched_setaffinity(int(tid), cpus)
+    if model_cpus:
+        for t in threading.enumerate():
+            if t.name.startswith("rank") and t.native_id is not None:
+                os.sched_setaffinity(t.native_id, model_cpus)
 
 
 def _stop(signum: int, frame: object) -> None:
@@ -97,7 +104,7 @@ def _run(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
             # they queued their loading on the one server core.
             app = create_app(variant_dir, dataset_path, cfg)
             if cfg.cpu_affinity:
-                pin_threads(cfg.cpu_affinity)
+                pin_threads(cfg.cpu_affinity, cfg.model_cpu_affinity)
         else:
             if cfg.cpu_affinity:
                 os.sched_setaffinity(0, cfg.cpu_affinity)  # worker processes inherit it
