@@ -301,11 +301,11 @@ def test_reduce_range_auto_follows_the_cpu(tmp_path):
     info.write_text("processor\t: 0\nFeatures\t: fp asimd asimddp\n")  # aarch64: no x86 flags line
     assert int8_saturates(info) is False
     assert int8_saturates(tmp_path / "missing") is True
-    qc = QuantizeConfig("QInt8", False, "auto", ["MatMul"], True, True, False, 8, 512)
+    qc = QuantizeConfig("QInt8", False, "auto", ["MatMul"], True, True, False, "MinMax", False, 8, 512)
     qc.check()
     assert qc.reduce_range is int8_saturates()  # resolved in place: the cache key and the report hold it
     with pytest.raises(StepError, match="accelerate.quantize.reduce_range must be true, false or auto"):
-        QuantizeConfig("QInt8", False, "sometimes", ["MatMul"], True, True, False, 8, 512).check()
+        QuantizeConfig("QInt8", False, "sometimes", ["MatMul"], True, True, False, "MinMax", False, 8, 512).check()
 
 
 @pytest.mark.parametrize("rewrite", [True, False])
