@@ -305,7 +305,9 @@ def test_reduce_range_auto_follows_the_cpu(tmp_path):
     qc.check()
     assert qc.reduce_range is int8_saturates()  # resolved in place: the cache key and the report hold it
     with pytest.raises(StepError, match="accelerate.quantize.reduce_range must be true, false or auto"):
-        QuantizeConfig("QInt8", False, "sometimes", ["MatMul"], True, True, False, "MinMax", False, 8, 512).check()
+        QuantizeConfig(
+            "QInt8", False, "sometimes", ["MatMul"], True, True, False, "MinMax", False, 8, 512
+        ).check()
 
 
 @pytest.mark.parametrize("rewrite", [True, False])
