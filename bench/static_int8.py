@@ -15,7 +15,9 @@ calibration_batch_size rows of the validation split (what the step uses). Per se
   over --requests requests of --n validation rows (reco.models.protocol.as_requests) x --compositions
   calls each, through the request graph the server runs (reco.loadtest.correctness.batch_spread);
 - p50 ms of one call of one request of --n candidates, and of 8 such requests in one call, timed
-  interleaved over --rounds rounds (median of the rounds' medians), one intra-op thread.
+  interleaved over --rounds rounds (median of the rounds' medians), one intra-op thread; and the time
+  of each against dynamic INT8's as a ratio of medians with a 95 % Student t interval over the rounds'
+  log ratios (bench.user_once.speedup_ci).
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from bench.user_once import speedup_ci
 from reco.cli.compose import compose
 from reco.config import typed
 from reco.data.schema import Dataset
@@ -125,9 +128,9 @@ def main(argv: list[str] | None = None) -> int:
     print(f"quantize settings: {dataclasses.asdict(ac.quantize)}; validation rows n = {len(labels)}")
     print(
         f"| variant | setting | val AUC [95% CI] | ΔAUC vs fp32 [95% CI] | max abs Δ score vs fp32 | batch spread ({args.requests} req x "
-        f"{args.compositions}) | p50 ms 1 x {args.n} | p50 ms 8 x {args.n} |"
+        f"{args.compositions}) | p50 ms 1 x {args.n} | / dynamic [95% CI] | p50 ms 8 x {args.n} | / dynamic [95% CI] |"
     )
-    print("|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for path in args.variant:
         parent = Variant.load(path)
         with tempfile.TemporaryDirectory(prefix="static_int8_") as tmp:
@@ -149,9 +152,11 @@ def main(argv: list[str] | None = None) -> int:
                     for b in blocks
                 )
                 t1, t8 = (float(np.median(x)) for x in times[label])
+                r1, r8 = (speedup_ci(times[label][k], times["dynamic"][k]) for k in (0, 1))
                 print(
                     f"| {parent.name} | {label} | {a.value:.5f} [{a.lo:.5f}, {a.hi:.5f}] | {d.value:+.5f} "
-                    f"[{d.lo:+.5f}, {d.hi:+.5f}] | {np.abs(probs - ref).max():.1e} | {spread:.2e} | {t1:.3f} | {t8:.3f} |",
+                    f"[{d.lo:+.5f}, {d.hi:+.5f}] | {np.abs(probs - ref).max():.1e} | {spread:.2e} | {t1:.3f} | "
+                    f"{r1[0]:.2f} [{r1[1]:.2f}, {r1[2]:.2f}] | {t8:.3f} | {r8[0]:.2f} [{r8[1]:.2f}, {r8[2]:.2f}] |",
                     flush=True,
                 )
     return 0
