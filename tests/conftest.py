@@ -105,12 +105,18 @@ def parent(data, trainer, tmp_path_factory) -> Variant:
 
 @pytest.fixture(scope="session")
 def untuned_int8(parent, data, trainer, tmp_path_factory) -> Variant:
-    """The parent as an ONNX INT8 variant, its session left untuned (test_steps tunes its own): one build per
-    test process for every module that only reads it (the served-once graph, the batched correctness check)."""
+    """The parent as a dynamic-INT8 ONNX variant, its session left untuned (test_steps tunes its own): one build
+    per test process for every module that only reads it (the served-once graph, the batched correctness
+    check, which needs scores that move with their batch-mates)."""
     from reco.graph import step_config
     from reco.steps import StepRun, accelerate, get_step
 
-    cfg = step_config(compose(), get_step("accelerate"), {"mode": "onnx_int8", "tune": None}, "variants.int8")
+    cfg = step_config(
+        compose(),
+        get_step("accelerate"),
+        {"mode": "onnx_int8", "tune": None, "quantize": {"static": False}},
+        "variants.int8",
+    )
     return accelerate.run(parent, data, cfg, StepRun("int8", tmp_path_factory.mktemp("int8"), trainer))
 
 

@@ -18,6 +18,9 @@ batching.max_batch rows, the request at a random place), takes the widest |batch
 runtime's `batch_spread`, and allows max(tolerance, BATCH_MARGIN x batch_spread). The margin covers
 compositions the sample missed (on the smoke student the widest of 144 was 6.1e-3, of 1,500 7.9e-3),
 and stays far below what a batcher bug does: a block shifted by one row moves scores by ~0.2 there.
+A batch-invariant runtime (reco.runtime.batch_invariant: no per-call quantization, e.g. fp32 or static
+INT8, whose activation scales are fixed at calibration) gets no such allowance: it is held to `tolerance`
+batched or not; its measured spread is still printed and logged (MLflow correctness_batch_spread).
 """
 
 from __future__ import annotations
@@ -65,12 +68,13 @@ def check_scores(
         serve: the serve settings the server ran with (n_candidates, max_k, max_candidates, retrieval).
         requests_path: the request file the generator replayed (bodies by line index).
         score_files: the generator's .scores.jsonl files.
-        tolerance: max |served - offline| score (widened for a batched serving: module docstring).
+        tolerance: max |served - offline| score (widened for a batched serving of a runtime that is not
+            batch-invariant: module docstring).
         seed: draws the offline batches' company.
     Returns:
         CorrectnessCheck; passed is False when nothing was recorded.
     """
-    from reco.runtime import load_scorer
+    from reco.runtime import batch_invariant, load_scorer
     from reco.serve.features import FeatureStore
 
     samples = read_scores(score_files)
@@ -101,8 +105,12 @@ def check_scores(
         diffs = [abs(p - offline[int(i)]) if int(i) in offline else math.inf for i, p in served]
         worst = max([worst, *diffs])
         if served_scorer is not None:
-            spread = max(spread, _batch_spread(block, company_block, len(bodies), served_scorer, serve, rng))
-    check = CorrectnessCheck(len(samples), worst, tolerance, False, spread)
+            spread = max(
+                spread,
+                batch_spread(block, company_block, len(bodies), served_scorer, serve.batching.max_batch, rng),
+            )
+    invariant = served_scorer is None or batch_invariant(variant)
+    check = CorrectnessCheck(len(samples), worst, tolerance, False, spread, invariant)
     check.passed = worst <= check.allowed
     return check
 
@@ -118,26 +126,28 @@ def _block(body: str, store, serve: ServeConfig) -> tuple[np.ndarray, tuple[np.n
     return items, store.assemble(urow, req, items)
 
 
-def _batch_spread(
+def batch_spread(
     block,
     company_block: Callable[[int], tuple[np.ndarray, ...]],
     n_requests: int,
     scorer,
-    serve: ServeConfig,
+    max_batch: int,
     rng,
+    compositions: int = BATCH_COMPOSITIONS,
 ) -> float:
-    """Widest |scores of `block` inside an offline batch - its scores alone| over BATCH_COMPOSITIONS
-    batches formed as reco.serve.batcher forms them: whole blocks concatenated, the rows per request
-    passed along, at most batching.max_batch rows."""
+    """Widest |scores of `block` inside an offline batch - its scores alone| over `compositions` batches
+    formed as reco.serve.batcher forms them: `block` among 1-MAX_COMPANY blocks company_block(j) (j <
+    n_requests, drawn by `rng`) concatenated, the rows per request passed along, at most max_batch
+    (serve.batching.max_batch) rows."""
     rows = len(block[0])
     alone = scorer(*block, [rows])
     widest = 0.0
-    for _ in range(BATCH_COMPOSITIONS):
+    for _ in range(compositions):
         company: list[tuple[np.ndarray, ...]] = []
         total = rows
         for j in rng.integers(n_requests, size=int(rng.integers(1, MAX_COMPANY + 1))):
             other = company_block(int(j))
-            if total + len(other[0]) > serve.batching.max_batch:
+            if total + len(other[0]) > max_batch:
                 break
             company.append(other)
             total += len(other[0])

@@ -94,7 +94,8 @@ def decided_searches(caps: list[Capacity]) -> list[Capacity]:
     return [c for c in caps if c.decided]
 
 
-# allowed |served - offline| = max(tolerance, BATCH_MARGIN x batch_spread): reco.loadtest.correctness says why
+# allowed |served - offline| of a runtime that is not batch-invariant = max(tolerance, BATCH_MARGIN x
+# batch_spread): reco.loadtest.correctness says why
 BATCH_MARGIN = 2.0
 
 
@@ -109,10 +110,16 @@ class CorrectnessCheck:
     # A batched serving: the widest |scores in a batch with other requests - scores alone| measured offline
     # (dynamic INT8 scales activations per call); `allowed` widens the tolerance to cover it.
     batch_spread: float = 0.0
+    # The runtime scores a row the same whatever else is in its call (reco.runtime.batch_invariant: fp32,
+    # static INT8): held to `tolerance` however it was batched; its batch_spread is still measured.
+    batch_invariant: bool = True
 
     @property
     def allowed(self) -> float:
-        """The |served - offline| bound applied: max(tolerance, BATCH_MARGIN x batch_spread)."""
+        """The |served - offline| bound applied: `tolerance` for a batch-invariant runtime, else
+        max(tolerance, BATCH_MARGIN x batch_spread)."""
+        if self.batch_invariant:
+            return self.tolerance
         return max(self.tolerance, BATCH_MARGIN * self.batch_spread)
 
 

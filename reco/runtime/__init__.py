@@ -82,6 +82,27 @@ def load_scorer(variant: Variant, threads: int = 1, shared: list[int] | None = N
     return score
 
 
+# ONNX ops that quantize activations with a scale taken from the whole call (dynamic INT8, and ORT's fused form)
+DYNAMIC_QUANT_OPS = frozenset({"DynamicQuantizeLinear", "DynamicQuantizeMatMul", "DynamicQuantizeLSTM"})
+
+
+def batch_invariant(variant: Variant) -> bool:
+    """Whether the variant's runtime scores a row the same whatever other rows share its call (up to float
+    rounding): False when one of its ONNX graphs quantizes activations dynamically, so a request's scores
+    move with its batch-mates (reco.loadtest.correctness); static INT8 (scales fixed at calibration),
+    fp32 and the torch backends are."""
+    if variant.backend != "onnxruntime":
+        return True
+    import onnx
+
+    roles = ["onnx"] + ([REQUEST_ROLE] if REQUEST_ROLE in variant.artifacts else [])
+    for role in roles:
+        graph = onnx.load(str(variant.verify(role)), load_external_data=False).graph
+        if any(n.op_type in DYNAMIC_QUANT_OPS for n in graph.node):
+            return False
+    return True
+
+
 def ort_session_options(settings: dict, threads: int):
     import onnxruntime as ort
 

@@ -46,7 +46,7 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reco.serve.admission import REQUEST_START, Overdue, ShedReason, WorkGate, request_age_s
 from reco.serve.auth import RequireSecret, check_expected_digest, shared_secret
-from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher, Scored
+from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher, Scored, arrival_window
 from reco.serve.config import FeatureSource, ServeConfig
 from reco.serve.connection import error_body
 from reco.serve.faults import slowed
@@ -139,6 +139,7 @@ class RecoService:
                 self.batching.max_batch,
                 self.batching.max_queue_delay_ms,
                 crash_batches=cfg.faults.batcher_crashes,
+                window=arrival_window(self.batching),
             )
         else:
             self.ranker = DirectRanker(scorer, self.executor)

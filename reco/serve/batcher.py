@@ -9,6 +9,13 @@ DynamicBatcher: a block that arrives while no call is being formed opens a batch
 concatenated into one scorer call and the result is split back. A block larger than `max_batch` is
 scored on its own (never split), and a block that would overflow the batch opens the next one.
 
+With serve.batching.slo_ms set, the window is not fixed but derived per batch from the SLO and the
+measured arrival rate (ArrivalWindow): a block may spend at most slo_share x slo_ms waiting for company,
+and waits only when company is expected within that budget (the smoothed gap between arrivals is
+shorter), then only as long as the expected arrivals take to fill the batch. At a low arrival rate a
+lone request goes out at once instead of paying a window for nothing; under load the window opens to
+the budget.
+
 Every block carries a deadline (perf_counter seconds; inf without serve.max_wait_ms): a block whose
 deadline has passed when its model call would start is not scored but fails with Overdue, so under
 overload the model's time goes to requests that can still be answered in time (reco/serve/admission.py).
@@ -32,6 +39,7 @@ import numpy as np
 
 from reco.runtime import Scorer
 from reco.serve.admission import Overdue
+from reco.serve.config import BatchingConfig
 
 log = logging.getLogger("reco.serve")
 
@@ -90,6 +98,44 @@ class DirectRanker:
 
 
 @dataclass
+class ArrivalWindow:
+    """The batching window from an SLO budget and the measured arrival rate (see the module docstring).
+
+    The arrival rate is an exponentially weighted mean of the gaps between blocks (weight `alpha` on the
+    newest), each gap clipped at twice the budget: one idle minute must not hide a burst for long, and
+    a gap that long already says "no company within the budget". Rows per block are averaged alike.
+    """
+
+    budget_s: float  # slo_share x slo_ms: the longest a block may wait for company
+    max_rows: int  # batching.max_batch
+    alpha: float = 0.1
+    gap_s: float = math.inf  # smoothed gap between arrivals; inf until two blocks were seen
+    rows: float = 0.0  # smoothed rows per block
+    last: float | None = None  # arrival time of the previous block (perf_counter seconds)
+
+    def observe(self, t: float, rows: int) -> None:
+        """A block of `rows` candidates arrived at `t` (perf_counter seconds)."""
+        if self.last is not None:
+            gap = min(max(t - self.last, 0.0), 2 * self.budget_s)
+            self.gap_s = gap if math.isinf(self.gap_s) else self.gap_s + self.alpha * (gap - self.gap_s)
+        self.rows = float(rows) if self.rows == 0 else self.rows + self.alpha * (rows - self.rows)
+        self.last = t
+
+    def delay_s(self) -> float:
+        """How long the batch being opened waits for company: 0 when the next arrival is not expected
+        within the budget, else the time the expected arrivals take to fill max_rows, at most the budget."""
+        if not self.gap_s < self.budget_s:
+            return 0.0
+        more = max(self.max_rows / max(self.rows, 1.0) - 1.0, 0.0)  # blocks still fitting beside this one
+        return min(self.budget_s, more * self.gap_s)
+
+
+def arrival_window(b: BatchingConfig) -> ArrivalWindow | None:
+    """serve.batching's derived window, or None (the fixed max_queue_delay_ms) when slo_ms is null."""
+    return None if b.slo_ms is None else ArrivalWindow(b.slo_share * b.slo_ms / 1000.0, b.max_batch)
+
+
+@dataclass
 class _Block:
     dense: np.ndarray
     ids: np.ndarray
@@ -113,13 +159,15 @@ class DynamicBatcher:
         max_batch: int,
         max_queue_delay_ms: float,
         crash_batches: int = 0,
+        window: ArrivalWindow | None = None,
     ) -> None:
         """Args:
         scorer: the model call, (dense, ids, mask) -> probs [N].
         executor: the threads that call it.
         max_batch: candidate rows per coalesced call.
-        max_queue_delay_ms: longest a block waits for company.
+        max_queue_delay_ms: longest a block waits for company (without `window`).
         crash_batches: test-only (serve.faults.batcher_crashes): the task dies on its first N batches.
+        window: the SLO- and arrival-derived window (serve.batching.slo_ms) instead of max_queue_delay_ms.
         """
         if max_batch < 1 or max_queue_delay_ms < 0:
             raise ValueError(
@@ -129,6 +177,7 @@ class DynamicBatcher:
         self.scorer, self.executor = scorer, executor
         self.max_batch = int(max_batch)
         self.max_delay_s = float(max_queue_delay_ms) / 1000.0
+        self.window = window
         self.pending: deque[_Block] = deque()
         self.wakeup = asyncio.Event()
         self.task: asyncio.Task | None = None
@@ -179,6 +228,8 @@ class DynamicBatcher:
         if self.task is None or self.task.done():
             raise BatcherFailed("dynamic batcher is not running (server starting or stopping)")
         block = _Block(dense, ids, mask, asyncio.get_running_loop().create_future(), deadline)
+        if self.window is not None:
+            self.window.observe(block.t_enqueue, block.rows)
         self.pending.append(block)
         self.wakeup.set()
         return await block.fut
@@ -219,8 +270,9 @@ class DynamicBatcher:
                 self.wakeup.clear()
                 await self.wakeup.wait()
                 continue
-            # Wait for company until the oldest block has waited max_queue_delay or the batch is full.
-            deadline = self.pending[0].t_enqueue + self.max_delay_s
+            # Wait for company until the oldest block has waited the window or the batch is full.
+            delay = self.max_delay_s if self.window is None else self.window.delay_s()
+            deadline = self.pending[0].t_enqueue + delay
             while self._rows_pending() < self.max_batch and (left := deadline - time.perf_counter()) > 0:
                 self.wakeup.clear()
                 try:

@@ -56,6 +56,10 @@ class BatchingConfig:
     enabled: bool = MISSING
     max_batch: int = MISSING  # candidate ROWS per coalesced call (a larger single request runs alone)
     max_queue_delay_ms: float = MISSING  # longest a block waits for company before its call goes out
+    # Set: reco's batcher derives its window from this p99 objective and the measured arrival rate
+    # (reco.serve.batcher.ArrivalWindow) instead of max_queue_delay_ms; null: the fixed window.
+    slo_ms: float | None = MISSING
+    slo_share: float = MISSING  # with slo_ms: the share of it a block may spend waiting for company
 
 
 class ServeBackend(StrEnum):
@@ -228,6 +232,12 @@ class ServeConfig:
             raise ConfigError(
                 f"{where}.batching.max_queue_delay_ms and {where}.faults.model_delay_s: expected >= 0, got "
                 f"{self.batching.max_queue_delay_ms} and {self.faults.model_delay_s}"
+            )
+        b = self.batching
+        if (b.slo_ms is not None and not b.slo_ms > 0) or not 0 < b.slo_share <= 1:
+            raise ConfigError(
+                f"{where}.batching.slo_ms and {where}.batching.slo_share: expected slo_ms > 0 or null and "
+                f"0 < slo_share <= 1, got {b.slo_ms} and {b.slo_share}"
             )
         if self.max_wait_ms is not None and not self.max_wait_ms > 0:
             raise ConfigError(f"{where}.max_wait_ms: expected > 0 ms or null (off), got {self.max_wait_ms}")

@@ -132,7 +132,7 @@ def build_onnx(v: Variant, model, data: Dataset, ac: AccelerateConfig) -> dict:
             mlp_layers=float(len(model.cfg.bottom) + len(model.cfg.top) + 1),
         )
         final = v.path / "model.onnx"
-        calib = data.train if ac.quantize.static else None
+        calib = data.val if ac.quantize.static else None  # hyper-parameters are chosen on val
         if ac.mode is Mode.onnx_int8:
             q = quantize(fp32, final, ac.quantize, calib, work)
             int8 = {k: max_abs_diff(ort_scorer(final, {}), model, b) for k, b in batches.items()}

@@ -27,6 +27,7 @@ from reco.data.schema import Split
 from reco.steps.registry import StepError
 
 WEIGHT_TYPES = ("QInt8", "QUInt8")
+CALIBRATION_METHODS = ("MinMax", "Entropy", "Percentile", "Distribution")  # onnxruntime's CalibrationMethod
 # Ops that compute a quantized matrix product (dynamic, QOperator and the fused forms).
 INT_MATMULS = ("MatMulInteger", "DynamicQuantizeMatMul", "MatMulIntegerToFloat", "QLinearMatMul", "QGemm")
 
@@ -40,6 +41,8 @@ class QuantizeConfig:
     gemm_to_matmul: bool = MISSING
     preprocess: bool = MISSING  # onnxruntime.quantization.quant_pre_process (shape inference + optimisation)
     static: bool = MISSING  # static (calibrated activations, QDQ format) instead of dynamic
+    calibration_method: str = MISSING  # static only: how activation ranges are set (CALIBRATION_METHODS)
+    quantize_outputs: bool = MISSING  # static only: a Q/DQ pair on each quantized op's output too
     calibration_batches: int = MISSING
     calibration_batch_size: int = MISSING
 
@@ -50,6 +53,11 @@ class QuantizeConfig:
             raise StepError(
                 f"accelerate: accelerate.quantize.weight_type must be one of {WEIGHT_TYPES}, "
                 f"got {self.weight_type!r}"
+            )
+        if self.calibration_method not in CALIBRATION_METHODS:
+            raise StepError(
+                f"accelerate: accelerate.quantize.calibration_method must be one of {CALIBRATION_METHODS}, "
+                f"got {self.calibration_method!r}"
             )
         if self.reduce_range == "auto":
             self.reduce_range = int8_saturates()
@@ -125,9 +133,16 @@ def _drop_unused_initializers(proto: onnx.ModelProto) -> None:
 def quantize(fp32: Path, out: Path, qc: QuantizeConfig, calib: Split | None, work: Path) -> dict:
     """fp32 ONNX file -> INT8 ONNX file at `out`; returns what was done and counted.
 
-    calib: rows of the train split for static calibration (read in calibration_batch_size batches).
+    calib: rows of the validation split for static calibration (read in calibration_batch_size batches):
+    activation ranges are chosen on validation as every other setting is; test is the report's.
     """
-    from onnxruntime.quantization import QuantFormat, QuantType, quantize_dynamic, quantize_static
+    from onnxruntime.quantization import (
+        CalibrationMethod,
+        QuantFormat,
+        QuantType,
+        quantize_dynamic,
+        quantize_static,
+    )
     from onnxruntime.quantization.shape_inference import quant_pre_process
 
     qc.check()
@@ -161,6 +176,12 @@ def quantize(fp32: Path, out: Path, qc: QuantizeConfig, calib: Split | None, wor
             reduce_range=qc.reduce_range,
             activation_type=QuantType.QUInt8,
             weight_type=weight_type,
+            calibrate_method=getattr(CalibrationMethod, qc.calibration_method),
+            # Without output Q/DQ a MatMul hands float to its bias and ReLU, as in dynamic mode; only the
+            # next layer's input is rounded to 8 bits (experiments/static_int8/README.md).
+            extra_options={}
+            if qc.quantize_outputs
+            else {"OpTypesToExcludeOutputQuantization": list(qc.op_types)},
         )
     else:
         quantize_dynamic(

@@ -239,7 +239,7 @@ def build_onnx(
         onnx.save(emb, str(work / "emb.onnx"))
         parity = check_parity(ort_scorer(work / "emb.onnx", {}), ref, batches, cfg, "onnxruntime")
         report: dict = {"gathers_rewritten": gathers, "parity_max_abs": parity}
-        calib = data.train if cfg.quantize is not None and cfg.quantize.static else None
+        calib = data.val if cfg.quantize is not None and cfg.quantize.static else None  # as accelerate
         if cfg.dense_int8:
             assert cfg.quantize is not None  # check()
             q = quantize(fp32, work / "int8.onnx", cfg.quantize, calib, work)
