@@ -107,7 +107,7 @@ class DCN(EmbeddingRanker):
         """The teacher's cross_layers, and its rank-to-width ratio: low_rank scaled by the student's cross
         width / the teacher's (128 of 576 -> 32 of 144 with the default shapes, TorchRec's ~N/4). Keeping
         the teacher's rank left the default DCN student just short of the 6x size target
-        (experiments/dcn_student_check/README.md)."""
+        (experiments/dcn_case_study/README.md#the-dcn-student-check)."""
         cfg = super().student_config(tables, remapped, embedding_dim, bottom, top)
         assert isinstance(cfg, DCNConfig)
         scaled = round(self.cfg.low_rank * cfg.cross_in / self.cfg.cross_in)

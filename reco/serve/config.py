@@ -126,6 +126,15 @@ class FaultsConfig:
     batcher_crashes: int = MISSING  # the dynamic batcher task dies on its first N batches
 
 
+def check_cores(cores: list[int] | None, where: str) -> None:
+    """A core list must name cores this machine has (not only this process's: a pinned parent's)."""
+    here = list(range(os.cpu_count() or 1))
+    if cores is not None and (not cores or not set(cores) <= set(here)):
+        raise ConfigError(
+            f"{where}: expected a non-empty list of this machine's cores {here} or null, got {cores}"
+        )
+
+
 @dataclass
 class ServeConfig:
     """Settings of one `python -m reco.cli.serve` process (all its workers)."""
@@ -178,13 +187,8 @@ class ServeConfig:
 
     def check(self, where: str) -> None:
         """Range checks the types cannot express (reco.config.typed runs it); ConfigError names `where.<key>`."""
-        here = list(range(os.cpu_count() or 1))  # the machine's, not this process's (a pinned parent's)
         for key in ("cpu_affinity", "model_cpu_affinity"):
-            cores = getattr(self, key)
-            if cores is not None and (not cores or not set(cores) <= set(here)):
-                raise ConfigError(
-                    f"{where}.{key}: expected a non-empty list of this machine's cores {here} or null, got {cores}"
-                )
+            check_cores(getattr(self, key), f"{where}.{key}")
         at_least = {
             "workers": 1,
             "intra_op_threads": 1,
