@@ -217,6 +217,19 @@ def test_distill_bad_user_buckets_are_clear_errors(buckets, match, parent, data,
         )
 
 
+def test_user_min_count_thins_the_user_table_alone(parent, data):
+    """user_min_count: the user table keeps the users seen that often (+ row 0); the others keep min_count."""
+    teacher = parent.load_torch()
+    sc = distill_cfg(student={"min_count": 2, "user_min_count": 5, "min_rows": 100}).student
+    cfg, _ = distill.student_config(sc, teacher, data)
+    rows = {t.feature: t.num_rows for t in cfg.tables}
+    for feature, least in ((data.schema.user_key, 5), ("item_id", 2)):
+        seen = torch.bincount(data.train.ids[:, data.schema.index(feature), 0])
+        assert rows[feature] == 1 + int((seen[1:] >= least).sum())
+    with pytest.raises(ConfigError, match=r"distill.student.user_min_count must be >= 0 or null"):
+        distill_cfg(student={"user_min_count": -1})
+
+
 def test_user_buckets_without_a_user_key_is_a_clear_error(data):
     sc = distill_cfg(student={"user_buckets": 300}).student
     with pytest.raises(StepError, match=r"distill.student.user_buckets=300 hashes .* no user key"):

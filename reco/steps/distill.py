@@ -70,6 +70,8 @@ class StudentConfig:
     # > 0: every id of the schema's user key hashed into this many rows (no min_count there); frees the
     # parameters one row per user costs (experiments/kd_trials/README.md). 0: one row per user.
     user_buckets: int = MISSING
+    # min_count of the user table alone (None: min_count): fewer, better-seen user rows for a wider student
+    user_min_count: int | None = MISSING
 
 
 @dataclass
@@ -115,6 +117,11 @@ class DistillConfig:
             raise StepError(
                 f"distill: distill.student.user_buckets must be >= 0 (0: one row per user), got "
                 f"{self.student.user_buckets}"
+            )
+        if self.student.user_min_count is not None and self.student.user_min_count < 0:
+            raise StepError(
+                f"distill: distill.student.user_min_count must be >= 0 or null (null: distill.student."
+                f"min_count), got {self.student.user_min_count}"
             )
         self.check_lists()
 
@@ -358,8 +365,8 @@ def student_config(
     """The student's Config (the teacher's class's) and its id maps ({feature: [cardinality] int32 id -> row}).
 
     Tables come from the schema (full cardinality) or the teacher (its pruned rows and maps); then
-    ids whose row is seen < min_count times in train are folded into row 0, except in the user table when
-    user_buckets > 0: there every id is hashed into user_buckets rows.
+    ids whose row is seen < min_count (user table: user_min_count, if set) times in train are folded into
+    row 0, except in the user table when user_buckets > 0: there every id is hashed into user_buckets rows.
     """
     if sc.tables is TableSource.teacher:
         tables = [TableSpec(t.feature, t.num_rows, t.max_len, t.cardinality) for t in teacher.cfg.tables]
@@ -376,8 +383,8 @@ def student_config(
             base, t.num_rows = hashed_rows(t, sc.user_buckets)
             if t.feature not in remapped:
                 remapped.append(t.feature)
-        elif sc.min_count > 0 and t.num_rows >= sc.min_rows:
-            keep = row_counts(data.train, i, base, t.num_rows) >= sc.min_count
+        elif (min_count := table_min_count(sc, t.feature, data.schema)) > 0 and t.num_rows >= sc.min_rows:
+            keep = row_counts(data.train, i, base, t.num_rows) >= min_count
             keep[0] = True  # the unknown / pruned-id row
             new_row = torch.where(keep, torch.cumsum(keep.long(), 0) - 1, 0)
             base, t.num_rows = new_row[base], int(keep.sum())
@@ -393,6 +400,13 @@ def student_config(
             f"(embedding_dim {sc.embedding_dim}, bottom {list(sc.bottom)}, top {list(sc.top)}): {e}"
         ) from e
     return cfg, maps
+
+
+def table_min_count(sc: StudentConfig, feature: str, schema: Schema) -> int:
+    """min_count, or user_min_count for the user table when it is set."""
+    if feature == schema.user_key and sc.user_min_count is not None:
+        return sc.user_min_count
+    return sc.min_count
 
 
 def hashed_feature(sc: StudentConfig, schema: Schema) -> str | None:
