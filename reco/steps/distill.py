@@ -67,9 +67,6 @@ class StudentConfig:
     tables: TableSource = MISSING
     min_count: int = MISSING  # rows of ids seen fewer times in train map to row 0 (0: keep every row)
     min_rows: int = MISSING  # only tables with at least this many rows are thinned by min_count
-    # > 0: every id of the schema's user key hashed into this many rows (no min_count there); frees the
-    # parameters one row per user costs (experiments/kd_trials/README.md). 0: one row per user.
-    user_buckets: int = MISSING
     # min_count of the user table alone (None: min_count): fewer, better-seen user rows for a wider student
     user_min_count: int | None = MISSING
 
@@ -113,11 +110,6 @@ class DistillConfig:
             )
         if not self.student.bottom:
             raise StepError("distill: distill.student.bottom must list at least one layer, got []")
-        if self.student.user_buckets < 0:
-            raise StepError(
-                f"distill: distill.student.user_buckets must be >= 0 (0: one row per user), got "
-                f"{self.student.user_buckets}"
-            )
         if self.student.user_min_count is not None and self.student.user_min_count < 0:
             raise StepError(
                 f"distill: distill.student.user_min_count must be >= 0 or null (null: distill.student."
@@ -365,8 +357,8 @@ def student_config(
     """The student's Config (the teacher's class's) and its id maps ({feature: [cardinality] int32 id -> row}).
 
     Tables come from the schema (full cardinality) or the teacher (its pruned rows and maps); then
-    ids whose row is seen < min_count (user table: user_min_count, if set) times in train are folded into
-    row 0, except in the user table when user_buckets > 0: there every id is hashed into user_buckets rows.
+    ids whose row is seen < min_count (the user table: user_min_count, if set) times in train are folded
+    into row 0.
     """
     if sc.tables is TableSource.teacher:
         tables = [TableSpec(t.feature, t.num_rows, t.max_len, t.cardinality) for t in teacher.cfg.tables]
@@ -374,16 +366,11 @@ def student_config(
     else:
         tables = [TableSpec(f.name, f.cardinality, f.max_len) for f in data.schema.sparse]
         remapped = []
-    hashed = hashed_feature(sc, data.schema)
     maps: dict[str, torch.Tensor] = {}
     for i, t in enumerate(tables):
         m = teacher.id_map(t.feature) if t.feature in remapped else None
         base = m.long() if m is not None else torch.arange(t.cardinality)
-        if t.feature == hashed:
-            base, t.num_rows = hashed_rows(t, sc.user_buckets)
-            if t.feature not in remapped:
-                remapped.append(t.feature)
-        elif (min_count := table_min_count(sc, t.feature, data.schema)) > 0 and t.num_rows >= sc.min_rows:
+        if (min_count := table_min_count(sc, t.feature, data.schema)) > 0 and t.num_rows >= sc.min_rows:
             keep = row_counts(data.train, i, base, t.num_rows) >= min_count
             keep[0] = True  # the unknown / pruned-id row
             new_row = torch.where(keep, torch.cumsum(keep.long(), 0) - 1, 0)
@@ -407,34 +394,6 @@ def table_min_count(sc: StudentConfig, feature: str, schema: Schema) -> int:
     if feature == schema.user_key and sc.user_min_count is not None:
         return sc.user_min_count
     return sc.min_count
-
-
-def hashed_feature(sc: StudentConfig, schema: Schema) -> str | None:
-    """The feature user_buckets hashes (the schema's user key), None when it is 0."""
-    if sc.user_buckets == 0:
-        return None
-    if not schema.user_key:
-        raise StepError(
-            f"distill: distill.student.user_buckets={sc.user_buckets} hashes the user ids, but the data's "
-            "schema has no user key (set it to 0)"
-        )
-    return schema.user_key
-
-
-def hashed_rows(t: TableSpec, buckets: int) -> tuple[torch.Tensor, int]:
-    """The id map of a table hashed into `buckets` rows, and its row count.
-
-    Every id gets a row shared with about cardinality / buckets others, the rare and unseen ones
-    included (they no longer all share row 0). A multiplicative (Knuth) hash rather than id mod buckets,
-    so that ids numbered in blocks (by segment, by sign-up date) do not fill the rows in blocks.
-    """
-    if buckets >= t.cardinality:
-        raise StepError(
-            f"distill: distill.student.user_buckets={buckets} is not fewer than the {t.cardinality} ids of "
-            f"{t.feature!r} (0 keeps one row per id)"
-        )
-    ids = torch.arange(t.cardinality, dtype=torch.int64)
-    return (ids * 2654435761) % 2**32 % buckets, buckets
 
 
 def build_student(
