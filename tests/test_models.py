@@ -237,7 +237,16 @@ def test_dcn_distill_builds_a_smaller_dcn_student(dcn_parent, data, trainer, tmp
 
 def test_dcn_student_not_smaller_names_the_setting(dcn_parent, data, trainer, tmp_path):
     cfg = step_cfg(
-        "distill", {"student": {"embedding_dim": 32, "bottom": [64, 32], "top": [64], "min_count": 0}}
+        "distill",
+        {
+            "student": {
+                "embedding_dim": 32,
+                "bottom": [64, 32],
+                "top": [64],
+                "min_count": 0,
+                "user_min_count": None,
+            }
+        },
     )
     with pytest.raises(
         StepError, match=r"not fewer than the teacher.*model reco.models.dcn.DCN.*distill.student"

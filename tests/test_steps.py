@@ -172,7 +172,7 @@ def test_distill_student_smaller_with_control(parent, data, trainer, tmp_path):
 
 
 def test_distill_from_pruned_teacher_reuses_its_tables(pruned, data, trainer, tmp_path):
-    cfg = distill_cfg(student={"tables": "teacher", "min_count": 0}, control=False)
+    cfg = distill_cfg(student={"tables": "teacher", "min_count": 0, "user_min_count": None}, control=False)
     v = distill.run(pruned, data, cfg, StepRun("s", tmp_path / "s", trainer))
     teacher, student = pruned.load_torch(), v.load_torch()
     assert [t.num_rows for t in student.cfg.tables] == [t.num_rows for t in teacher.cfg.tables]
@@ -181,8 +181,38 @@ def test_distill_from_pruned_teacher_reuses_its_tables(pruned, data, trainer, tm
     assert "control_val_auc" not in v.metrics and "control_torch" not in v.artifacts
 
 
+def test_wider_student_with_fewer_user_rows_exports_to_int8(parent, data, trainer, tmp_path):
+    """The default's shape (user_min_count above min_count, a wider embedding): the users folded into row 0
+    score through the same int32 id map in torch and in the INT8 ONNX graph."""
+    user = data.schema.index(data.schema.user_key)
+    cfg = distill_cfg(student={"embedding_dim": 8, "bottom": [16, 8], "user_min_count": 10}, control=False)
+    v = distill.run(parent, data, cfg, StepRun("w", tmp_path / "w", trainer))
+    student = v.load_torch()
+    folded = student.id_map(data.schema.user_key)[data.test.ids[:, user, 0]].eq(0)
+    assert 0.1 < folded.float().mean() < 0.9 and student.cfg.embedding_dim == 8
+    q = accel_cfg("onnx_int8", tune=None, auc_guard=1.0)
+    int8 = accelerate.run(v, data, q, StepRun("w8", tmp_path / "w8", trainer))
+    batch = real_batch(data.test, 500)
+    assert np.abs(load_scorer(int8)(*batch) - torch_probs(student, batch)).max() < 0.02
+
+
+def test_user_min_count_thins_the_user_table_alone(parent, data):
+    """user_min_count: the user table keeps the users seen that often (+ row 0); the others keep min_count."""
+    teacher = parent.load_torch()
+    sc = distill_cfg(student={"min_count": 2, "user_min_count": 5, "min_rows": 100}).student
+    cfg, _ = distill.student_config(sc, teacher, data)
+    rows = {t.feature: t.num_rows for t in cfg.tables}
+    for feature, least in ((data.schema.user_key, 5), ("item_id", 2)):
+        seen = torch.bincount(data.train.ids[:, data.schema.index(feature), 0])
+        assert rows[feature] == 1 + int((seen[1:] >= least).sum())
+    with pytest.raises(ConfigError, match=r"distill.student.user_min_count must be >= 0 or null"):
+        distill_cfg(student={"user_min_count": -1})
+
+
 def test_distill_student_larger_than_teacher_is_an_error(parent, data, trainer, tmp_path):
-    cfg = distill_cfg(student={"embedding_dim": 64, "bottom": [64], "top": [128], "min_count": 0})
+    cfg = distill_cfg(
+        student={"embedding_dim": 64, "bottom": [64], "top": [128], "min_count": 0, "user_min_count": None}
+    )
     with pytest.raises(StepError, match="student has .* not fewer than the teacher"):
         distill.run(parent, data, cfg, StepRun("big", tmp_path, trainer))
 

@@ -67,6 +67,8 @@ class StudentConfig:
     tables: TableSource = MISSING
     min_count: int = MISSING  # rows of ids seen fewer times in train map to row 0 (0: keep every row)
     min_rows: int = MISSING  # only tables with at least this many rows are thinned by min_count
+    # min_count of the user table alone (None: min_count): fewer, better-seen user rows for a wider student
+    user_min_count: int | None = MISSING
 
 
 @dataclass
@@ -108,6 +110,11 @@ class DistillConfig:
             )
         if not self.student.bottom:
             raise StepError("distill: distill.student.bottom must list at least one layer, got []")
+        if self.student.user_min_count is not None and self.student.user_min_count < 0:
+            raise StepError(
+                f"distill: distill.student.user_min_count must be >= 0 or null (null: distill.student."
+                f"min_count), got {self.student.user_min_count}"
+            )
         self.check_lists()
 
     def check_lists(self) -> None:
@@ -350,7 +357,8 @@ def student_config(
     """The student's Config (the teacher's class's) and its id maps ({feature: [cardinality] int32 id -> row}).
 
     Tables come from the schema (full cardinality) or the teacher (its pruned rows and maps); then
-    ids whose row is seen < min_count times in train are folded into row 0.
+    ids whose row is seen < min_count (the user table: user_min_count, if set) times in train are folded
+    into row 0.
     """
     if sc.tables is TableSource.teacher:
         tables = [TableSpec(t.feature, t.num_rows, t.max_len, t.cardinality) for t in teacher.cfg.tables]
@@ -362,8 +370,8 @@ def student_config(
     for i, t in enumerate(tables):
         m = teacher.id_map(t.feature) if t.feature in remapped else None
         base = m.long() if m is not None else torch.arange(t.cardinality)
-        if sc.min_count > 0 and t.num_rows >= sc.min_rows:
-            keep = row_counts(data.train, i, base, t.num_rows) >= sc.min_count
+        if (min_count := table_min_count(sc, t.feature, data.schema)) > 0 and t.num_rows >= sc.min_rows:
+            keep = row_counts(data.train, i, base, t.num_rows) >= min_count
             keep[0] = True  # the unknown / pruned-id row
             new_row = torch.where(keep, torch.cumsum(keep.long(), 0) - 1, 0)
             base, t.num_rows = new_row[base], int(keep.sum())
@@ -379,6 +387,13 @@ def student_config(
             f"(embedding_dim {sc.embedding_dim}, bottom {list(sc.bottom)}, top {list(sc.top)}): {e}"
         ) from e
     return cfg, maps
+
+
+def table_min_count(sc: StudentConfig, feature: str, schema: Schema) -> int:
+    """min_count, or user_min_count for the user table when it is set."""
+    if feature == schema.user_key and sc.user_min_count is not None:
+        return sc.user_min_count
+    return sc.min_count
 
 
 def build_student(
