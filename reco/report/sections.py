@@ -528,7 +528,9 @@ def served_topk(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyCo
         "so they reward popularity: they are reported, not gating. The reference rows rank the same "
         "candidates by training impressions (`popularity`) and by the true P(click) (`oracle`): they are not "
         "variants and have no gate. 95 % bootstrap CIs over requests (users for GAUC); every Δ is relative to "
-        "the baseline and paired (the same requests or users resampled for both).",
+        "the baseline and paired (the same requests or users resampled for both). They judge the trained "
+        "model that is served, not the recipe: another training seed gives another student, whose expected "
+        "clicks move by about as much as the KD gain (experiments/kd_trials compares recipes over 3 seeds).",
         "",
     ]
     if not ctx.planted:
