@@ -228,14 +228,15 @@ def test_a_reference_with_no_passing_rate_still_gets_the_others_a_common_load(ti
     65 % of the lowest rate the reference was tried at, and the outcome says so."""
     variant, dpath = built
     # No latency is under 0.01 ms: any window with a p99 (368 requests, not the 1,000 a PASS may need) FAILs.
+    # No unloaded runs: nothing here reads them (the fixed SLO does not), and the other tests check them.
     cfg = study_cfg(
         capacity={"slo_p99_ms": 0.01, "step_requests": 368, "max_step_requests": 368},
-        study={"repeats": 1, "common_rate": None, "equal_util_fraction": 0},
+        study={"repeats": 1, "common_rate": None, "equal_util_fraction": 0, "unloaded_repeats": 0},
     )
     out = run_study_logged([("baseline", variant), ("student", variant)], tiny_data, dpath, cfg, tmp_path, [])
     assert [c.highest_pass for c in out.outcomes["baseline"].capacity] == [0.0]
     assert out.common_rate_qps == pytest.approx(0.65 * 150) and "lowest rate" in out.common_source
-    assert all(len(o.common) == 1 and not o.error for o in out.outcomes.values())
+    assert all(len(o.common) == 1 and not o.error and not o.unloaded for o in out.outcomes.values())
 
 
 def test_failed_reference_without_a_slo_is_a_clear_error(tiny_data, built, tmp_path):

@@ -41,18 +41,30 @@ def scrape(url: str, timeout_s: float = 5.0) -> str:
         return ""
 
 
-def parse_histograms(text: str) -> dict[str, dict[str, dict]]:
-    """FAMILIES' histograms in a /metrics scrape, summed over workers, read in one pass.
+# The counters stage_summary reads beside the histograms: family -> its sample that _Parsed.scalars sums
+SCALARS = {
+    "reco_process_cpu_seconds": "reco_process_cpu_seconds",
+    "reco_model_cpu_seconds": "reco_model_cpu_seconds_total",
+}
 
-    Args:
-        text: Prometheus exposition text.
-    Returns:
-        {family: {stage: {"sum": s, "count": n, "le": [bounds], "cum": [cumulative counts]}}}.
-    """
+
+@dataclass(frozen=True)
+class _Parsed:
+    histograms: dict[str, dict[str, dict]]  # parse_histograms' result
+    scalars: dict[str, float]  # SCALARS' families present in the scrape, each summed over workers
+
+
+def _parse(text: str) -> _Parsed:
+    """One pass of prometheus_client's parser over a scrape: FAMILIES' histograms and SCALARS' sums. Its
+    ~1,200 lines cost ~50 ms of the runner's CPU a pass (most of them histogram buckets), and a window
+    reads two scrapes, so each is parsed once, not once per figure."""
     from prometheus_client.parser import text_string_to_metric_families
 
     out: dict[str, dict[str, dict]] = {}
+    scalars: dict[str, float] = {}
     for fam in text_string_to_metric_families(text):
+        if fam.name in SCALARS:
+            scalars[fam.name] = float(sum(s.value for s in fam.samples if s.name == SCALARS[fam.name]))
         if fam.name not in FAMILIES:
             continue
         by_stage = out.setdefault(fam.name, {})
@@ -70,7 +82,18 @@ def parse_histograms(text: str) -> dict[str, dict[str, dict]]:
             b = st.pop("buckets")
             st["le"] = sorted(b)
             st["cum"] = [b[le] for le in st["le"]]
-    return out
+    return _Parsed(out, scalars)
+
+
+def parse_histograms(text: str) -> dict[str, dict[str, dict]]:
+    """FAMILIES' histograms in a /metrics scrape, summed over workers, read in one pass.
+
+    Args:
+        text: Prometheus exposition text.
+    Returns:
+        {family: {stage: {"sum": s, "count": n, "le": [bounds], "cum": [cumulative counts]}}}.
+    """
+    return _parse(text).histograms
 
 
 def parse_stage_histograms(text: str) -> dict[str, dict]:
@@ -91,7 +114,8 @@ def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, 
         the server processes' CPU (every thread) per answered request, and its split
         (cpu_per_request_<model|parse|retrieval|features|serialize|rest>_ms, cpu_split).
     """
-    a, b = parse_histograms(before), parse_histograms(after)
+    pa, pb = _parse(before), _parse(after)
+    a, b = pa.histograms, pb.histograms
     out: dict[str, float] = {}
     for family, prefix in FAMILIES.items():
         for stage, hb in b.get(family, {}).items():
@@ -109,10 +133,10 @@ def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, 
         return h.get("reco_stage_seconds", {}).get("total", {}).get("count", 0.0)
 
     served = answered(b) - answered(a)
-    cpu_a, cpu_b = process_cpu_s(before), process_cpu_s(after)
+    cpu_a, cpu_b = pa.scalars.get("reco_process_cpu_seconds"), pb.scalars.get("reco_process_cpu_seconds")
     if served > 0 and cpu_a is not None and cpu_b is not None and cpu_b >= cpu_a:
         out["cpu_per_request_ms"] = (cpu_b - cpu_a) / served * 1000
-        model_a, model_b = model_cpu_s(before), model_cpu_s(after)
+        model_a, model_b = pa.scalars.get("reco_model_cpu_seconds"), pb.scalars.get("reco_model_cpu_seconds")
         if model_a is not None and model_b is not None:
             out |= cpu_split(a, b, model_b - model_a, served, out)
     return out
@@ -141,24 +165,14 @@ def cpu_split(a: dict, b: dict, model_s: float, served: float, out: dict[str, fl
     return split
 
 
-def _scalar(text: str, family: str, sample: str) -> float | None:
-    """The samples named `sample` of metric `family` in a scrape, summed over workers; None when absent."""
-    from prometheus_client.parser import text_string_to_metric_families
-
-    for fam in text_string_to_metric_families(text):
-        if fam.name == family:
-            return float(sum(s.value for s in fam.samples if s.name == sample))
-    return None
-
-
 def process_cpu_s(text: str) -> float | None:
     """reco_process_cpu_seconds in a scrape (summed over workers); None when absent."""
-    return _scalar(text, "reco_process_cpu_seconds", "reco_process_cpu_seconds")
+    return _parse(text).scalars.get("reco_process_cpu_seconds")
 
 
 def model_cpu_s(text: str) -> float | None:
     """reco_model_cpu_seconds in a scrape (summed over workers); None when absent (an older server)."""
-    return _scalar(text, "reco_model_cpu_seconds", "reco_model_cpu_seconds_total")
+    return _parse(text).scalars.get("reco_model_cpu_seconds")
 
 
 def _bucket_quantile(les: np.ndarray, cum: np.ndarray, q: float) -> float:
