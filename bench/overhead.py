@@ -21,9 +21,9 @@ same request bodies): `asgi`, a bare ASGI callable answering a fixed body; `star
 Starlette app doing the same. Both run in a process this module starts (`python -m bench.overhead
 --floor KIND --port P`).
 
-`--with NAME=key=value,...` adds a server of this checkout with those serve keys on top of `--set`, e.g.
+`--with "NAME=key=value;key=value"` adds a server of this checkout with those serve keys on top of `--set`, e.g.
 the network off the model's core: `--with split=model_cpu_affinity=[0]` (the event loop on the server
-core, the model's thread on the generator's) or `--with split=cpu_affinity=[0],model_cpu_affinity=[1]`
+core, the model's thread on the generator's) or `--with "split=cpu_affinity=[0];model_cpu_affinity=[1]"`
 (a `cpu_affinity` given there replaces the server core).
 
 `--code NAME=DIR` serves from another checkout (its PYTHONPATH; e.g. `git worktree add /tmp/old
@@ -50,7 +50,7 @@ from scipy import stats
 from reco.cli.compose import compose
 from reco.loadtest.requests import request_bodies
 from reco.loadtest.runner import plan_cpus
-from reco.loadtest.scrape import model_cpu_s, parse_histograms, scrape
+from reco.loadtest.scrape import parse_scrape, scrape
 from reco.serve.process import ServerHandle, free_port, start_server, stop_servers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -172,9 +172,9 @@ def server_cpu_s(pid: int) -> tuple[float, float]:
 
 def stage_cpu_sums(port: int) -> dict[str, float]:
     """reco_cpu_seconds{stage} sums from the server's /metrics ({} when it has none: a floor server)."""
-    text = scrape(f"http://127.0.0.1:{port}")
-    sums = {s: h["sum"] for s, h in parse_histograms(text).get("reco_cpu_seconds", {}).items()}
-    model = model_cpu_s(text)
+    parsed = parse_scrape(scrape(f"http://127.0.0.1:{port}"))  # once: a pass costs ~50 ms
+    sums = {s: h["sum"] for s, h in parsed.histograms.get("reco_cpu_seconds", {}).items()}
+    model = parsed.scalars.get("reco_model_cpu_seconds")
     if model is not None:  # each model call once: the rank histogram repeats a batched call's CPU per request
         sums["rank"] = model
     return sums
@@ -394,19 +394,6 @@ def run_one(name: str, args, code: Path | None, bodies: list[bytes], cpus, extra
         stop_servers([h])
 
 
-def split_keys(keys: str) -> list[str]:
-    """'a=[0],b=[1, 2],c=x' -> ['a=[0]', 'b=[1, 2]', 'c=x']: commas inside brackets stay."""
-    out, depth, cur = [], 0, ""
-    for ch in keys:
-        depth += (ch == "[") - (ch == "]")
-        if ch == "," and depth == 0:
-            out.append(cur)
-            cur = ""
-        else:
-            cur += ch
-    return [*out, cur] if cur else out
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variant")
@@ -423,7 +410,7 @@ def main() -> None:
         dest="with_",
         action="append",
         default=[],
-        help="NAME=key=value,...: a server of this checkout with these serve keys too",
+        help="NAME=key=value;key=value: a server of this checkout with these serve keys too",
     )
     ap.add_argument("--floor", choices=FLOORS, help=argparse.SUPPRESS)
     ap.add_argument("--port", type=int, help=argparse.SUPPRESS)
@@ -443,7 +430,7 @@ def main() -> None:
     for w in args.with_:
         name, keys = w.split("=", 1)
         runs.append((name, ROOT))
-        extras[name] = split_keys(keys)
+        extras[name] = keys.split(";")
     runs += [(f, None) for f in args.floors.split(",") if f]
     cpus = plan_cpus()
     print(f"# {len(bodies)} bodies, {args.connections} connections, {args.seconds:g} s per run, cores {cpus}")

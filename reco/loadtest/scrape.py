@@ -41,7 +41,7 @@ def scrape(url: str, timeout_s: float = 5.0) -> str:
         return ""
 
 
-# The counters stage_summary reads beside the histograms: family -> its sample that _Parsed.scalars sums
+# The counters stage_summary reads beside the histograms: family -> its sample that Scrape.scalars sums
 SCALARS = {
     "reco_process_cpu_seconds": "reco_process_cpu_seconds",
     "reco_model_cpu_seconds": "reco_model_cpu_seconds_total",
@@ -49,12 +49,12 @@ SCALARS = {
 
 
 @dataclass(frozen=True)
-class _Parsed:
+class Scrape:
     histograms: dict[str, dict[str, dict]]  # parse_histograms' result
     scalars: dict[str, float]  # SCALARS' families present in the scrape, each summed over workers
 
 
-def _parse(text: str) -> _Parsed:
+def parse_scrape(text: str) -> Scrape:
     """One pass of prometheus_client's parser over a scrape: FAMILIES' histograms and SCALARS' sums. Its
     ~1,200 lines cost ~50 ms of the runner's CPU a pass (most of them histogram buckets), and a window
     reads two scrapes, so each is parsed once, not once per figure."""
@@ -82,7 +82,7 @@ def _parse(text: str) -> _Parsed:
             b = st.pop("buckets")
             st["le"] = sorted(b)
             st["cum"] = [b[le] for le in st["le"]]
-    return _Parsed(out, scalars)
+    return Scrape(out, scalars)
 
 
 def parse_histograms(text: str) -> dict[str, dict[str, dict]]:
@@ -93,7 +93,7 @@ def parse_histograms(text: str) -> dict[str, dict[str, dict]]:
     Returns:
         {family: {stage: {"sum": s, "count": n, "le": [bounds], "cum": [cumulative counts]}}}.
     """
-    return _parse(text).histograms
+    return parse_scrape(text).histograms
 
 
 def parse_stage_histograms(text: str) -> dict[str, dict]:
@@ -114,7 +114,7 @@ def stage_summary(before: str, after: str, quantile: float = 0.99) -> dict[str, 
         the server processes' CPU (every thread) per answered request, and its split
         (cpu_per_request_<model|parse|retrieval|features|serialize|rest>_ms, cpu_split).
     """
-    pa, pb = _parse(before), _parse(after)
+    pa, pb = parse_scrape(before), parse_scrape(after)
     a, b = pa.histograms, pb.histograms
     out: dict[str, float] = {}
     for family, prefix in FAMILIES.items():
@@ -167,12 +167,12 @@ def cpu_split(a: dict, b: dict, model_s: float, served: float, out: dict[str, fl
 
 def process_cpu_s(text: str) -> float | None:
     """reco_process_cpu_seconds in a scrape (summed over workers); None when absent."""
-    return _parse(text).scalars.get("reco_process_cpu_seconds")
+    return parse_scrape(text).scalars.get("reco_process_cpu_seconds")
 
 
 def model_cpu_s(text: str) -> float | None:
     """reco_model_cpu_seconds in a scrape (summed over workers); None when absent (an older server)."""
-    return _parse(text).scalars.get("reco_model_cpu_seconds")
+    return parse_scrape(text).scalars.get("reco_model_cpu_seconds")
 
 
 def _bucket_quantile(les: np.ndarray, cum: np.ndarray, q: float) -> float:

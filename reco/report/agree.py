@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import functools
 import json
 import math
 from dataclasses import dataclass
@@ -125,10 +126,10 @@ class Pair:
     b: Estimate | None
     tau: float = 0.0  # the figure's between-run sd of log (BetweenRuns)
 
-    @property
+    @functools.cached_property
     def ratio(self) -> Estimate | None:
         """Run A's figure / run B's with its interval, widened by the between-run component; None when
-        either run lacks the figure."""
+        either run lacks the figure. Cached: every verdict, width and table cell reads it."""
         if self.a is None or self.b is None:
             return None
         r = ratio_ci(self.a, self.b)
@@ -275,28 +276,30 @@ def estimate_between_runs(
     tau^2 = max(0, mean(d^2 - v)) / 2. Its range: the same over run pairs resampled with replacement (the
     variants of one pair share that pair's machine states, so the pair is the unit).
     """
-    per: dict[str, list[tuple[int, float, float]]] = {k: [] for k in FIGURES}
+    # figure -> per pair of runs, d^2 - v of each variant's run ratio (the moment tau^2 is estimated from)
+    per: dict[str, list[list[float]]] = {k: [[] for _ in pairs] for k in FIGURES if k not in RANGES}
     for i, (a, b) in enumerate(pairs):
         for p in compare(a, b, math.inf).pairs:
             r = p.ratio
-            if r is None or not (0 < r.lo and math.isfinite(r.hi)) or p.a.value == 1 == p.b.value:
+            if p.figure in RANGES or r is None or not (0 < r.lo and math.isfinite(r.hi)):
                 continue
+            if p.a.value == 1 == p.b.value:
+                continue  # the reference's own row
             half = math.log(r.hi / r.lo) / (2 * Z95)
-            per[p.figure].append((i, math.log(r.value), half * half))
+            per[p.figure][i].append(math.log(r.value) ** 2 - half * half)
     rng = np.random.default_rng(seed)
 
-    def tau(rows: list[tuple[int, float, float]]) -> float:
-        return math.sqrt(max(0.0, float(np.mean([d * d - v for _, d, v in rows]))) / 2) if rows else 0.0
+    def tau(groups: list[list[float]]) -> float:
+        xs = [x for g in groups for x in g]
+        return math.sqrt(max(0.0, float(np.mean(xs))) / 2) if xs else 0.0
 
     sd, lo, hi, n = {}, {}, {}, {}
-    for key, rows in per.items():
-        if key in RANGES or len({i for i, _, _ in rows}) < 2 or len(rows) < MIN_DIFFERENCES:
-            continue  # a range has no variance to subtract; one pair or a few figures estimate nothing
-        sd[key], n[key] = tau(rows), len(rows)
-        boot = []
-        for _ in range(1000):
-            pick = rng.integers(0, len(pairs), len(pairs))
-            boot.append(tau([r for j in pick for r in rows if r[0] == j]))
+    for key, groups in per.items():
+        count = sum(map(len, groups))
+        if sum(1 for g in groups if g) < 2 or count < MIN_DIFFERENCES:
+            continue  # one pair or a few figures estimate nothing
+        sd[key], n[key] = tau(groups), count
+        boot = [tau([groups[j] for j in rng.integers(0, len(pairs), len(pairs))]) for _ in range(1000)]
         lo[key], hi[key] = (float(x) for x in np.quantile(boot, [0.025, 0.975]))
     return BetweenRuns(sd, lo, hi, n, [list(x) for x in names])
 

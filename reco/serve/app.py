@@ -58,6 +58,9 @@ from reco.serve.redis_features import FeatureReadError, RedisFeatures
 from reco.serve.request import Request, RequestError, check_content_type, read_body, request_schema
 
 log = logging.getLogger("reco.serve")
+RANK_THREAD = (
+    "rank"  # the model-calling threads' name prefix (reco.serve.server.pin_threads finds them by it)
+)
 
 CLOSE = {"Connection": "close"}  # the rest of the body was not read: do not reuse the connection
 
@@ -127,7 +130,7 @@ class RecoService:
         )
         self.executor = ThreadPoolExecutor(
             cfg.rank_threads,
-            thread_name_prefix="rank",
+            thread_name_prefix=RANK_THREAD,
             initializer=pin_model_thread,
             initargs=(cfg.model_cpu_affinity,),
         )

@@ -55,11 +55,13 @@ def pin_threads(cpus: list[int], model_cpus: list[int] | None = None) -> None:
     already exist (the warm-up's) to `model_cpus` when given; threads and processes started later
     (executor, spinners) inherit it from the thread that starts them, a rank thread pins itself
     (reco.serve.app.pin_model_thread)."""
+    from reco.serve.app import RANK_THREAD
+
     for tid in os.listdir("/proc/self/task"):
         os.sched_setaffinity(int(tid), cpus)
     if model_cpus:
         for t in threading.enumerate():
-            if t.name.startswith("rank") and t.native_id is not None:
+            if t.name.startswith(RANK_THREAD) and t.native_id is not None:
                 os.sched_setaffinity(t.native_id, model_cpus)
 
 
