@@ -375,13 +375,16 @@ def test_a_low_priority_window_must_end_before_the_reserve(tmp_path):
     s.outcomes = {"baseline": LoadOutcome("baseline")}
     s.servers = {"baseline": None}  # never reached: every call below is skipped or returns before it
     s.budget = Budget(1.0, start=0.0, clock=lambda: 30.0)  # 30 s left
-    s.reserve_s = 10.0  # the last unloaded blocks
+    reserve = 10.0  # the last unloaded blocks
     ran: list[str] = []
     for kind, est in (("equal_util", 25.0), ("common", 25.0)):
-        assert s.measure("baseline", kind, f"{kind} run 0", lambda h, k=kind: ran.append(k), est) is None
+        assert (
+            s.measure("baseline", kind, f"{kind} run 0", lambda h, k=kind: ran.append(k), est, reserve)
+            is None
+        )
     assert not ran and [k.kind for k in s.budget.skipped] == ["equal_util", "common"]
     assert [k.est_s for k in s.budget.skipped] == [25.0, 25.0]  # listed with what it would have taken
     # the same window that fits before the reserve runs
     s.servers = {"baseline": SimpleNamespace(proc=SimpleNamespace(poll=lambda: None))}  # a live server
-    s.measure("baseline", "equal_util", "equal_util run 1", lambda h: ran.append("fits"), 5.0)
+    s.measure("baseline", "equal_util", "equal_util run 1", lambda h: ran.append("fits"), 5.0, reserve)
     assert ran == ["fits"]

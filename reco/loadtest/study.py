@@ -125,7 +125,6 @@ class _Study:
         self.seconds: dict[str, dict[str, float]] = {}  # kind of run -> variant -> wall seconds spent
         # its clock starts with the servers (run_study); every second the study counts is one of this clock
         self.budget = Budget(lt.study.budget_min, clock=clock)
-        self.reserve_s = 0.0  # seconds later phases need: low-priority runs leave them (_reserve)
         self.headline: str | None = (
             None  # the experiment's declared headline (its search: headline_tolerance)
         )
@@ -140,19 +139,25 @@ class _Study:
         return [n for n in self.outcomes if n in self.servers]
 
     def measure(
-        self, name: str, kind: str, what: str, fn: Callable[[ServerHandle], Any], est_s: float | None = None
+        self,
+        name: str,
+        kind: str,
+        what: str,
+        fn: Callable[[ServerHandle], Any],
+        est_s: float | None = None,
+        reserve_s: float = 0.0,
     ) -> Any:
         """fn(server) for one variant, its wall time added to seconds[kind][name]; an exception drops the
-        variant from the rest of the study. Past the budget's deadline (a low-priority run: less the later
-        phases' reserve, which a common-load or equal-utilisation window must also end before) the run is
-        skipped and listed instead (None), with the seconds it would have taken: the variant's runs of
-        that kind so far, else `est_s` (from its rate and request count)."""
+        variant from the rest of the study. Past the budget's deadline (a low-priority run: less
+        `reserve_s`, the seconds the later phases need, which a common-load or equal-utilisation window
+        must also end before) the run is skipped and listed instead (None), with the seconds it would have
+        taken: the variant's runs of that kind so far, else `est_s` (from its rate and request count)."""
         took = self.per_window_s(name, kind)
         est = est_s if took is None else took
         # A low-priority window must also END before the later phases' reserve: an equal-utilisation
         # window of the baseline (20 s) that started just before it took the last unloaded blocks' time.
         # (A capacity search stops between its steps on its own deadline: find_capacity.)
-        ahead = self.reserve_s if kind in LOW_PRIORITY else 0.0
+        ahead = reserve_s if kind in LOW_PRIORITY else 0.0
         ahead += (est or 0.0) if kind in ("common", "equal_util") else 0.0
         if kind != "settle" and self.budget.over(ahead):
             self.budget.skipped.append(Skipped(name, kind, what, est))
@@ -297,14 +302,16 @@ class _Study:
         name: str,
         r: int,
         slo: float,
+        reserve_s: float,
         leave_s: float = 0.0,
         share: int = 1,
         reserve_at: Callable[[float], float] | None = None,
     ) -> None:
-        """One capacity search. With a budget it stops between steps `leave_s` seconds (the searches still
-        to run that need their time) before its deadline, and may use 1/share of what is left, so one slow
-        variant cannot starve the others. reserve_at(lowest rate measured) replaces reserve_s for a search
-        whose outcome moves the later phases' time (the reference's: the common load's rate)."""
+        """One capacity search. With a budget it stops between steps `reserve_s` (the later phases) plus
+        `leave_s` seconds (the searches still to run that need their time) before its deadline, and may use
+        1/share of what is left, so one slow variant cannot starve the others. reserve_at(lowest rate
+        measured) replaces reserve_s for a search whose outcome moves the later phases' time (the
+        reference's: the common load's rate)."""
         d = self.out / name / "capacity" / f"r{r}"
         tol = self.lt.study.headline_tolerance if name == self.headline else None
         cfg = dataclasses.replace(
@@ -325,7 +332,7 @@ class _Study:
             t0 = self.budget.clock()
 
             def deadline(lowest: float) -> float:
-                end = self.budget.deadline - (reserve_at(lowest) if reserve_at else self.reserve_s) - leave_s
+                end = self.budget.deadline - (reserve_at(lowest) if reserve_at else reserve_s) - leave_s
                 return min(end, t0 + (end - t0) / share)
 
             _say(f"    {name} capacity r{r}: starts at {cfg.start_rate:.3g} req/s")
@@ -334,7 +341,7 @@ class _Study:
             )
 
         est_s = self.search_s(name, slo)
-        cap = self.measure(name, "capacity", f"capacity search {r}", go, est_s)
+        cap = self.measure(name, "capacity", f"capacity search {r}", go, est_s, reserve_s)
         if cap is not None and not cap.steps:  # the deadline stopped it before its first step: no repeat
             self.budget.skipped.append(Skipped(name, "capacity", f"capacity search {r}", est_s))
             _say(
@@ -348,7 +355,9 @@ class _Study:
                 + (f" ({cap.budget_note()})" if cap.stopped_by_budget else "")
             )
 
-    def loaded(self, name: str, r: int, kind: str, rate: float) -> None:
+    def loaded(self, name: str, r: int, kind: str, rate: float, reserve_s: float) -> None:
+        """One open-loop window at `rate` (common load or equal utilisation); it must end `reserve_s`
+        seconds before the budget's deadline (the unloaded blocks still to come)."""
         cor = self.lt.study.correctness
         s = self.window(
             mode=LoadMode.open,
@@ -372,7 +381,7 @@ class _Study:
             )
 
         est = window_s(rate, s.window_requests or 0, self.lt.warmup_s)
-        run = self.measure(name, kind, f"{kind} run {r} at {rate:.1f} req/s", go, est)
+        run = self.measure(name, kind, f"{kind} run {r} at {rate:.1f} req/s", go, est, reserve_s)
         if run is not None:
             run = dataclasses.replace(run, block=r)
             getattr(self.outcomes[name], kind).append(run)
@@ -627,27 +636,27 @@ def _first_searches(s: _Study, slo: float, plan: _Schedule) -> None:
     names += [n for n in s.alive() if n == plan.ref]
     _say(f"\n[load] capacity at p99 <= {slo:.2f} ms: first searches of {', '.join(names)}")
     for i, n in enumerate(names):
-        s.reserve_s = _reserve(s, plan.ref, plan.slots, slo)
+        reserve = _reserve(s, plan.ref, plan.slots, slo)
         leave = sum(s.search_s(m, slo) for m in names[i + 1 :])
         # the reference's own search sets the common load's rate: each of its steps leaves the common
         # rounds their time at the rate they would run at if the search ended there (priced at its start
         # rate, they ran at less than half of it and lost a round:
         # experiments/ecommerce_case_study/README.md#common-load-reserve)
         at = (lambda low: _reserve(s, plan.ref, plan.slots, slo, lowest=low)) if n == plan.ref else None
-        s.capacity(n, 0, slo, leave_s=leave, share=len(names) - i, reserve_at=at)
+        s.capacity(n, 0, slo, reserve, leave_s=leave, share=len(names) - i, reserve_at=at)
 
 
 def _more_searches(s: _Study, slo: float, plan: _Schedule) -> None:
     """The other variants' first searches, then every variant's repeats (a round at a time), in what the
     budget leaves before the last unloaded blocks; within a round each search may use an equal share."""
     first = {plan.ref} | ({plan.headline} if plan.headline else set())
-    s.reserve_s = _unloaded_left(s, plan.slots, len(plan.points) - 1)
+    reserve = _unloaded_left(s, plan.slots, len(plan.points) - 1)
     for r in range(s.lt.study.repeats):
         names = [n for n in s.alive() if r > 0 or n not in first]
         if names:
             _say(f"\n[load] capacity round {r}: {', '.join(names)}")
         for i, n in enumerate(names):
-            s.capacity(n, r, slo, share=len(names) - i)
+            s.capacity(n, r, slo, reserve, share=len(names) - i)
 
 
 def _common_phase(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
@@ -660,10 +669,10 @@ def _common_phase(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
             f"\n[load] common load {result.common_rate_qps:.1f} req/s: {st.repeats} x {len(plan.order)}, interleaved"
         )
     for r in range(st.repeats):
-        s.reserve_s = _unloaded_left(s, plan.slots, 2 + r)
+        reserve = _unloaded_left(s, plan.slots, 2 + r)
         if result.common_rate_qps is not None:
             for n in s.block_order("common", r):
-                s.loaded(n, r, "common", result.common_rate_qps)
+                s.loaded(n, r, "common", result.common_rate_qps, reserve)
         _unloaded_rounds(s, plan.slots, plan.points, 2 + r)
 
 
@@ -672,14 +681,14 @@ def _equal_util_phase(s: _Study, plan: _Schedule) -> None:
     last unloaded blocks (the lowest priority)."""
     st = s.lt.study
     own = {n: median_capacity(s.outcomes[n]) for n in s.alive()}
-    s.reserve_s = _unloaded_left(s, plan.slots, len(plan.points) - 1)
+    reserve = _unloaded_left(s, plan.slots, len(plan.points) - 1)
     if st.equal_util_fraction <= 0 or not any(own.values()):
         return
     _say(f"\n[load] equal utilisation: {st.equal_util_fraction:g} x each variant's own median capacity")
     for r in range(st.repeats):
         for n in s.block_order("equal_util", r):
             if own.get(n):
-                s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n])
+                s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n], reserve)
 
 
 def checkpoints(repeats: int) -> list[str]:
