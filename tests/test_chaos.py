@@ -36,6 +36,9 @@ SMALLER = [
     # (4 runs reach it) and the unrecorded settling traffic before the load study's first window.
     "profile.enabled=false",
     "loadtest.study.settle_s=0",
+    # The load-test windows' unrecorded start (the preset's 0.5 s): a kill aims at Locust running, not at it.
+    "loadtest.warmup_s=0.2",
+    "loadtest.capacity.step_warmup_s=0.2",
 ]
 VARIANTS = 4  # the smoke preset's chain (its batched row is a serving, not a variant)
 # (line that starts a phase, longest random wait after it): one SIGKILL trial each, then the SIGTERM one.

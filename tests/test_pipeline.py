@@ -8,6 +8,7 @@ import subprocess
 import sys
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -23,6 +24,9 @@ from reco.tracking import Tracker
 from reco.tracking_server import wait_ready
 
 ROOT = Path(__file__).resolve().parents[1]
+# Unrecorded traffic before each load-test window (the smoke preset's 0.5 s): 0.2 s, as the study tests
+# use; no assertion reads a window's first requests.
+SHORT_WARMUP = ("loadtest.warmup_s=0.2", "loadtest.capacity.step_warmup_s=0.2")
 PRESETS = sorted(p.stem for p in (ROOT / "conf" / "experiment").glob("*.yaml"))
 
 
@@ -60,10 +64,21 @@ def served_mlflow(tmp_path: Path) -> Iterator[tuple[str, Callable[[], None]]]:
         kill()
 
 
-@pytest.fixture
-def mlflow_server(tmp_path) -> Iterator[str]:
-    with served_mlflow(tmp_path) as (url, _):
-        yield url
+@dataclass(frozen=True)
+class MlflowServer:
+    url: str
+    root: Path  # its sqlite store (root/server/mlflow.db) and artifacts (root/server/artifacts)
+    kill: Callable[[], None]
+
+
+@pytest.fixture(scope="module")
+def mlflow_server(tmp_path_factory) -> Iterator[MlflowServer]:
+    """One tracking server for this module's tests that log over HTTP: its start (two processes importing
+    MLflow's server, 9-25 s) is paid once. The server-down test kills it, so it comes last in the file;
+    each test logs to its own experiment."""
+    root = tmp_path_factory.mktemp("mlflow_server")
+    with served_mlflow(root) as (url, kill):
+        yield MlflowServer(url, root, kill)
 
 
 def run_py(tmp_path: Path, *overrides: str, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -127,12 +142,14 @@ def test_smoke_experiment_end_to_end(tmp_path, mlflow_server):
     """The smoke preset as `make smoke` runs it, logging over HTTP to a real tracking server (the
     embedded store is exercised end to end by tests/test_chaos.py, whose re-run also checks that every
     finished variant is reused), less the settling traffic before the load study (~1.4 s a variant,
-    nothing checked here reads it; tests/test_loadtest_study.py covers it)."""
-    over = ("experiment=smoke", f"tracking.uri={mlflow_server}", "loadtest.study.settle_s=0")
+    nothing checked here reads it; tests/test_loadtest_study.py covers it) and with 0.2 s of unrecorded
+    traffic before each window instead of 0.5 (15 windows)."""
+    url = mlflow_server.url
+    over = ("experiment=smoke", f"tracking.uri={url}", "loadtest.study.settle_s=0", *SHORT_WARMUP)
     proc = run_py(tmp_path, *over, timeout=540)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-4000:]
 
-    client = MlflowClient(tracking_uri=mlflow_server)
+    client = MlflowClient(tracking_uri=url)
     exp = client.get_experiment_by_name("smoke")
     runs = client.search_runs([exp.experiment_id])
     parents = [r for r in runs if "mlflow.parentRunId" not in r.data.tags]
@@ -181,7 +198,7 @@ def test_smoke_experiment_end_to_end(tmp_path, mlflow_server):
         children["distilled"].info.run_id, "variant/variant.json", str(tmp_path)
     )
     assert '"sha256"' in Path(manifest).read_text()
-    assert list((tmp_path / "server" / "artifacts").rglob("variant.json"))
+    assert list((mlflow_server.root / "server" / "artifacts").rglob("variant.json"))
     report = (tmp_path / "report" / "report.md").read_text()
     assert "distilled_onnx_int8" in report and "SLO" in report
     # What users see: every variant's served top-k, with its CI, beside the AUC; logged to its run.
@@ -202,36 +219,37 @@ def test_unreachable_tracking_server_fails_before_training(tmp_path):
 
 
 @pytest.mark.timeout(300)
-def test_a_tracking_server_that_goes_down_mid_run_does_not_stop_the_run(tmp_path):
+def test_a_tracking_server_that_goes_down_mid_run_does_not_stop_the_run(tmp_path, mlflow_server):
     """Issue 47's bad input: the server is up when the run starts and gone before its end (killed as soon
     as the parent run exists). The run still ends (exit 0, its report written), says what it did not log,
     and its last MLflow line says the UI is not reachable and how to start it. MLflow's client alone would
-    retry each call for ~4 min (7 retries with backoff)."""
-    with served_mlflow(tmp_path) as (url, kill):
-        port = url.rsplit(":", 1)[1]
-        args = [
-            "experiment=smoke", "variants=baseline", "loadtest.enabled=false", "profile.enabled=false",
-            "quality.users=0", "trainer.epochs=1", "trainer.max_rows_per_epoch=5000", f"tracking.uri={url}",
-            f"cache_dir={tmp_path}/cache", f"report_dir={tmp_path}/report", f"hydra.run.dir={tmp_path}/out",
-        ]  # fmt: skip
-        # The call in flight when the server dies is MLflow's to retry (7 times with backoff, ~4 min);
-        # the calls after it are the run's (test_tracking's lost-server test covers those with the default).
-        env = {**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
-        with (tmp_path / "stderr.txt").open("w") as err:
-            proc = subprocess.Popen(
-                [sys.executable, "run.py", *args],
-                cwd=ROOT,
-                env=env,
-                stdout=subprocess.PIPE,
-                stderr=err,
-                text=True,
-            )
-            lines = []
-            for line in proc.stdout:
-                lines.append(line.rstrip("\n"))
-                if "parent run" in line:
-                    kill()
-            rc = proc.wait(timeout=60)
+    retry each call for ~4 min (7 retries with backoff). The module's server: this test ends it."""
+    url, kill, experiment = mlflow_server.url, mlflow_server.kill, "server_down"
+    port = url.rsplit(":", 1)[1]
+    args = [
+        "experiment=smoke", f"experiment_name={experiment}", "variants=baseline", "loadtest.enabled=false",
+        "profile.enabled=false", "quality.users=0", "trainer.epochs=1", "trainer.max_rows_per_epoch=5000",
+        f"tracking.uri={url}", f"cache_dir={tmp_path}/cache", f"report_dir={tmp_path}/report",
+        f"hydra.run.dir={tmp_path}/out",
+    ]  # fmt: skip
+    # The call in flight when the server dies is MLflow's to retry (7 times with backoff, ~4 min);
+    # the calls after it are the run's (test_tracking's lost-server test covers those with the default).
+    env = {**os.environ, "MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0"}
+    with (tmp_path / "stderr.txt").open("w") as err:
+        proc = subprocess.Popen(
+            [sys.executable, "run.py", *args],
+            cwd=ROOT,
+            env=env,
+            stdout=subprocess.PIPE,
+            stderr=err,
+            text=True,
+        )
+        lines = []
+        for line in proc.stdout:
+            lines.append(line.rstrip("\n"))
+            if "parent run" in line:
+                kill()
+        rc = proc.wait(timeout=60)
     out = "\n".join(lines)
     assert rc == 0, out[-3000:] + (tmp_path / "stderr.txt").read_text()[-3000:]
     assert "`baseline`" in (tmp_path / "report" / "report.md").read_text()
@@ -246,11 +264,11 @@ def test_a_tracking_server_that_goes_down_mid_run_does_not_stop_the_run(tmp_path
     assert f"then open {url}/#/experiments/" in ui[0]
     assert not [line for line in lines if line.startswith("MLflow runs table")]
     # what the note promises: the next run on that store closes the runs left RUNNING
-    store = f"sqlite:///{tmp_path}/server/mlflow.db"
-    closed = Tracker(store, "smoke", artifact_root=str(tmp_path / "a")).close_orphans()
+    store = f"sqlite:///{mlflow_server.root}/server/mlflow.db"
+    closed = Tracker(store, experiment, artifact_root=str(tmp_path / "a")).close_orphans()
     assert closed and all(
         r.info.status == "KILLED"
         for r in MlflowClient(store).search_runs(
-            [MlflowClient(store).get_experiment_by_name("smoke").experiment_id]
+            [MlflowClient(store).get_experiment_by_name(experiment).experiment_id]
         )
     )

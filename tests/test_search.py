@@ -265,16 +265,17 @@ def trial_runs(store: Path, sweep_dir: Path) -> list:
     return runs
 
 
-# The smoke preset's load test, cut down further: one repeat, one capacity step, short windows at 150 req/s,
-# no settling traffic and no unloaded runs (~1 s and ~1.5 s a served variant, 5 of them; the front's summary
-# reads capacity and the common load only; tests/test_loadtest_study.py and test_pipeline cover both)
+# The smoke preset's load test, cut down further: one repeat, one capacity step, short windows at 150 req/s
+# after 0.2 s of warm-up, no settling traffic and no unloaded runs (~1 s and ~1.5 s a served variant, 5 of
+# them; the front's summary reads capacity and the common load only; tests/test_loadtest_study.py and
+# test_pipeline cover both)
 # (what the summary shows is under test, not the figures: an overloaded baseline's p99 of +inf is fine).
 TOY_LOAD = [
-    "loadtest.warmup_s=0.5",
+    "loadtest.warmup_s=0.2",
     "loadtest.drain_s=1",
     "loadtest.requests.n=500",
     "loadtest.capacity={slo_p99_ms: 100.0, start_rate: 150, min_rate: 150, max_rate: 150, steps: 1,"
-    " step_requests: 368, max_step_requests: 368, step_warmup_s: 0.5}",
+    " step_requests: 368, max_step_requests: 368, step_warmup_s: 0.2}",
     "loadtest.study={repeats: 1, common_rate: 150, equal_util_fraction: 0, unloaded_requests: 100, settle_s: 0,"
     " unloaded_repeats: 0, load_requests: 368}",
 ]
