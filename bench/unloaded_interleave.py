@@ -92,7 +92,7 @@ def report(blocks: dict[str, list[dict[str, np.ndarray]]], a: str, b: str) -> No
             x = np.array([math.log(nearest_rank(k[a], q) / nearest_rank(k[b], q)) for k in bl])
             logs[design, key] = x
             e = paired_ratio([k[a] for k in bl], [k[b] for k in bl], q)
-            span = f"{e.hi / e.lo:.3f}" if e.value is not None and e.lo else "n/a"
+            span = f"{e.hi / e.lo:.3f}" if e.value is not None and e.lo and e.hi else "n/a"
             print(f"| {design} | {len(bl)} | {key} | {np.std(x, ddof=1):.4f} | {e.fmt('.3f')} | {span} |")
     print("\n| quantile | sd request / sd window [95% CI, block bootstrap] |\n|---|---|")
     for key in QS:

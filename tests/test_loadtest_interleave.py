@@ -131,6 +131,8 @@ def test_one_window_over_a_reco_and_a_triton_server_splits_into_their_own_runs(r
 
     assert set(runs) == {"r", "t"} and [runs[k].n for k in "rt"] == [40, 40]
     assert all(r.valid and r.n_failed == 0 and r.kind == "unloaded" for r in runs.values())
+    # each its share of the window's time, so its qps reads as in a window of its own
+    assert all(r.window_s > 0 and r.qps == pytest.approx(40 / r.window_s) for r in runs.values())
     # the bodies of a window of its own, in order, whichever protocol carried them
     assert payloads(tmp_path / "r") == payloads(tmp_path / "t") == payloads(tmp_path / "alone")
     rows = [json.loads(ln) for ln in requests.read_text().splitlines()]

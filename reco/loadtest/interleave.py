@@ -15,9 +15,11 @@ Each server gets what a window of its own gives it: the same request bodies in t
 stream, seeded as the one user's), `window_requests` requests in the window after a warm-up that also
 cycles, its own record under its own directory (latencies.csv, .summary.json, .scores.jsonl, the CDF
 plot), its /metrics (or Triton statistics: a Triton target speaks KServe v2) scraped before and after the
-window, and so its own LoadRun (reco.loadtest.window.finish_run), judged on the one generator's CPU. The
-window's times (window_s, steal) are the whole block's; Locust's own reports and log go to the first
-target's directory. Closed loop, one user, one process only: that is what an unloaded window is.
+window, and so its own LoadRun (reco.loadtest.window.finish_run), judged on the one generator's CPU. Its
+window_s (and so its qps) is its share of the window, the time from each of its sends to the user's next
+(own_seconds), which is what a window of its own would have lasted; the steal and generator CPU are the
+whole window's. Locust's own reports and log go to the first target's directory. Closed loop, one user,
+one process only: that is what an unloaded window is.
 """
 
 from __future__ import annotations
@@ -28,7 +30,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from reco.loadtest.config import LoadMode, LoadtestConfig
+from reco.loadtest.histogram import read_latencies
 from reco.loadtest.locust_pool import LocustPool, PooledLocust
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.runner import HeadlessLocust
@@ -77,10 +82,24 @@ def run_interleaved(
     ]
     gen = HeadlessLocust() if pool is None else PooledLocust(pool)
     samples = gen.collect(lead_window(windows, seed))
-    return {
-        t.name: finish_single_process(w, dataclasses.replace(samples, before=b, after=a))
-        for t, w, (b, a) in zip(targets, windows, samples.servers, strict=True)
-    }
+    runs = {}
+    for t, w, (b, a), own in zip(targets, windows, samples.servers, own_seconds(windows), strict=True):
+        run = finish_single_process(w, dataclasses.replace(samples, before=b, after=a))
+        runs[t.name] = dataclasses.replace(run, window_s=own, qps=(run.n - run.n_failed) / own)
+    return runs
+
+
+def own_seconds(windows: Sequence[Window]) -> list[float]:
+    """Each target's share of the window: from each of its requests' send to the user's next send (its
+    last one: its own latency), so the shares add up to the window and a target's qps reads as in a
+    window of its own (one user: a request's slot is its latency plus the generator's turn-around)."""
+    lats = [read_latencies(w.latency_file) for w in windows]
+    start = np.concatenate([x.start_s for x in lats])
+    who = np.concatenate([np.full(len(x), i) for i, x in enumerate(lats)])
+    last = np.nan_to_num(np.concatenate([x.latency_ms for x in lats]) / 1000.0)
+    order = np.argsort(start, kind="stable")
+    slot = np.append(np.diff(start[order]), last[order][-1:]) if len(order) else np.zeros(0)
+    return [max(float(slot[who[order] == i].sum()), 1e-9) for i in range(len(windows))]
 
 
 def lead_window(windows: Sequence[Window], seed: int) -> Window:

@@ -6,7 +6,8 @@
 
 A headless Locust process per window paid Python's and Locust's imports (~1.2 s here) every time: with
 ~20 windows, 24 of the smoke experiment's 141 s. A kept process is started once per (request file,
-Triton model, cores, seed) -- what it reads at start-up -- with its web UI on 127.0.0.1, and each test is
+Triton model, cores, seed) -- what it reads at start-up -- and one more for request-interleaved windows
+(reco.loadtest.interleave), with its web UI on 127.0.0.1, and each test is
 a POST /swarm carrying that window's options (Locust copies every form field that names a parsed option
 into it): host, users, load mode, rate, window, latency file. The locustfile's own routes tell when the
 test has stopped (/reco/state; Locust's /stats/requests is cached for 2 s) and write Locust's reports of
