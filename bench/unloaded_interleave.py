@@ -1,7 +1,7 @@
 """Does interleaving by request make an unloaded block's p99 ratio steadier than interleaving by window?
 
     python -m bench.unloaded_interleave --variant A=DIR --variant B=DIR --dataset DATA.pt
-        [--blocks 40] [--requests 100] [--warmup-s 0.5] [--set serve.key=value ...] [--out DIR]
+        [--blocks 40] [--requests 100] [--warmup-s 0.5] [--minutes 9] [--set serve.key=value ...] [--out DIR]
 
 Two real servers (reco.serve.process.start_server) pinned to the server core(s) as a study pins them, with
 the study's keep-warm spinner, one kept Locust process per design on the other core (reco.loadtest.
@@ -107,6 +107,7 @@ def main() -> None:
     ap.add_argument("--blocks", type=int, default=40, help="blocks of each design")
     ap.add_argument("--requests", type=int, default=100, help="requests per variant per block")
     ap.add_argument("--warmup-s", type=float, default=0.5)
+    ap.add_argument("--minutes", type=float, default=9.0, help="no new pair of blocks starts after this")
     ap.add_argument("--set", action="append", default=[], help="serve.key=value")
     ap.add_argument("--out", default="/tmp/unloaded_interleave")
     args = ap.parse_args()
@@ -134,6 +135,9 @@ def main() -> None:
             for n, h in hs.items():  # the servers' start-up out of the first block
                 run_load(h.url, settle, out / "settle" / n, requests, gen_cpus, kind="settle", reports=False, pool=pool)  # fmt: skip
             for i in range(2 * args.blocks):
+                if i % 2 == 0 and time.time() - t0 > 60 * args.minutes:
+                    print(f"# --minutes {args.minutes:g} spent: {i // 2} blocks of each design", flush=True)
+                    break
                 design = DESIGNS[i % 2]
                 got = one_block(design, i // 2, hs, c, requests, gen_cpus, pool, out)
                 if got:

@@ -201,6 +201,7 @@ def test_a_study_block_is_one_window_and_gives_every_variant_a_run_of_that_block
 
 def test_a_server_dying_mid_block_voids_the_block_for_every_variant(tiny_data, requests, tmp_path):
     root = tmp_path / "srv"
+    root.mkdir()
     vdir, dpath = make_variant(tiny_data, root)
     serve = compose(["serve.n_candidates=50", "serve.keep_warm=false"]).serve
     hs = [start_server(vdir, dpath, serve, work_dir=root / f"s{i}") for i in range(2)]
