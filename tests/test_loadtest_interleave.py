@@ -243,6 +243,9 @@ def test_an_unknown_interleave_names_the_key_and_the_choices():
     lt["study"] = {**lt["study"], "unloaded_interleave": "cycles"}
     with pytest.raises(ConfigError, match=r"study.unloaded_interleave.*'cycles'.*\[window, request\]"):
         loadtest_config(lt)
+    # as a command-line override, the message names the full key
+    with pytest.raises(ConfigError, match=r"loadtest.study.unloaded_interleave: Invalid value 'cycles', expected one of \[window, request\]"):  # fmt: skip
+        compose(["loadtest.study.unloaded_interleave=cycles"])
 
 
 def test_an_interleaved_window_is_one_closed_loop_user(tmp_path):
