@@ -50,6 +50,14 @@ Poisson at --rate), owns its share of
 the master ("reco_done"); once all --expect-workers have, the master quits. A worker lost before then
 ends the test with an error (and `<latency file>.failed`): the window is not valid.
 
+Request-interleaved (--targets, reco.loadtest.interleave): one closed-loop user sends to several
+servers in one window, in cycles -- each cycle every server once, in a fresh seeded random order -- so a
+slow stretch of the host lands on all of them alike. The window is whole cycles (a cycle's first request
+decides whether the cycle is in it), --window-requests per server; each server gets the request bodies
+a window of its own would send (its own stream, seeded as the one user's) and its own record (latency
+file, summary, scores) at the path --targets names for it; --latency-file is the first server's (its
+`.started` and `.window_end` are the window's, its summary is written last).
+
 Web UI: a "reco" tab shows the exact end-to-end percentiles of the running test with their 95 % CIs
 and n (reco.stats; failures count as +inf) and the server's per-stage times scraped from its /metrics
 since the test started (reco.loadtest.scrape, the runner's reader too) -- the figures the study
@@ -69,6 +77,7 @@ import os
 import random
 import resource
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import gevent
@@ -133,6 +142,13 @@ def _args(parser) -> None:
         default="",
         help="speak KServe v2 to this Triton model (serve.backend=triton); empty: POST /recommend",
     )
+    g.add_argument(
+        "--targets",
+        env_var="RECO_TARGETS",
+        default="",
+        help='JSON {"seed": int, "targets": [{"url", "latency_file", "triton_model"}, ...]}: one closed-loop '
+        "window over these servers, in cycles (reco.loadtest.interleave); empty: --host alone",
+    )
 
 
 class Recorder:
@@ -152,6 +168,7 @@ class Recorder:
         self.window_closed = False
         self.window_end_epoch: float | None = None
         self.outstanding: dict[int, bool] = {}  # token -> in the window; sent, not yet answered
+        self.target_of: dict[int, int] = {}  # token -> its server's index in TARGETS (--targets only)
         self.scores: list[dict] = []
         self.tokens = itertools.count()
         self.window_requests = 0  # this process's share of --window-requests (0: window by duration)
@@ -176,10 +193,12 @@ class Recorder:
             self.close_window()
         return True
 
-    def register(self, in_window: bool) -> int:
-        """A new outstanding request's token."""
+    def register(self, in_window: bool, target: int | None = None) -> int:
+        """A new outstanding request's token (`target`: its index in TARGETS, in a multi-server window)."""
         token = next(self.tokens)
         self.outstanding[token] = in_window
+        if target is not None:
+            self.target_of[token] = target
         return token
 
     def close_window(self) -> None:
@@ -198,7 +217,24 @@ def _cpu_s() -> float:
     return r.ru_utime + r.ru_stime
 
 
+@dataclass
+class Target:
+    """One server of a request-interleaved window (--targets): where its requests go and its own record."""
+
+    url: str  # absolute URL of its request path (/recommend, or its Triton model's infer)
+    payloads: list[bytes]  # the request file's bodies, as this server's protocol wants them
+    triton: bool
+    latency_file: str
+    rows: list[tuple[float, float, int, int]] = field(default_factory=list)  # as Recorder.rows
+    scores: list[dict] = field(default_factory=list)
+    n_all: int = 0  # its answered requests, warm-up included
+    n_window: int = 0  # its requests assigned to the window
+
+
 REC = Recorder()
+TARGETS: list[Target] = []  # --targets of the current test (empty: --host alone)
+CYCLE_RNG = [random.Random(0)]  # the order of each cycle over TARGETS
+TRITON_PAYLOADS: dict[str, list[bytes]] = {}  # Triton model -> PAYLOADS as its infer requests
 PAYLOADS: list[bytes] = []
 PATH = ["/recommend"]  # where bodies go (a Triton model's infer endpoint with --triton-model)
 USER_SEQ = [0]  # users draw payloads from their own seeded stream (reproducible request mix)
@@ -241,10 +277,11 @@ def triton_request(body: bytes) -> bytes:
     return json.dumps({"inputs": [inp]}, separators=(",", ":")).encode()
 
 
-def answer(content: bytes) -> dict:
-    """The /recommend answer in a response body (a Triton infer response: the "response" output's element)."""
+def answer(content: bytes, triton: bool | None = None) -> dict:
+    """The /recommend answer in a response body (a Triton infer response: the "response" output's element);
+    `triton` None: as this process speaks (--triton-model)."""
     obj = json.loads(content)
-    if PATH[0] != "/recommend":
+    if PATH[0] != "/recommend" if triton is None else triton:
         obj = json.loads(next(o for o in obj["outputs"] if o["name"] == "response")["data"][0])
     return obj
 
@@ -258,7 +295,7 @@ def _check_triton(response) -> None:
 def triton_status(response) -> int:
     """The HTTP status reco's server would have answered for a Triton answer holding its error (0: unreadable)."""
     try:
-        return int(answer(response.content).get("status", 0))
+        return int(answer(response.content, triton=True).get("status", 0))
     except (ValueError, KeyError, TypeError, StopIteration):
         return 0
 
@@ -297,6 +334,7 @@ def _test_start(environment, **_kw) -> None:
     RecoUser.concurrency = max(1, o.max_inflight) if o.load_mode == "open" else 1
     if environment.web_ui is not None and environment.host:
         METRICS_AT_START[0] = scrape(environment.host, timeout_s=2.0)
+    _set_targets(o)
     if REC.path:
         Path(REC.path).parent.mkdir(parents=True, exist_ok=True)
         for suffix in (".window_end", ".summary.json", ".scores.jsonl"):
@@ -304,6 +342,28 @@ def _test_start(environment, **_kw) -> None:
         Path(REC.path + ".started").write_text(repr(REC.t0_epoch))
     if o.duration_s > 0 or o.window_requests > 0:
         gevent.spawn(_end_window, environment, o)
+
+
+def _set_targets(o) -> None:
+    """TARGETS from --targets (none when it is empty); the window then counts every server's requests."""
+    TARGETS.clear()
+    if not o.targets:
+        return
+    if o.load_mode != "closed" or o.triton_model or REC.index >= 0:
+        # the runner checks this first (reco.loadtest.interleave); a hand-made command gets told here
+        raise ValueError(
+            "--targets: one closed-loop process without --triton-model (each target names its own)"
+        )
+    spec = json.loads(o.targets)
+    CYCLE_RNG[0] = random.Random(f"{spec['seed']}/cycles")
+    for t in spec["targets"]:
+        model = t.get("triton_model") or ""
+        path = f"/v2/models/{model}/infer" if model else "/recommend"
+        if model and model not in TRITON_PAYLOADS:
+            TRITON_PAYLOADS[model] = [triton_request(p) for p in PAYLOADS]
+        bodies = TRITON_PAYLOADS[model] if model else PAYLOADS
+        TARGETS.append(Target(t["url"].rstrip("/") + path, bodies, bool(model), t["latency_file"]))
+    REC.window_requests = o.window_requests * len(TARGETS)
 
 
 def _end_window(environment, o) -> None:
@@ -341,24 +401,27 @@ def _on_request(request_type, name, response_time, response_length, response=Non
     now = time.perf_counter()
     latency_ms = (now - ctx["start"]) * 1000.0  # open loop: start is the scheduled send time
     status = int(getattr(response, "status_code", 0) or 0)
-    if exception is not None and status == 200 and PATH[0] != "/recommend":
+    to = TARGETS[REC.target_of.pop(ctx["token"])] if ctx["token"] in REC.target_of else None
+    triton = PATH[0] != "/recommend" if to is None else to.triton
+    if exception is not None and status == 200 and triton:
         status = triton_status(response)  # reco's error inside Triton's 200: its own status in the CSV
     ok = int(exception is None)
     in_window = REC.outstanding.pop(ctx["token"], False)
     REC.n_all += 1
     REC.all_rows.append((latency_ms, ok))
+    if to is not None:
+        to.n_all += 1
     if not in_window:
         return
-    REC.rows.append((ctx["start"] - REC.t0_perf, latency_ms, ok, status))
+    rows, scores = (REC.rows, REC.scores) if to is None else (to.rows, to.scores)
+    rows.append((ctx["start"] - REC.t0_perf, latency_ms, ok, status))
     every = ctx.get("score_every", 0)
     if every and ok and ctx["seq"] % every == 0:
         try:
-            items = answer(response.content)["items"]
-            REC.scores.append(
-                {"payload": ctx["payload"], "items": [[i["item_id"], i["score"]] for i in items]}
-            )
+            items = answer(response.content, triton)["items"]
+            scores.append({"payload": ctx["payload"], "items": [[i["item_id"], i["score"]] for i in items]})
         except (ValueError, KeyError, TypeError, StopIteration):
-            REC.scores.append({"payload": ctx["payload"], "items": None})  # an unreadable answer: a mismatch
+            scores.append({"payload": ctx["payload"], "items": None})  # an unreadable answer: a mismatch
 
 
 def _master_watch(environment, o) -> None:
@@ -396,18 +459,18 @@ def _test_stop(environment, **_kw) -> None:
 
 
 def _write_record(o) -> None:
-    """This process's record of the window: the latency file, its summary and the recorded scores."""
+    """This process's record of the window: the latency file, its summary and the recorded scores (one
+    of each per server with --targets)."""
     REC.close_window()
     REC.written = True
     if not REC.path:
         return
-    out = Path(REC.path)
-    with open(out, "w") as f:
-        f.write("start_s,latency_ms,ok,status\n")
-        f.writelines(f"{s:.6f},{lat:.4f},{ok},{st}\n" for s, lat, ok, st in REC.rows)
-    if o.score_every:
-        with open(REC.path + ".scores.jsonl", "w") as f:
-            f.writelines(json.dumps(s) + "\n" for s in REC.scores)
+    if TARGETS:
+        # the first server's last: the runner takes its summary as the sign that every record is written
+        for t in sorted(TARGETS, key=lambda t: t.latency_file == REC.path):
+            _write_target(o, t)
+        return
+    _write_rows(o, REC.path, REC.rows, REC.scores)
     lags = sorted(REC.lags_ms)
     summary = {
         "index": REC.index,  # Locust worker index (-1: a single process)
@@ -436,6 +499,43 @@ def _write_record(o) -> None:
     Path(REC.path + ".summary.json").write_text(json.dumps(summary, indent=2))
 
 
+def _write_rows(o, path: str, rows: list[tuple[float, float, int, int]], scores: list[dict]) -> None:
+    with open(path, "w") as f:
+        f.write("start_s,latency_ms,ok,status\n")
+        f.writelines(f"{s:.6f},{lat:.4f},{ok},{st}\n" for s, lat, ok, st in rows)
+    if o.score_every:
+        with open(path + ".scores.jsonl", "w") as f:
+            f.writelines(json.dumps(s) + "\n" for s in scores)
+
+
+def _write_target(o, t: Target) -> None:
+    """One server's record of a request-interleaved window, in the fields a window of its own writes (the
+    process's CPU and the window's times are the whole window's)."""
+    _write_rows(o, t.latency_file, t.rows, t.scores)
+    mine = [tok for tok, i in REC.target_of.items() if TARGETS[i] is t]
+    unanswered = sum(REC.outstanding.get(tok, False) for tok in mine)
+    summary = {
+        "index": REC.index,
+        "pid": os.getpid(),
+        "cpu_pct": REC.cpu_pct(),
+        "mode": o.load_mode,
+        "t0_epoch": REC.t0_epoch,
+        "window_end_epoch": REC.window_end_epoch,
+        "warmup_s": o.warmup_s,
+        "duration_s": o.duration_s,
+        "window_requests": o.window_requests,
+        "n_window": t.n_window,
+        "n_recorded": len(t.rows),
+        "unanswered": unanswered,
+        "n_all": t.n_all,
+        "payloads": len(t.payloads),
+        "open": None,
+        "target": t.url,
+        "interleaved_with": [u.url for u in TARGETS if u is not t],
+    }
+    Path(t.latency_file + ".summary.json").write_text(json.dumps(summary, indent=2))
+
+
 class RecoUser(FastHttpUser):
     network_timeout = 30.0
     connection_timeout = 10.0
@@ -448,26 +548,47 @@ class RecoUser(FastHttpUser):
         seed = self.environment.parsed_options.seed if self.environment.parsed_options else 0
         stream = seed * 1_000_003 + USER_SEQ[0]
         # Workers draw independent streams (identical ones would send the same schedule twice).
-        self.rng = random.Random(stream if REC.index < 0 else f"{stream}/w{REC.index}")
+        key = stream if REC.index < 0 else f"{stream}/w{REC.index}"
+        self.rng = random.Random(key)
+        # each server of a multi-server window draws the stream a window of its own would send it
+        self.target_rngs = [random.Random(key) for _ in TARGETS]
 
-    def post(self, start: float, in_window: bool, seq: int, token: int) -> None:
+    def post(self, start: float, in_window: bool, seq: int, token: int, to: int | None = None) -> None:
         """One /recommend request; `start` is its send time (open loop: its scheduled send time), `seq`
         its number in the window, `token` its key in REC.outstanding (registered by the caller, before a
-        spawned request runs, so the drain cannot miss it)."""
+        spawned request runs, so the drain cannot miss it); `to`: the index of its server in TARGETS
+        (None: --host)."""
         o = self.environment.parsed_options
-        idx = self.rng.randrange(len(PAYLOADS))
+        rng, path, bodies = (self.rng, PATH[0], PAYLOADS) if to is None else (
+            self.target_rngs[to], TARGETS[to].url, TARGETS[to].payloads
+        )  # fmt: skip
+        idx = rng.randrange(len(bodies))
         ctx = {"token": token, "start": start, "payload": idx, "seq": seq}
         if in_window and o is not None and o.score_every:
             ctx["score_every"] = o.score_every
         stamp_us = round((REC.t0_epoch + (start - REC.t0_perf)) * 1e6)  # `start` on the epoch clock
         headers = {**JSON_HEADERS, "X-Request-Start": f"t={stamp_us}"}
-        if PATH[0] == "/recommend":
-            self.client.post(PATH[0], data=PAYLOADS[idx], headers=headers, context=ctx)
+        if not (PATH[0] != "/recommend" if to is None else TARGETS[to].triton):
+            self.client.post(path, data=bodies[idx], headers=headers, context=ctx)
             return
-        with self.client.post(
-            PATH[0], data=PAYLOADS[idx], headers=headers, context=ctx, catch_response=True
-        ) as r:
+        with self.client.post(path, data=bodies[idx], headers=headers, context=ctx, catch_response=True) as r:
             _check_triton(r)
+
+    def cycle(self, o) -> None:
+        """One request to every server of --targets, in a fresh random order. The cycle's first request
+        decides whether the whole cycle is in the window, so the window is whole cycles and every server
+        gets the same n however the warm-up ends."""
+        cycle_in: bool | None = None
+        for k, i in enumerate(CYCLE_RNG[0].sample(range(len(TARGETS)), len(TARGETS))):
+            if REC.window_closed:
+                return
+            if k and o.think_time_s:
+                gevent.sleep(o.think_time_s)
+            now = time.perf_counter()
+            in_window = REC.assign(now, o) if cycle_in is not False else False
+            cycle_in = in_window if cycle_in is None else cycle_in
+            TARGETS[i].n_window += in_window
+            self.post(now, in_window, TARGETS[i].n_window, REC.register(in_window, i), i)
 
     @task
     def recommend(self) -> None:
@@ -476,6 +597,8 @@ class RecoUser(FastHttpUser):
             self.open_loop(o)
         elif REC.window_closed:
             gevent.sleep(0.05)  # the window is over: nothing more to measure; the test stops once drained
+        elif TARGETS:
+            self.cycle(o)
         else:
             now = time.perf_counter()
             in_window = REC.assign(now, o) if o is not None else False

@@ -24,6 +24,7 @@ from conftest import make_variant
 from reco.cli.compose import compose
 from reco.data.schema import Dataset
 from reco.loadtest.config import LoadMode, loadtest_config
+from reco.loadtest.interleave import Target, run_interleaved
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import run_load, with_settings
 from reco.loadtest.triton_stats import scrape_stats, stats_summary
@@ -219,6 +220,44 @@ def test_locust_window_over_kserve(served, tiny_data, tmp_path):
         )
         assert status == 200
         assert_same([tuple(p) for p in rec["items"]], pairs(ref))
+
+
+def test_request_interleaved_window_over_reco_and_triton(served, tiny_data, tmp_path):
+    """loadtest.study.unloaded_interleave=request with a Triton-served variant in the block: one window,
+    each server spoken to in its own protocol, each run with its own server's figures."""
+    reco_, triton = served["handles"]["reco"], served["handles"]["triton"]
+    requests = write_requests(tiny_data, tmp_path / "requests.jsonl", n=200, k=10, seed=0)
+    c = loadtest_config(compose([]).loadtest)
+    lg = dataclasses.replace(c.loadgen, keep_warm=False, max_cpu_pct=1000)
+    settings = with_settings(
+        c,
+        mode=LoadMode.closed,
+        users=1,
+        window_requests=60,
+        warmup_s=0.5,
+        drain_s=2,
+        score_every=1,
+        loadgen=lg,
+    )
+    targets = [
+        Target("triton", triton.url, tmp_path / "t", triton.triton_model),
+        Target("reco", reco_.url, tmp_path / "r"),
+    ]
+    runs = run_interleaved(targets, settings, requests, None, kind="unloaded", seed=1)
+    assert [runs[k].n for k in ("triton", "reco")] == [60, 60]
+    assert all(r.n_failed == 0 and np.isfinite(r.latencies_ms).all() for r in runs.values())
+    # Triton's own statistics for its run (no rank stage there), reco's /metrics for the other
+    assert runs["triton"].server_stages["server_compute_infer_mean_ms"] > 0
+    assert "server_rank_mean_ms" not in runs["triton"].server_stages
+    assert runs["reco"].server_stages["server_rank_mean_ms"] > 0
+    # the same bodies in the same order to both, answered alike by the one model behind both servers
+    rec = {
+        k: [json.loads(ln) for ln in (tmp_path / k / "latencies.csv.scores.jsonl").read_text().splitlines()]
+        for k in "tr"
+    }
+    assert [x["payload"] for x in rec["t"]] == [x["payload"] for x in rec["r"]] and len(rec["t"]) == 60
+    for a, b in zip(rec["t"][:5], rec["r"][:5], strict=True):
+        assert_same([tuple(p) for p in a["items"]], [tuple(p) for p in b["items"]])
 
 
 def test_bad_triton_body_counts_as_failed_request(served, tmp_path):

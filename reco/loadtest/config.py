@@ -28,6 +28,16 @@ class LoadMode(StrEnum):
     open = "open"  # Poisson arrivals at `rate` req/s whatever is outstanding (MLPerf Server scenario)
 
 
+class UnloadedInterleave(StrEnum):
+    """How an unloaded block interleaves its variants (reco.loadtest.study, reco.loadtest.interleave)."""
+
+    window = "window"  # one Locust window per variant, the variants one after another in a random order
+    # one Locust window for the whole block: one user sends to every variant's server in cycles (each
+    # cycle every variant once, in a fresh random order), so a host slow stretch of a few seconds lands
+    # on every variant of the block alike and cancels in their paired ratio
+    request = "request"
+
+
 @dataclass
 class RequestsConfig:
     """The replayed request file (reco.loadtest.requests): rows of the test split."""
@@ -159,6 +169,7 @@ class StudyConfig:
     # settled and kept warm and one user has no queue to fill (reco.loadtest.study)
     unloaded_warmup_s: float | None = MISSING
     unloaded_repeats: int | None = MISSING  # unloaded runs per variant (null: repeats), spread over the study
+    unloaded_interleave: UnloadedInterleave = MISSING  # window | request: what one unloaded block runs
     load_requests: int = MISSING  # requests of a common-load window
     equal_util_requests: int = MISSING  # requests of an equal-utilisation window
     # wall-time limit of the load test in minutes (null: none); windows past it are skipped and listed,

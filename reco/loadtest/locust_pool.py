@@ -6,7 +6,8 @@
 
 A headless Locust process per window paid Python's and Locust's imports (~1.2 s here) every time: with
 ~20 windows, 24 of the smoke experiment's 141 s. A kept process is started once per (request file,
-Triton model, cores, seed) -- what it reads at start-up -- with its web UI on 127.0.0.1, and each test is
+Triton model, cores, seed) -- what it reads at start-up -- and one more for request-interleaved windows
+(reco.loadtest.interleave), with its web UI on 127.0.0.1, and each test is
 a POST /swarm carrying that window's options (Locust copies every form field that names a parsed option
 into it): host, users, load mode, rate, window, latency file. The locustfile's own routes tell when the
 test has stopped (/reco/state; Locust's /stats/requests is cached for 2 s) and write Locust's reports of
@@ -42,10 +43,13 @@ from reco.loadtest.locust_proc import (
     spawn_locust,
 )
 from reco.loadtest.outcome import LoadRun
-from reco.loadtest.window import Window, finish_single_process
+from reco.loadtest.window import Samples, Window, finish_single_process
 from reco.serve.process import free_port, log_tail
 
-Key = tuple[str, str, tuple[int, ...], int]  # request file, Triton model, cores, seed
+# request file, Triton model, cores, seed, multi-server: a request-interleaved window's process
+# (reco.loadtest.interleave) is a process of its own, so the --targets it was given never carry over into a
+# one-server window (Locust keeps a form field's value until a later test sets it)
+Key = tuple[str, str, tuple[int, ...], int, bool]
 
 
 class PoolError(RuntimeError):
@@ -114,9 +118,10 @@ class LocustPool:
         triton_model: str | None,
         cpus: list[int] | None,
         seed: int,
+        multi: bool = False,
     ) -> KeptLocust:
         """The running process for these start-up settings (started now if there is none alive)."""
-        key: Key = (str(requests_path or ""), triton_model or "", tuple(cpus or ()), int(seed))
+        key: Key = (str(requests_path or ""), triton_model or "", tuple(cpus or ()), int(seed), multi)
         k = self.kept.get(key)
         if k is not None and k.proc.poll() is None:
             return k
@@ -128,7 +133,7 @@ class LocustPool:
         return k
 
     def _start(self, url: str, key: Key) -> KeptLocust:
-        req, triton, cpus, seed = key
+        req, triton, cpus, seed, _ = key
         self.log_dir.mkdir(parents=True, exist_ok=True)
         port = free_port()
         cmd = [
@@ -176,7 +181,11 @@ class PooledLocust:
     pool: LocustPool
 
     def run_window(self, w: Window) -> LoadRun:
-        kept = self.pool.get(w.url, w.requests, w.triton_model, w.cpus, w.c.seed)
+        return finish_single_process(w, self.collect(w))
+
+    def collect(self, w: Window) -> Samples:
+        """Run the window in the kept process; what was sampled at its edges (every served server's scrapes)."""
+        kept = self.pool.get(w.url, w.requests, w.triton_model, w.cpus, w.c.seed, multi=bool(w.targets))
         log_at, finished = kept.log.stat().st_size, False
         gens = [Gen("Locust", kept.proc, kept.log)]
         with generator_session(w) as base:
@@ -198,7 +207,7 @@ class PooledLocust:
                 if not finished:  # mid-test, or gone: a fresh process for the next window
                     self.pool.discard(kept.key)
         check_record(w, gens)
-        return finish_single_process(w, samples)
+        return samples
 
 
 def _copy_tail(src: Path, offset: int, dst: Path) -> None:

@@ -215,19 +215,27 @@ def measure(w: Window, gens: list[Gen], check: Check = _nothing) -> Samples:
     t0 = max(float(p.read_text()) for p in started)
     ps = psutil.Process(proc.pid)
     _sleep_until(t0 + c.warmup_s - min(SCRAPE_LEAD_S, c.warmup_s / 2), proc, check)
-    before = w.probe.read(w.url)
+    before = _read_servers(w)
     _sleep_until(t0 + c.warmup_s, proc, check)
     cpu_a, wall_a, steal_a = _cpu_s(ps), time.time(), steal_s()
     wait_for(w.files(".window_end"), gens, t0 + c.warmup_s + w.cap_s + 30, check)
     cpu_b, wall_b, steal_b = _cpu_s(ps), time.time(), steal_s()
     wait_for(w.files(".summary.json"), gens, wall_b + float(c.drain_s) + 30, check)
-    return Samples(cpu_a, wall_a, before, cpu_b, wall_b, w.probe.read(w.url), steal_a, steal_b)
+    after = _read_servers(w)
+    servers = tuple(zip(before, after, strict=True))
+    return Samples(cpu_a, wall_a, before[0], cpu_b, wall_b, after[0], steal_a, steal_b, servers)
+
+
+def _read_servers(w: Window) -> list[str]:
+    """One scrape of every server the window sends to (Window.served), in its order."""
+    return [t.probe.read(t.url) for t in w.served]
 
 
 def check_record(w: Window, gens: list[Gen]) -> None:
-    """LoadTestError unless every generator process wrote its record's summary."""
-    if not all(p.exists() for p in w.files(".summary.json")):
-        raise LoadTestError(
-            f"Locust exited (code {gens[0].proc.returncode}) without writing {w.latency_file}:\n"
-            f"{log_tail(w.log)}"
-        )
+    """LoadTestError unless every generator process wrote its record's summary (every served server's)."""
+    for t in w.served:
+        if not all(p.exists() for p in t.files(".summary.json")):
+            raise LoadTestError(
+                f"Locust exited (code {gens[0].proc.returncode}) without writing {t.latency_file}:\n"
+                f"{log_tail(w.log)}"
+            )

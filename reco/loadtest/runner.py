@@ -65,7 +65,14 @@ from reco.loadtest.locust_proc import (
 )
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.scrape import scrape
-from reco.loadtest.window import LoadGenerator, LoadTestError, Window, finish_single_process, plan_window
+from reco.loadtest.window import (
+    LoadGenerator,
+    LoadTestError,
+    Samples,
+    Window,
+    finish_single_process,
+    plan_window,
+)
 from reco.serve.process import free_port
 
 __all__ = [  # what callers import from here (study, capacity, bench/, tests, reco.cli.errors)
@@ -100,6 +107,10 @@ class HeadlessLocust:
     the only generator that also writes Locust's stats-history CSV)."""
 
     def run_window(self, w: Window) -> LoadRun:
+        return finish_single_process(w, self.collect(w))
+
+    def collect(self, w: Window) -> Samples:
+        """Run the window; what was sampled at its edges (every served server's scrapes included)."""
         cmd = locust_command(w)
         with generator_session(w) as base:
             gens = [spawn_gen("Locust", cmd, w.log, w.out, w.cpus)]
@@ -110,7 +121,7 @@ class HeadlessLocust:
             finally:
                 kill(gens)
         check_record(w, gens)
-        return finish_single_process(w, samples)
+        return samples
 
 
 def generator(c: LoadtestConfig, pool: LocustPool | None = None) -> LoadGenerator:

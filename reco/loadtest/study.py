@@ -14,7 +14,9 @@ reco.stats.paired; each run carries its block):
    nowhere): the first measured window otherwise catches the tail of the servers' start-up
    (experiments/ecommerce_case_study/README.md#settle-time).
    **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant, `study.unloaded_repeats`
-   rounds spread over the study's checkpoints -- start, after the capacity searches, after each
+   rounds (blocks: with `study.unloaded_interleave=request` each block is ONE window whose user sends to
+   every variant's server in cycles, so a host slow stretch hits them alike: reco.loadtest.interleave)
+   spread over the study's checkpoints -- start, after the capacity searches, after each
    common-load round, end (unloaded_slots) -- so drift over the study shows in their spread. With a
    relative SLO the reference gets extra rounds at the start until it has `capacity.reference_repeats`
    (>= 5) runs.
@@ -74,8 +76,9 @@ from reco.loadtest.capacity import (
     window_s,
     write_capacity,
 )
-from reco.loadtest.config import LoadMode, LoadtestConfig, StudyConfig
+from reco.loadtest.config import LoadMode, LoadtestConfig, StudyConfig, UnloadedInterleave
 from reco.loadtest.correctness import check_scores
+from reco.loadtest.interleave import Target, run_interleaved
 from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome, decided_searches, time_spent
 from reco.loadtest.predict import predicted_capacity
@@ -202,15 +205,22 @@ class _Study:
         return with_settings(self.lt, **changes)
 
     # -- the kinds of runs -------------------------------------------------------------------------------
-    def unloaded(self, name: str, r: int) -> None:
+    def unloaded_settings(self) -> LoadtestConfig:
         # One request at a time cannot be split across distributed workers: one process sends it.
-        s = self.window(
+        return self.window(
             mode=LoadMode.closed,
             users=1,
             workers=1,
             window_requests=self.lt.study.unloaded_requests,
             warmup_s=unloaded_warmup_s(self.lt),
         )
+
+    def unloaded_s(self, name: str) -> float:
+        """Seconds an unloaded window of this variant should take, warm-up aside (budget estimates)."""
+        return self.lt.study.unloaded_requests * (self.rank_p50_ms.get(name, 20.0) + 1.0) / 1000.0
+
+    def unloaded(self, name: str, r: int) -> None:
+        s = self.unloaded_settings()
 
         def go(h: ServerHandle) -> LoadRun:
             return run_load(
@@ -228,12 +238,92 @@ class _Study:
         est = window_s(1000.0 / per_request_ms, self.lt.study.unloaded_requests, s.warmup_s)
         run = self.measure(name, "unloaded", f"unloaded run {r}", go, est)
         if run is not None:
-            run = dataclasses.replace(run, block=r)
-            self.outcomes[name].unloaded.append(run)
-            self.emit(name, run.artifacts, f"loadtest/unloaded/r{r}")
-            _say(
-                f"  {name} unloaded r{r}: p50 {run.quantiles['p50'].fmt('.2f')}, p99 {run.quantiles['p99'].fmt('.2f')} ms"
+            self.record_unloaded(name, r, run)
+
+    def record_unloaded(self, name: str, r: int, run: LoadRun) -> None:
+        run = dataclasses.replace(run, block=r)
+        self.outcomes[name].unloaded.append(run)
+        self.emit(name, run.artifacts, f"loadtest/unloaded/r{r}")
+        valid = "" if run.valid else f" INVALID ({run.invalid_reason})"
+        _say(
+            f"  {name} unloaded r{r}: p50 {run.quantiles['p50'].fmt('.2f')}, p99 {run.quantiles['p99'].fmt('.2f')} ms{valid}"
+        )
+
+    def unloaded_block(self, r: int) -> None:
+        """Block r as ONE window (unloaded_interleave=request): its one user sends to every alive
+        variant's server in cycles (reco.loadtest.interleave), so a slow stretch of the host lands on all
+        of them alike; one LoadRun per variant, as the per-variant windows give. A server that died
+        before the block leaves it (as before its own window); one that dies during it voids the block
+        for every variant (their runs kept, invalid, listed by the report), never a shorter block."""
+        names = [n for n in self.block_order("unloaded", r) if self.server_up(n, f"unloaded block {r}")]
+        s = self.unloaded_settings()
+        est = {n: self.unloaded_s(n) + s.warmup_s / max(len(names), 1) for n in names}
+        if not names or self.skip_block(names, "unloaded", f"unloaded block {r}", est):
+            return
+        targets = [
+            Target(n, self.servers[n].url, self.out / n / "unloaded" / f"r{r}", self.servers[n].triton_model)
+            for n in names
+        ]
+        seed = self.lt.seed * 100_003 + r  # the cycles' order differs between blocks, reproducibly
+        t0 = self.budget.clock()
+        try:
+            runs = run_interleaved(
+                targets, s, self.requests, self.gen_cpus, kind="unloaded", seed=seed, pool=self.pool
             )
+        except Exception as e:  # the window's failure is no one variant's: each is dropped, as after its own
+            for n in names:
+                self.fail(
+                    n, f"unloaded block {r} (one window: {', '.join(names)}) failed: {type(e).__name__}: {e}"
+                )
+                del self.servers[n]
+            return
+        finally:
+            by = self.seconds.setdefault("unloaded", {})
+            for n in names:  # the block's time shared out, so the per-variant estimates add up to it
+                by[n] = by.get(n, 0.0) + (self.budget.clock() - t0) / len(names)
+        for n, run in self.void_if_a_server_died(r, runs).items():
+            self.record_unloaded(n, r, run)
+
+    def server_up(self, name: str, what: str) -> bool:
+        """Whether the variant's server still runs; if not, the variant leaves the study (as in measure)."""
+        h = self.servers[name]
+        if h.proc.poll() is None:
+            return True
+        self.fail(
+            name,
+            f"{what} failed: server exited with code {h.proc.returncode}; log {h.log_path}:\n{h.log_tail()}",
+        )
+        del self.servers[name]
+        return False
+
+    def skip_block(self, names: list[str], kind: str, what: str, est: dict[str, float]) -> bool:
+        """Whether the budget is spent (then every variant's part of the block is skipped and listed)."""
+        if not self.budget.over(0.0):
+            return False
+        for n in names:
+            self.budget.skipped.append(Skipped(n, kind, what, est[n]))
+        _say(
+            f"  {', '.join(names)}: {what} skipped (loadtest.study.budget_min={self.budget.minutes:g} spent)"
+        )
+        return True
+
+    def void_if_a_server_died(self, r: int, runs: dict[str, LoadRun]) -> dict[str, LoadRun]:
+        """The block's runs; all invalid when a server of the block exited during it (its requests failed
+        from then on, so no variant's block is whole or comparable), and those variants dropped."""
+        dead = {n: self.servers[n].proc.returncode for n in runs if self.servers[n].proc.poll() is not None}
+        if not dead:
+            return runs
+        who = ", ".join(f"{n} (exit code {c})" for n, c in dead.items())
+        why = f"unloaded block {r} void: the server of {who} exited during it"
+        for n in dead:
+            self.fail(n, f"{why}; log {self.servers[n].log_path}:\n{self.servers[n].log_tail()}")
+            del self.servers[n]
+        return {
+            n: dataclasses.replace(
+                run, valid=False, invalid_reason="; ".join(filter(None, (run.invalid_reason, why)))
+            )
+            for n, run in runs.items()
+        }
 
     def start_rate(self, name: str, slo: float | None = None) -> float:
         """Where a capacity search starts: fewer steps the closer it is (each step costs >= 477 requests).
@@ -729,6 +819,9 @@ def _unloaded_rounds(s: _Study, slots: list[int], points: list[str], at: int) ->
     if rounds and s.alive():
         _say(f"\n[load] unloaded ({points[at]}): round(s) {rounds} x {len(s.alive())} variants, interleaved")
     for r in rounds:
+        if s.lt.study.unloaded_interleave == UnloadedInterleave.request:
+            s.unloaded_block(r)
+            continue
         for n in s.block_order("unloaded", r):
             s.unloaded(n, r)
 

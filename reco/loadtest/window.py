@@ -56,6 +56,9 @@ class Window:
     users: int  # Locust users (open loop: one Poisson scheduler per process)
     run_time: int  # Locust's run time, s: a safety net, the locustfile ends the test itself
     opts: dict[str, object] = field(repr=False)  # the locustfile's options by dest name
+    # a request-interleaved window (reco.loadtest.interleave): every server's own window, this one's
+    # first; () for a window of one server
+    targets: tuple[Window, ...] = field(default=(), repr=False)
 
     @property
     def latency_file(self) -> Path:
@@ -73,6 +76,11 @@ class Window:
     def files(self, suffix: str) -> list[Path]:
         """Each record's `suffix` file (".started", ".window_end", ".summary.json")."""
         return [Path(f"{r}{suffix}") for r in self.records]
+
+    @property
+    def served(self) -> tuple[Window, ...]:
+        """The windows of the servers this window sends to (its own alone unless interleaved)."""
+        return self.targets or (self,)
 
     @property
     def cap_s(self) -> float:
@@ -184,6 +192,8 @@ class Samples:
     after: str
     steal_a: float = 0.0  # the machine's steal seconds (every CPU) at a and b: time the hypervisor ran
     steal_b: float = 0.0  # something else on our vCPUs, which no pairing inside the guest can see
+    # every served server's (before, after) in Window.served's order (the first is before/after)
+    servers: tuple[tuple[str, str], ...] = ()
 
     def steal_pct(self) -> float:
         """Steal over the window, % of one core (summed over the machine's CPUs)."""
