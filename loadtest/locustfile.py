@@ -473,14 +473,7 @@ def _write_record(o) -> None:
     _write_rows(o, REC.path, REC.rows, REC.scores)
     lags = sorted(REC.lags_ms)
     summary = {
-        "index": REC.index,  # Locust worker index (-1: a single process)
-        "pid": os.getpid(),
-        "cpu_pct": REC.cpu_pct(),
-        "mode": o.load_mode,
-        "t0_epoch": REC.t0_epoch,
-        "window_end_epoch": REC.window_end_epoch,
-        "warmup_s": o.warmup_s,
-        "duration_s": o.duration_s,
+        **_process_summary(o),
         "window_requests": REC.window_requests,
         "n_window": REC.n_window,  # assigned to the window: recorded rows + unanswered
         "n_recorded": len(REC.rows),
@@ -499,6 +492,20 @@ def _write_record(o) -> None:
     Path(REC.path + ".summary.json").write_text(json.dumps(summary, indent=2))
 
 
+def _process_summary(o) -> dict:
+    """The fields of a record's summary that are this process's and its window's, whoever the record is for."""
+    return {
+        "index": REC.index,  # Locust worker index (-1: a single process)
+        "pid": os.getpid(),
+        "cpu_pct": REC.cpu_pct(),
+        "mode": o.load_mode,
+        "t0_epoch": REC.t0_epoch,
+        "window_end_epoch": REC.window_end_epoch,
+        "warmup_s": o.warmup_s,
+        "duration_s": o.duration_s,
+    }
+
+
 def _write_rows(o, path: str, rows: list[tuple[float, float, int, int]], scores: list[dict]) -> None:
     with open(path, "w") as f:
         f.write("start_s,latency_ms,ok,status\n")
@@ -515,14 +522,7 @@ def _write_target(o, t: Target) -> None:
     mine = [tok for tok, i in REC.target_of.items() if TARGETS[i] is t]
     unanswered = sum(REC.outstanding.get(tok, False) for tok in mine)
     summary = {
-        "index": REC.index,
-        "pid": os.getpid(),
-        "cpu_pct": REC.cpu_pct(),
-        "mode": o.load_mode,
-        "t0_epoch": REC.t0_epoch,
-        "window_end_epoch": REC.window_end_epoch,
-        "warmup_s": o.warmup_s,
-        "duration_s": o.duration_s,
+        **_process_summary(o),
         "window_requests": o.window_requests,
         "n_window": t.n_window,
         "n_recorded": len(t.rows),
