@@ -30,19 +30,21 @@ class ServeMetrics:
     def __init__(self) -> None:
         from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
 
+        from reco.serve.histogram import BisectHistogram
+
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         # In multiprocess mode metrics live in the default registry's files; a fresh registry per app
         # otherwise, so tests can build several apps in one process.
         reg = None if self.multiprocess else CollectorRegistry()
         kw = {"registry": reg} if reg is not None else {}
         self.registry = reg
-        self.stage = Histogram(
+        self.stage = BisectHistogram(
             "reco_stage_seconds", "Time per request stage", ["stage"], buckets=BUCKETS, **kw
         )
         self._stage = {s: self.stage.labels(stage=s) for s in STAGES}
         # CPU time of the model call's thread (the whole call when intra_op_threads = 1): beside the rank
         # stage's wall time it tells a slower CPU (both grow) from waiting for one (only the wall grows).
-        self.cpu = Histogram(
+        self.cpu = BisectHistogram(
             "reco_cpu_seconds", "CPU time of a stage's thread", ["stage"], buckets=BUCKETS, **kw
         )
         self.rank_cpu = self.cpu.labels(stage="rank")
