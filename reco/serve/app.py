@@ -306,7 +306,10 @@ class RecoService:
         """The model call for one block (ranker: direct or batched), its CPU and batch figures recorded."""
         cfg = self.cfg
         try:
-            scored = await asyncio.wait_for(self.ranker.score(*block, deadline), cfg.model_timeout_s)
+            # asyncio.timeout, not wait_for: wait_for (3.11) adds a waiter future and one more pass of the
+            # event loop between the call's result and this handler
+            async with asyncio.timeout(cfg.model_timeout_s):
+                scored = await self.ranker.score(*block, deadline)
         except TimeoutError:
             raise RequestError(
                 504, "", f"model call not finished within serve.model_timeout_s={cfg.model_timeout_s:g} s"
