@@ -31,7 +31,6 @@ import math
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -46,13 +45,20 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reco.serve.admission import REQUEST_START, Overdue, ShedReason, WorkGate, request_age_s
 from reco.serve.auth import RequireSecret, check_expected_digest, shared_secret
-from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher, Scored, arrival_window
+from reco.serve.batcher import (
+    BatcherFailed,
+    DirectRanker,
+    DynamicBatcher,
+    Scored,
+    arrival_window,
+)
 from reco.serve.config import FeatureSource, ServeConfig
 from reco.serve.connection import error_body
 from reco.serve.faults import slowed
 from reco.serve.features import Block, BlockPool
 from reco.serve.metrics import STAGES, ServeMetrics
 from reco.serve.openapi import openapi_schema
+from reco.serve.rank_threads import RankThreads
 from reco.serve.recommend import candidate_items, load_variant, response_body, top_k
 from reco.serve.redis_features import FeatureReadError, RedisFeatures
 from reco.serve.request import Request, RequestError, check_content_type, read_body, request_schema
@@ -128,11 +134,8 @@ class RecoService:
             if cfg.max_wait_ms is not None and not self.batching.enabled
             else None
         )
-        self.executor = ThreadPoolExecutor(
-            cfg.rank_threads,
-            thread_name_prefix=RANK_THREAD,
-            initializer=pin_model_thread,
-            initargs=(cfg.model_cpu_affinity,),
+        self.executor = RankThreads(
+            cfg.rank_threads, RANK_THREAD, initializer=pin_model_thread, initargs=(cfg.model_cpu_affinity,)
         )
         scorer = slowed(self.scorer, cfg.faults)
         if self.batching.enabled:

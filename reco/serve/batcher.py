@@ -32,7 +32,7 @@ import logging
 import math
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +40,7 @@ import numpy as np
 from reco.runtime import Scorer
 from reco.serve.admission import Overdue
 from reco.serve.config import BatchingConfig
+from reco.serve.rank_threads import RankThreads
 
 log = logging.getLogger("reco.serve")
 
@@ -64,8 +65,14 @@ class DirectRanker:
 
     restarts = 0  # as DynamicBatcher's: there is no task to restart
 
-    def __init__(self, scorer: Scorer, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, scorer: Scorer, executor: Executor) -> None:
         self.scorer, self.executor = scorer, executor
+        # RankThreads: its own hand-off (reco/serve/rank_threads.py); any other Executor: run_in_executor
+        self._hand_off = (
+            executor.call
+            if isinstance(executor, RankThreads)
+            else lambda fn, *a: asyncio.get_running_loop().run_in_executor(executor, fn, *a)
+        )
 
     def _call(
         self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, t_submit: float, deadline: float
@@ -86,9 +93,7 @@ class DirectRanker:
         not wrap it in a task of its own (per-request work on the model's core). Raises Overdue, without
         calling the model, when the call would start after `deadline` (time.perf_counter() seconds).
         """
-        return asyncio.get_running_loop().run_in_executor(
-            self.executor, self._call, dense, ids, mask, time.perf_counter(), deadline
-        )
+        return self._hand_off(self._call, dense, ids, mask, time.perf_counter(), deadline)
 
     async def start(self) -> None:
         pass
@@ -155,7 +160,7 @@ class DynamicBatcher:
     def __init__(
         self,
         scorer: Scorer,
-        executor: ThreadPoolExecutor,
+        executor: Executor,
         max_batch: int,
         max_queue_delay_ms: float,
         crash_batches: int = 0,
