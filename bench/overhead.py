@@ -68,6 +68,7 @@ class Load:
     loop_cpu_s: float  # the event loop thread's share
     errors: int
     stage_cpu_s: dict[str, float] = field(default_factory=dict)  # summed over the requests
+    rank_on_loop: bool = False  # serve.rank_threads=0: the model calls run on the event loop's thread
 
     @property
     def cpu_ms(self) -> float:
@@ -85,8 +86,10 @@ class Load:
         loop_ms = self.loop_cpu_s / self.requests * 1e3
         if all(s in out for s in SPLIT):
             out["rest"] = self.cpu_ms - sum(out[s] for s in SPLIT)
-            out["loop rest"] = loop_ms - sum(out[s] for s in SPLIT if s != "rank")
-            out["model thread rest"] = self.cpu_ms - loop_ms - out["rank"]
+            on_loop = [s for s in SPLIT if s != "rank" or self.rank_on_loop]
+            out["loop rest"] = loop_ms - sum(out[s] for s in on_loop)
+            # inline: the other threads' CPU (no rank thread; the runtime's own, if any)
+            out["model thread rest"] = self.cpu_ms - loop_ms - (0.0 if self.rank_on_loop else out["rank"])
         return out
 
 
@@ -387,9 +390,11 @@ def run_one(name: str, args, code: Path | None, bodies: list[bytes], cpus, extra
     placed = any(o.startswith("cpu_affinity=") for o in extra)  # its own server cores, not the plan's
     h = start_reco(code, args.variant, args.dataset, settings, None if placed else server_cpus)
     try:
-        return measure(
+        load = measure(
             int(h.url.rsplit(":", 1)[1]), h.pid, bodies, args.connections, args.seconds, gen_cpus, True
         )
+        load.rank_on_loop = settings.rank_threads == 0
+        return load
     finally:
         stop_servers([h])
 

@@ -1,6 +1,6 @@
 """The request path's per-request machinery, in process: the model calls' hand-off to the rank threads
-(reco/serve/rank_threads.py) and the bisecting histogram (reco/serve/histogram.py). The servers that
-use them are tested in tests/test_serve.py."""
+(reco/serve/rank_threads.py), the inline ranker (serve.rank_threads=0) and the bisecting histogram
+(reco/serve/histogram.py). The servers that use them are tested in tests/test_serve.py."""
 
 from __future__ import annotations
 
@@ -10,10 +10,11 @@ import threading
 import time
 
 import numpy as np
+import pytest
 from prometheus_client import CollectorRegistry, Histogram, generate_latest
 
 from reco.serve.admission import Overdue
-from reco.serve.batcher import DirectRanker
+from reco.serve.batcher import DirectRanker, InlineRanker
 from reco.serve.histogram import BisectHistogram
 from reco.serve.metrics import BUCKETS
 from reco.serve.rank_threads import RankThreads
@@ -74,15 +75,16 @@ def test_a_call_cancelled_before_a_thread_takes_it_is_not_made():
     assert made == ["hold", "after"]
 
 
-def test_the_direct_ranker_scores_in_time_blocks_on_its_threads_and_refuses_late_ones():
+@pytest.mark.parametrize("make", ["threads", "inline"])
+def test_rankers_score_in_time_blocks_and_refuse_late_ones(make):
     calls: list[int] = []
 
     def scorer(dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, sizes=None) -> np.ndarray:
         calls.append(len(dense))
         return np.full(len(dense), 0.5, dtype=np.float32)
 
-    threads = RankThreads(1, "rank")
-    ranker = DirectRanker(scorer, threads)
+    threads = RankThreads(1, "rank") if make == "threads" else None
+    ranker = DirectRanker(scorer, threads) if threads else InlineRanker(scorer)
 
     async def scenario() -> tuple[float, int, type]:
         ok = await ranker.score(*BLOCK, time.perf_counter() + 60)
@@ -95,7 +97,8 @@ def test_the_direct_ranker_scores_in_time_blocks_on_its_threads_and_refuses_late
     try:
         assert asyncio.run(scenario()) == (2.0, 4, Overdue) and calls == [4]
     finally:
-        threads.shutdown(wait=True)
+        if threads:
+            threads.shutdown(wait=True)
 
 
 def test_bisect_histogram_exposes_what_the_stock_histogram_does():

@@ -10,6 +10,9 @@ Order of work for one request, cheapest refusals first:
     work gate, 503 once older than max_wait_ms while waiting for its turn] -> retrieval, features ->
     model (max_wait_ms, batched: 503 if older than max_wait_ms when its batch is formed; 504 beyond
     model_timeout_s; 503 if the batcher died) -> top-k -> JSON.
+The model call runs on a rank thread (reco/serve/rank_threads.py), so the event loop keeps reading
+requests meanwhile; serve.rank_threads=0 makes it on the event loop's own thread (InlineRanker: no
+hand-off, but no 504 either, as nothing can cut the call short).
 The body is read before the request counts against queue_limit, so clients trickling their bodies
 cannot hold the admission slots. Anything unexpected is a 500 with a generic body and one log line.
 
@@ -49,6 +52,7 @@ from reco.serve.batcher import (
     BatcherFailed,
     DirectRanker,
     DynamicBatcher,
+    InlineRanker,
     Scored,
     arrival_window,
 )
@@ -134,12 +138,23 @@ class RecoService:
             if cfg.max_wait_ms is not None and not self.batching.enabled
             else None
         )
-        self.executor = RankThreads(
-            cfg.rank_threads, RANK_THREAD, initializer=pin_model_thread, initargs=(cfg.model_cpu_affinity,)
+        # rank_threads = 0: the event loop calls the model itself (InlineRanker; config.check refuses it
+        # with batching or model_cpu_affinity)
+        self.executor = (
+            RankThreads(
+                cfg.rank_threads,
+                RANK_THREAD,
+                initializer=pin_model_thread,
+                initargs=(cfg.model_cpu_affinity,),
+            )
+            if cfg.rank_threads
+            else None
         )
         scorer = slowed(self.scorer, cfg.faults)
-        if self.batching.enabled:
-            self.ranker: DirectRanker | DynamicBatcher = DynamicBatcher(
+        if self.executor is None:
+            self.ranker: DirectRanker | DynamicBatcher = InlineRanker(scorer)
+        elif self.batching.enabled:
+            self.ranker = DynamicBatcher(
                 scorer,
                 self.executor,
                 self.batching.max_batch,
@@ -242,9 +257,10 @@ class RecoService:
         cfg = self.cfg
         urow = self.store.user_row(req.user_id)
         cpu = self.cpu
-        if self.store.retriever is not None and req.candidates is None:
+        if self.store.retriever is not None and req.candidates is None and self.executor is not None:
             # A user-tower forward and an index search: CPU work, so on the model's threads, never on
-            # the event loop, where it would hold up every other request's I/O meanwhile.
+            # the event loop, where it would hold up every other request's I/O meanwhile (unless
+            # rank_threads=0 put the model there too).
             loop = asyncio.get_running_loop()
             items = await loop.run_in_executor(self.executor, self.store.candidates, urow, cfg.n_candidates)
         else:
@@ -427,7 +443,8 @@ def create_app(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Starlet
         await svc.ranker.stop()
         if svc.online is not None:
             await svc.online.close()
-        svc.executor.shutdown(wait=False, cancel_futures=True)
+        if svc.executor is not None:
+            svc.executor.shutdown(wait=False, cancel_futures=True)
 
     async def http_error(request: HttpRequest, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

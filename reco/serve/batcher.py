@@ -102,6 +102,27 @@ class DirectRanker:
         pass
 
 
+class InlineRanker(DirectRanker):
+    """serve.rank_threads=0: the event loop's own thread calls the model, no hand-off to another thread
+    (no queue, no wake-up of a rank thread and then of the event loop, one thread on the core instead of
+    two). Meanwhile the event loop reads no other request, and serve.model_timeout_s cannot cut a call
+    short (nothing can interrupt it): a call that hangs holds the whole worker."""
+
+    def __init__(self, scorer: Scorer) -> None:  # noqa: D107 -- no threads, so no super().__init__
+        self.scorer, self.executor = scorer, None
+
+    def score(
+        self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, deadline: float = math.inf
+    ) -> asyncio.Future[Scored]:
+        """DirectRanker.score, the call made before this returns (the future is done)."""
+        fut = asyncio.get_running_loop().create_future()
+        try:
+            fut.set_result(self._call(dense, ids, mask, time.perf_counter(), deadline))
+        except Exception as e:  # as on a rank thread: the handler decides what it means
+            fut.set_exception(e)
+        return fut
+
+
 @dataclass
 class ArrivalWindow:
     """The batching window from an SLO budget and the measured arrival rate (see the module docstring).
