@@ -227,7 +227,7 @@ class RecoService:
         return self._count(resp)
 
     def _count(self, resp: Response) -> Response:
-        self.metrics.requests.labels(status=str(resp.status_code)).inc()
+        self.metrics.answered(resp.status_code)
         return resp
 
     def _shed(self, reason: ShedReason, message: str) -> Response:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -59,6 +60,7 @@ class ServeMetrics:
             "reco_model_cpu_seconds", "CPU seconds of the model calls (each call once)", **kw
         )
         self.requests = Counter("reco_requests", "Requests answered, by HTTP status", ["status"], **kw)
+        self._answered: dict[int, Any] = {}  # status -> its child: labels() validates and locks per call
         self.shed = Counter(
             "reco_shed", "Requests shed (503 + Retry-After, no model call), by reason", ["reason"], **kw
         )
@@ -106,6 +108,13 @@ class ServeMetrics:
     def count_refused(self, reason: str) -> None:
         """One connection-level refusal (reco/serve/connection.py REFUSED_REASONS)."""
         self.http_refused.labels(reason=reason).inc()
+
+    def answered(self, status: int) -> None:
+        """One request answered with HTTP `status` (reco_requests_total{status})."""
+        child = self._answered.get(status)
+        if child is None:
+            child = self._answered[status] = self.requests.labels(status=str(status))
+        child.inc()
 
     def observe(self, times_s: dict[str, float]) -> None:
         """Record one request's stage times (seconds, keyed by STAGES)."""
