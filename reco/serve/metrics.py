@@ -29,7 +29,7 @@ BUCKETS = tuple(float(b) for b in 1e-5 * 1.2 ** np.arange(0, 85)) + (float("inf"
 
 class ServeMetrics:
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge
 
         from reco.serve.histogram import BisectHistogram
 
@@ -81,13 +81,13 @@ class ServeMetrics:
         )
         for reason in StampIgnored:
             self.stamp_ignored.labels(reason=reason.value)
-        self.batch_rows = Histogram(
+        self.batch_rows = BisectHistogram(
             "reco_batch_rows",
             "Candidate rows per model call",
             buckets=(1, 10, 50, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, float("inf")),
             **kw,
         )
-        self.batch_requests = Histogram(
+        self.batch_requests = BisectHistogram(
             "reco_batch_requests",
             "Requests per model call",
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64, float("inf")),
