@@ -16,6 +16,9 @@ reco_model_cpu_seconds: each call once, where the server exports it), serialize 
 Server-Timing, the stage metrics), and the rest = total - those: HTTP parsing, the ASGI/Starlette
 layers, the hand-off to the model's thread and back, writing the answer. A server whose code has no stage CPU metrics (an older commit) shows the total and rank only.
 
+In process, before the servers: the per-request bookkeeping's CPU (Prometheus + Server-Timing) and the
+model call's hand-off alone (handoff_us: the old executor path, reco's rank threads, the inline call).
+
 Floors on the same stack (uvicorn, uvloop, reco's httptools protocol with serve.http's limits, the
 same request bodies): `asgi`, a bare ASGI callable answering a fixed body; `starlette`, a one-route
 Starlette app doing the same. Both run in a process this module starts (`python -m bench.overhead
@@ -68,6 +71,7 @@ class Load:
     loop_cpu_s: float  # the event loop thread's share
     errors: int
     stage_cpu_s: dict[str, float] = field(default_factory=dict)  # summed over the requests
+    rank_on_loop: bool = False  # serve.rank_threads=0: the model calls run on the event loop's thread
 
     @property
     def cpu_ms(self) -> float:
@@ -85,8 +89,10 @@ class Load:
         loop_ms = self.loop_cpu_s / self.requests * 1e3
         if all(s in out for s in SPLIT):
             out["rest"] = self.cpu_ms - sum(out[s] for s in SPLIT)
-            out["loop rest"] = loop_ms - sum(out[s] for s in SPLIT if s != "rank")
-            out["model thread rest"] = self.cpu_ms - loop_ms - out["rank"]
+            on_loop = [s for s in SPLIT if s != "rank" or self.rank_on_loop]
+            out["loop rest"] = loop_ms - sum(out[s] for s in on_loop)
+            # inline: the other threads' CPU (no rank thread; the runtime's own, if any)
+            out["model thread rest"] = self.cpu_ms - loop_ms - (0.0 if self.rank_on_loop else out["rank"])
         return out
 
 
@@ -269,8 +275,8 @@ def start_floor(kind: str, cpus: list[int] | None) -> tuple[subprocess.Popen, in
 
 def bookkeeping_us(n: int = 20000) -> float:
     """CPU µs per request of the server's per-request bookkeeping, in this process: the Prometheus
-    updates a 200 answer makes (stage wall times, the four loop CPU stages and rank CPU, the status
-    counter, the in-flight gauges) and its Server-Timing header."""
+    updates a 200 answer makes (stage wall times, the four loop CPU stages and rank CPU, the batch
+    figures, the status counter, the in-flight gauges) and its Server-Timing header."""
     from reco.serve.metrics import STAGES, ServeMetrics
 
     m = ServeMetrics()
@@ -282,10 +288,12 @@ def bookkeeping_us(n: int = 20000) -> float:
         m.observe(times)
         m.rank_cpu.observe(0.001)
         m.model_cpu.inc(0.001)
+        m.batch_rows.observe(500)  # a direct call reports its batch too: one request, its rows
+        m.batch_requests.observe(1)
         for h in m.loop_cpu.values():
             h.observe(0.0001)
         m.inflight.dec()
-        m.requests.labels(status="200").inc()
+        m.answered(200)
         return ", ".join(f"{s};dur={times[s] * 1000:.3f}" for s in STAGES)
 
     for _ in range(1000):
@@ -294,6 +302,47 @@ def bookkeeping_us(n: int = 20000) -> float:
     for _ in range(n):
         one()
     return (time.thread_time() - c) / n * 1e6
+
+
+def handoff_us(n: int = 5000) -> dict[str, float]:
+    """CPU µs per model call of the hand-off alone, in this process (uvloop, a scorer that does nothing,
+    one call at a time, every thread on one core as the server's): the old path (a ThreadPoolExecutor
+    through run_in_executor, awaited under asyncio.wait_for), reco's rank threads (RankThreads under
+    asyncio.timeout) and the event loop calling the model itself (InlineRanker, serve.rank_threads=0)."""
+    import asyncio
+    from concurrent.futures import ThreadPoolExecutor
+
+    import uvloop
+
+    from reco.serve.batcher import DirectRanker, InlineRanker
+    from reco.serve.rank_threads import RankThreads
+
+    block = (np.zeros((1, 1), np.float32), np.zeros((1, 1, 1), np.int64), np.ones((1, 1, 1), np.float32))
+
+    def scorer(dense, ids, mask, sizes=None) -> np.ndarray:
+        return np.zeros(len(dense), dtype=np.float32)
+
+    async def per_call(ranker, wait_for: bool) -> float:
+        for i in range(n + 500):  # the first 500 warm up
+            if i == 500:
+                c = time.process_time()
+            if wait_for:
+                await asyncio.wait_for(ranker.score(*block), 10.0)
+            else:
+                async with asyncio.timeout(10.0):
+                    await ranker.score(*block)
+        return (time.process_time() - c) / n * 1e6
+
+    pool, threads = ThreadPoolExecutor(1), RankThreads(1, "rank")
+    try:
+        return {
+            "ThreadPoolExecutor + wait_for": uvloop.run(per_call(DirectRanker(scorer, pool), True)),
+            "RankThreads + timeout": uvloop.run(per_call(DirectRanker(scorer, threads), False)),
+            "inline (rank_threads=0)": uvloop.run(per_call(InlineRanker(scorer), False)),
+        }
+    finally:
+        pool.shutdown()
+        threads.shutdown()
 
 
 # ---- the study ---------------------------------------------------------------------------------------
@@ -387,9 +436,11 @@ def run_one(name: str, args, code: Path | None, bodies: list[bytes], cpus, extra
     placed = any(o.startswith("cpu_affinity=") for o in extra)  # its own server cores, not the plan's
     h = start_reco(code, args.variant, args.dataset, settings, None if placed else server_cpus)
     try:
-        return measure(
+        load = measure(
             int(h.url.rsplit(":", 1)[1]), h.pid, bodies, args.connections, args.seconds, gen_cpus, True
         )
+        load.rank_on_loop = settings.rank_threads == 0
+        return load
     finally:
         stop_servers([h])
 
@@ -437,6 +488,12 @@ def main() -> None:
     print(
         f"# per-request bookkeeping (Prometheus + Server-Timing), in process: {bookkeeping_us():.1f} µs CPU"
     )
+    mine = os.sched_getaffinity(0)
+    if cpus[0]:
+        os.sched_setaffinity(0, cpus[0])  # the hand-off measured on one core, as in the server
+    hand = ", ".join(f"{k} {v:.1f}" for k, v in handoff_us().items())
+    print(f"# model call hand-off alone, in process (µs CPU per call): {hand}")
+    os.sched_setaffinity(0, mine)
     print(HEADER)
     loads: dict[str, list[Load]] = {name: [] for name, _ in runs}
     for r in range(args.rounds):

@@ -74,6 +74,8 @@ def served(tiny_data, tmp_path_factory):
         "workers": ["workers=2"],
         # the network off the model's core: the event loop on core 0, the rank thread on PIN
         "split": ["keep_warm=false", "cpu_affinity=[0]", f"model_cpu_affinity=[{PIN}]"],
+        # rank_threads=0: the event loop calls the model itself (no hand-off)
+        "inline": ["keep_warm=false", "rank_threads=0"],
     }
     for handles in running_servers(vdir, dpath, specs, root):
         yield {
@@ -721,6 +723,29 @@ def test_the_model_runs_on_its_own_cores_and_the_event_loop_on_the_servers(serve
         cli_settings(["cpu_affinity=[]"])
 
 
+def test_an_inline_model_call_answers_as_the_rank_thread_does_and_its_cpu_is_the_model_part(served):
+    """serve.rank_threads=0: the same items and scores as the plain server's, the model's part of the CPU
+    split is what the answers' rank_cpu add up to, and the parts still leave a rest >= 0 (the model call
+    now runs on the event loop's thread, and no loop stage may count it again)."""
+    c, p = Client(served["handles"]["inline"].url), Client(served["handles"]["plain"].url)
+    first = c.request("GET", "/metrics")[2].decode()
+    n, rank_ms = 20, []
+    try:
+        for i in range(n):
+            body = a_test_row(served["data"], i)
+            (status, headers, got), exp = c.recommend(body), p.recommend(body)[2]
+            assert status == 200 and [it["item_id"] for it in got["items"]] == [
+                it["item_id"] for it in exp["items"]
+            ]
+            np.testing.assert_allclose(list(scores(got).values()), list(scores(exp).values()), rtol=1e-6)
+            rank_ms.append(_rank_cpu_ms(headers))
+        parts = _cpu_split(first, c.request("GET", "/metrics")[2].decode(), n)
+    finally:
+        c.close()
+        p.close()
+    assert parts["model"] == pytest.approx(sum(rank_ms) / n, abs=1e-3)
+
+
 def test_settings_overrides_and_their_errors(tmp_path):
     s = cli_settings(["batching.enabled=true", "cpu_affinity=[1]", "n_candidates=50"], port=9)
     assert s.batching.enabled is True and s.cpu_affinity == [1] and s.n_candidates == 50 and s.port == 9
@@ -733,6 +758,11 @@ def test_settings_overrides_and_their_errors(tmp_path):
         cli_settings(["workers=0"])
     with pytest.raises(ConfigError, match="serve.model_timeout_s: expected > 0"):
         cli_settings(["model_timeout_s=0"])
+    with pytest.raises(ConfigError, match="serve.rank_threads: expected >= 0"):
+        cli_settings(["rank_threads=-1"])
+    for other in ("batching.enabled=true", "model_cpu_affinity=[0]"):  # no thread to batch on or to pin
+        with pytest.raises(ConfigError, match=r"serve.rank_threads=0 \(the event loop calls the model"):
+            cli_settings(["rank_threads=0", other])
     # Worker processes and start_server take the same settings as JSON / a plain dict.
     as_json = json.dumps(dataclasses.asdict(s))
     assert serve_config(as_json) == s and serve_config(json.loads(as_json)) == s

@@ -10,6 +10,9 @@ Order of work for one request, cheapest refusals first:
     work gate, 503 once older than max_wait_ms while waiting for its turn] -> retrieval, features ->
     model (max_wait_ms, batched: 503 if older than max_wait_ms when its batch is formed; 504 beyond
     model_timeout_s; 503 if the batcher died) -> top-k -> JSON.
+The model call runs on a rank thread (reco/serve/rank_threads.py), so the event loop keeps reading
+requests meanwhile; serve.rank_threads=0 makes it on the event loop's own thread (InlineRanker: no
+hand-off, but no 504 either, as nothing can cut the call short).
 The body is read before the request counts against queue_limit, so clients trickling their bodies
 cannot hold the admission slots. Anything unexpected is a 500 with a generic body and one log line.
 
@@ -31,7 +34,6 @@ import math
 import os
 import threading
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 
 import numpy as np
@@ -46,13 +48,21 @@ from starlette.types import ASGIApp, Receive, Scope, Send
 
 from reco.serve.admission import REQUEST_START, Overdue, ShedReason, WorkGate, request_age_s
 from reco.serve.auth import RequireSecret, check_expected_digest, shared_secret
-from reco.serve.batcher import BatcherFailed, DirectRanker, DynamicBatcher, Scored, arrival_window
+from reco.serve.batcher import (
+    BatcherFailed,
+    DirectRanker,
+    DynamicBatcher,
+    InlineRanker,
+    Scored,
+    arrival_window,
+)
 from reco.serve.config import FeatureSource, ServeConfig
 from reco.serve.connection import error_body
 from reco.serve.faults import slowed
 from reco.serve.features import Block, BlockPool
 from reco.serve.metrics import STAGES, ServeMetrics
 from reco.serve.openapi import openapi_schema
+from reco.serve.rank_threads import RankThreads
 from reco.serve.recommend import candidate_items, load_variant, response_body, top_k
 from reco.serve.redis_features import FeatureReadError, RedisFeatures
 from reco.serve.request import Request, RequestError, check_content_type, read_body, request_schema
@@ -128,15 +138,23 @@ class RecoService:
             if cfg.max_wait_ms is not None and not self.batching.enabled
             else None
         )
-        self.executor = ThreadPoolExecutor(
-            cfg.rank_threads,
-            thread_name_prefix=RANK_THREAD,
-            initializer=pin_model_thread,
-            initargs=(cfg.model_cpu_affinity,),
+        # rank_threads = 0: the event loop calls the model itself (InlineRanker; config.check refuses it
+        # with batching or model_cpu_affinity)
+        self.executor = (
+            RankThreads(
+                cfg.rank_threads,
+                RANK_THREAD,
+                initializer=pin_model_thread,
+                initargs=(cfg.model_cpu_affinity,),
+            )
+            if cfg.rank_threads
+            else None
         )
         scorer = slowed(self.scorer, cfg.faults)
-        if self.batching.enabled:
-            self.ranker: DirectRanker | DynamicBatcher = DynamicBatcher(
+        if self.executor is None:
+            self.ranker: DirectRanker | DynamicBatcher = InlineRanker(scorer)
+        elif self.batching.enabled:
+            self.ranker = DynamicBatcher(
                 scorer,
                 self.executor,
                 self.batching.max_batch,
@@ -209,7 +227,7 @@ class RecoService:
         return self._count(resp)
 
     def _count(self, resp: Response) -> Response:
-        self.metrics.requests.labels(status=str(resp.status_code)).inc()
+        self.metrics.answered(resp.status_code)
         return resp
 
     def _shed(self, reason: ShedReason, message: str) -> Response:
@@ -239,9 +257,10 @@ class RecoService:
         cfg = self.cfg
         urow = self.store.user_row(req.user_id)
         cpu = self.cpu
-        if self.store.retriever is not None and req.candidates is None:
+        if self.store.retriever is not None and req.candidates is None and self.executor is not None:
             # A user-tower forward and an index search: CPU work, so on the model's threads, never on
-            # the event loop, where it would hold up every other request's I/O meanwhile.
+            # the event loop, where it would hold up every other request's I/O meanwhile (unless
+            # rank_threads=0 put the model there too).
             loop = asyncio.get_running_loop()
             items = await loop.run_in_executor(self.executor, self.store.candidates, urow, cfg.n_candidates)
         else:
@@ -306,7 +325,10 @@ class RecoService:
         """The model call for one block (ranker: direct or batched), its CPU and batch figures recorded."""
         cfg = self.cfg
         try:
-            scored = await asyncio.wait_for(self.ranker.score(*block, deadline), cfg.model_timeout_s)
+            # asyncio.timeout, not wait_for: wait_for (3.11) adds a waiter future and one more pass of the
+            # event loop between the call's result and this handler
+            async with asyncio.timeout(cfg.model_timeout_s):
+                scored = await self.ranker.score(*block, deadline)
         except TimeoutError:
             raise RequestError(
                 504, "", f"model call not finished within serve.model_timeout_s={cfg.model_timeout_s:g} s"
@@ -421,7 +443,8 @@ def create_app(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Starlet
         await svc.ranker.stop()
         if svc.online is not None:
             await svc.online.close()
-        svc.executor.shutdown(wait=False, cancel_futures=True)
+        if svc.executor is not None:
+            svc.executor.shutdown(wait=False, cancel_futures=True)
 
     async def http_error(request: HttpRequest, exc: Exception) -> Response:
         assert isinstance(exc, HTTPException)

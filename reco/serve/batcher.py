@@ -32,7 +32,7 @@ import logging
 import math
 import time
 from collections import deque
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Executor
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -40,6 +40,7 @@ import numpy as np
 from reco.runtime import Scorer
 from reco.serve.admission import Overdue
 from reco.serve.config import BatchingConfig
+from reco.serve.rank_threads import RankThreads
 
 log = logging.getLogger("reco.serve")
 
@@ -64,8 +65,14 @@ class DirectRanker:
 
     restarts = 0  # as DynamicBatcher's: there is no task to restart
 
-    def __init__(self, scorer: Scorer, executor: ThreadPoolExecutor) -> None:
+    def __init__(self, scorer: Scorer, executor: Executor) -> None:
         self.scorer, self.executor = scorer, executor
+        # RankThreads: its own hand-off (reco/serve/rank_threads.py); any other Executor: run_in_executor
+        self._hand_off = (
+            executor.call
+            if isinstance(executor, RankThreads)
+            else lambda fn, *a: asyncio.get_running_loop().run_in_executor(executor, fn, *a)
+        )
 
     def _call(
         self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, t_submit: float, deadline: float
@@ -86,15 +93,34 @@ class DirectRanker:
         not wrap it in a task of its own (per-request work on the model's core). Raises Overdue, without
         calling the model, when the call would start after `deadline` (time.perf_counter() seconds).
         """
-        return asyncio.get_running_loop().run_in_executor(
-            self.executor, self._call, dense, ids, mask, time.perf_counter(), deadline
-        )
+        return self._hand_off(self._call, dense, ids, mask, time.perf_counter(), deadline)
 
     async def start(self) -> None:
         pass
 
     async def stop(self) -> None:
         pass
+
+
+class InlineRanker(DirectRanker):
+    """serve.rank_threads=0: the event loop's own thread calls the model, no hand-off to another thread
+    (no queue, no wake-up of a rank thread and then of the event loop, one thread on the core instead of
+    two). Meanwhile the event loop reads no other request, and serve.model_timeout_s cannot cut a call
+    short (nothing can interrupt it): a call that hangs holds the whole worker."""
+
+    def __init__(self, scorer: Scorer) -> None:  # noqa: D107 -- no threads, so no super().__init__
+        self.scorer, self.executor = scorer, None
+
+    def score(
+        self, dense: np.ndarray, ids: np.ndarray, mask: np.ndarray, deadline: float = math.inf
+    ) -> asyncio.Future[Scored]:
+        """DirectRanker.score, the call made before this returns (the future is done)."""
+        fut = asyncio.get_running_loop().create_future()
+        try:
+            fut.set_result(self._call(dense, ids, mask, time.perf_counter(), deadline))
+        except Exception as e:  # as on a rank thread: the handler decides what it means
+            fut.set_exception(e)
+        return fut
 
 
 @dataclass
@@ -155,7 +181,7 @@ class DynamicBatcher:
     def __init__(
         self,
         scorer: Scorer,
-        executor: ThreadPoolExecutor,
+        executor: Executor,
         max_batch: int,
         max_queue_delay_ms: float,
         crash_batches: int = 0,

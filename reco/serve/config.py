@@ -143,7 +143,9 @@ class ServeConfig:
     port: int = MISSING
     workers: int = MISSING  # worker processes; > 1: each binds its own SO_REUSEPORT socket on `port`
     intra_op_threads: int = MISSING  # runtime threads per worker for one model call
-    rank_threads: int = MISSING  # threads calling the model; the event loop never does
+    # threads calling the model; 0: the event loop's own thread does (no hand-off; no batching, and
+    # model_timeout_s cannot cut a call short)
+    rank_threads: int = MISSING
     cpu_affinity: list[int] | None = MISSING  # core ids to pin the server to; null = any
     # core ids of the threads that call the model (rank threads; a runtime's intra-op threads they start),
     # the event loop staying on cpu_affinity: the network and the model on separate cores; null = the same
@@ -192,7 +194,7 @@ class ServeConfig:
         at_least = {
             "workers": 1,
             "intra_op_threads": 1,
-            "rank_threads": 1,
+            "rank_threads": 0,
             "n_candidates": 1,
             "max_k": 1,
             "max_candidates": 1,
@@ -246,6 +248,7 @@ class ServeConfig:
         if self.max_wait_ms is not None and not self.max_wait_ms > 0:
             raise ConfigError(f"{where}.max_wait_ms: expected > 0 ms or null (off), got {self.max_wait_ms}")
         self._check_guards(where)
+        self._check_inline(where)
         sizes = self.triton.preferred_batch_sizes
         if not all(1 <= b <= self.triton.max_batch_size for b in sizes):
             raise ConfigError(
@@ -259,6 +262,15 @@ class ServeConfig:
             )
         if not 0.0 <= self.retrieval.share <= 1.0:
             raise ConfigError(f"{where}.retrieval.share: expected in [0, 1], got {self.retrieval.share}")
+
+    def _check_inline(self, where: str) -> None:
+        """rank_threads=0 (the event loop calls the model): no threads to batch on or to pin elsewhere."""
+        if self.rank_threads == 0 and (self.batching.enabled or self.model_cpu_affinity is not None):
+            raise ConfigError(
+                f"{where}.rank_threads=0 (the event loop calls the model itself): expected "
+                f"{where}.batching.enabled=false and {where}.model_cpu_affinity=null, got "
+                f"{self.batching.enabled} and {self.model_cpu_affinity}"
+            )
 
     def _check_guards(self, where: str) -> None:
         """The digest and the shared secret: well-formed, and only where the front end checks them."""

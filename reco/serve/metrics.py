@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import os
 import time
+from typing import Any
 
 import numpy as np
 
@@ -28,7 +29,9 @@ BUCKETS = tuple(float(b) for b in 1e-5 * 1.2 ** np.arange(0, 85)) + (float("inf"
 
 class ServeMetrics:
     def __init__(self) -> None:
-        from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+        from prometheus_client import CollectorRegistry, Counter, Gauge
+
+        from reco.serve.histogram import BisectHistogram
 
         self.multiprocess = bool(os.environ.get("PROMETHEUS_MULTIPROC_DIR"))
         # In multiprocess mode metrics live in the default registry's files; a fresh registry per app
@@ -36,13 +39,13 @@ class ServeMetrics:
         reg = None if self.multiprocess else CollectorRegistry()
         kw = {"registry": reg} if reg is not None else {}
         self.registry = reg
-        self.stage = Histogram(
+        self.stage = BisectHistogram(
             "reco_stage_seconds", "Time per request stage", ["stage"], buckets=BUCKETS, **kw
         )
         self._stage = {s: self.stage.labels(stage=s) for s in STAGES}
         # CPU time of the model call's thread (the whole call when intra_op_threads = 1): beside the rank
         # stage's wall time it tells a slower CPU (both grow) from waiting for one (only the wall grows).
-        self.cpu = Histogram(
+        self.cpu = BisectHistogram(
             "reco_cpu_seconds", "CPU time of a stage's thread", ["stage"], buckets=BUCKETS, **kw
         )
         self.rank_cpu = self.cpu.labels(stage="rank")
@@ -57,6 +60,7 @@ class ServeMetrics:
             "reco_model_cpu_seconds", "CPU seconds of the model calls (each call once)", **kw
         )
         self.requests = Counter("reco_requests", "Requests answered, by HTTP status", ["status"], **kw)
+        self._answered: dict[int, Any] = {}  # status -> its child: labels() validates and locks per call
         self.shed = Counter(
             "reco_shed", "Requests shed (503 + Retry-After, no model call), by reason", ["reason"], **kw
         )
@@ -77,13 +81,13 @@ class ServeMetrics:
         )
         for reason in StampIgnored:
             self.stamp_ignored.labels(reason=reason.value)
-        self.batch_rows = Histogram(
+        self.batch_rows = BisectHistogram(
             "reco_batch_rows",
             "Candidate rows per model call",
             buckets=(1, 10, 50, 100, 250, 500, 1000, 2000, 4000, 8000, 16000, float("inf")),
             **kw,
         )
-        self.batch_requests = Histogram(
+        self.batch_requests = BisectHistogram(
             "reco_batch_requests",
             "Requests per model call",
             buckets=(1, 2, 3, 4, 6, 8, 12, 16, 32, 64, float("inf")),
@@ -104,6 +108,13 @@ class ServeMetrics:
     def count_refused(self, reason: str) -> None:
         """One connection-level refusal (reco/serve/connection.py REFUSED_REASONS)."""
         self.http_refused.labels(reason=reason).inc()
+
+    def answered(self, status: int) -> None:
+        """One request answered with HTTP `status` (reco_requests_total{status})."""
+        child = self._answered.get(status)
+        if child is None:
+            child = self._answered[status] = self.requests.labels(status=str(status))
+        child.inc()
 
     def observe(self, times_s: dict[str, float]) -> None:
         """Record one request's stage times (seconds, keyed by STAGES)."""
