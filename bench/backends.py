@@ -22,6 +22,7 @@ from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.outcome import LoadRun
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import plan_cpus, run_load, with_settings
+from reco.serve.config import serve_config
 from reco.serve.process import start_server
 
 SETUPS = {
@@ -61,7 +62,7 @@ def main(argv: list[str] | None = None) -> None:
         for n in names:
             cfg = compose(SETUPS[n])
             with start_server(
-                a.variant, a.dataset, cfg.serve, cpus=server_cpus, work_dir=out / n / "server"
+                a.variant, a.dataset, serve_config(cfg.serve), cpus=server_cpus, work_dir=out / n / "server"
             ) as h:
                 lt = with_settings(loadtest_config(cfg.loadtest), warmup_s=2, drain_s=5)
                 c = with_settings(lt, mode=LoadMode.closed, users=a.users, window_requests=a.requests)

@@ -23,6 +23,7 @@ from reco.cli.compose import compose
 from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import plan_cpus, run_load, with_settings
+from reco.serve.config import serve_config
 from reco.serve.process import start_server
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -90,7 +91,9 @@ def main() -> None:
     lt = with_settings(
         loadtest_config(cfg.loadtest), mode=LoadMode.closed, users=args.connections, window_requests=None
     )
-    with start_server(args.variant, args.dataset, cfg.serve, cpus=server_cpus, work_dir=work) as server:
+    with start_server(
+        args.variant, args.dataset, serve_config(cfg.serve), cpus=server_cpus, work_dir=work
+    ) as server:
         run_load(server.url, with_settings(lt, duration_s=3), work / "warm", requests, gen_cpus)
         locust = run_load(
             server.url, with_settings(lt, duration_s=args.seconds), work / "locust", requests, gen_cpus

@@ -28,6 +28,7 @@ import numpy as np
 from reco.cli.compose import compose
 from reco.data.schema import Dataset
 from reco.loadtest.requests import request_bodies
+from reco.serve.config import serve_config
 from reco.serve.process import start_server
 
 STAT = ("user", "nice", "system", "idle", "iowait", "irq", "softirq", "steal")
@@ -68,7 +69,7 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--factor", type=float, default=1.3, help="a second slower than this x the median is slow")
     a = p.parse_args(argv)
     bodies = [json.dumps(b).encode() for b in request_bodies(Dataset.load(a.dataset), 3000, 10, 0)]
-    settings = compose(["serve.keep_warm=false"]).serve
+    settings = serve_config(compose(["serve.keep_warm=false"]).serve)
     p50s: list[float] = []
     with start_server(a.variant, a.dataset, settings, cpus=[a.cpu]) as h:
         host, port = h.url.split("//")[1].split(":")

@@ -51,6 +51,7 @@ from scipy import stats
 from reco.cli.compose import compose
 from reco.loadtest.requests import request_bodies
 from reco.loadtest.runner import plan_cpus
+from reco.serve.config import serve_config
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.stats import quantile_ci
@@ -295,7 +296,7 @@ def run(args, conds: list[str]) -> None:
     ds = Dataset.load(args.dataset)
     bodies = [orjson.dumps(b) for b in request_bodies(ds, 2000, 10, 0)]
     del ds
-    settings = compose([f"experiment={args.experiment}", "serve.keep_warm=false"]).serve
+    settings = serve_config(compose([f"experiment={args.experiment}", "serve.keep_warm=false"]).serve)
     server_cpus, gen_cpus = plan_cpus()
     if gen_cpus:
         os.sched_setaffinity(0, gen_cpus)

@@ -54,6 +54,7 @@ from reco.cli.compose import compose
 from reco.loadtest.requests import request_bodies
 from reco.loadtest.runner import plan_cpus
 from reco.loadtest.scrape import parse_scrape, scrape
+from reco.serve.config import serve_config
 from reco.serve.process import ServerHandle, free_port, start_server, stop_servers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -247,7 +248,6 @@ def serve_floor(kind: str, port: int) -> None:
     """Run a floor server (uvicorn with reco's protocol and options) until SIGTERM."""
     import uvicorn
 
-    from reco.serve.config import serve_config
     from reco.serve.workers import uvicorn_options
 
     cfg = serve_config(compose().serve)
@@ -432,7 +432,7 @@ def run_one(name: str, args, code: Path | None, bodies: list[bytes], cpus, extra
         finally:
             proc.terminate()
             proc.wait(10)
-    settings = compose([f"serve.{o}" for o in ["keep_warm=false", *args.set, *extra]]).serve
+    settings = serve_config(compose([f"serve.{o}" for o in ["keep_warm=false", *args.set, *extra]]).serve)
     placed = any(o.startswith("cpu_affinity=") for o in extra)  # its own server cores, not the plan's
     h = start_reco(code, args.variant, args.dataset, settings, None if placed else server_cpus)
     try:

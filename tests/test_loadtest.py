@@ -26,6 +26,7 @@ from reco.loadtest.locust_pool import LocustPool
 from reco.loadtest.requests import request_bodies, write_requests
 from reco.loadtest.runner import LOCUSTFILE, LoadTestError, plan_cpus, run_load, with_settings
 from reco.loadtest.runs import run_metrics
+from reco.serve.config import serve_config
 from reco.serve.process import free_port, start_server
 from reco.stats import Verdict
 from reco.tracking import Tracker, _unclamp
@@ -59,7 +60,9 @@ def server(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("lt")
     vdir, dpath = make_variant(tiny_data, root)
     requests = write_requests(dpath, root / "requests.jsonl", n=2000, k=10, seed=0)
-    h = start_server(vdir, dpath, compose(["serve.n_candidates=50"]).serve, work_dir=root / "server")
+    h = start_server(
+        vdir, dpath, serve_config(compose(["serve.n_candidates=50"]).serve), work_dir=root / "server"
+    )
     try:
         yield {"url": h.url, "requests": requests, "data": tiny_data}
     finally:

@@ -158,7 +158,7 @@ def test_one_window_over_a_reco_and_a_triton_server_splits_into_their_own_runs(r
 def servers(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("interleave")
     vdir, dpath = make_variant(tiny_data, root)
-    serve = compose(["serve.n_candidates=50", "serve.keep_warm=false"]).serve
+    serve = serve_config(compose(["serve.n_candidates=50", "serve.keep_warm=false"]).serve)
     hs = [start_server(vdir, dpath, serve, work_dir=root / f"s{i}", wait=False) for i in range(3)]
     try:
         yield [h.wait_ready() for h in hs]
@@ -203,7 +203,7 @@ def test_a_server_dying_mid_block_voids_the_block_for_every_variant(tiny_data, r
     root = tmp_path / "srv"
     root.mkdir()
     vdir, dpath = make_variant(tiny_data, root)
-    serve = compose(["serve.n_candidates=50", "serve.keep_warm=false"]).serve
+    serve = serve_config(compose(["serve.n_candidates=50", "serve.keep_warm=false"]).serve)
     hs = [start_server(vdir, dpath, serve, work_dir=root / f"s{i}") for i in range(2)]
     try:
         s = study(tmp_path, hs, requests, None, unloaded_requests=100, unloaded_warmup_s=2.0)

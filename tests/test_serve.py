@@ -807,3 +807,11 @@ def test_two_workers_share_the_port_and_their_metrics(served):
     assert h.stop() == 0
     _, alive = psutil.wait_procs(kids, timeout=10)  # workers, keep-warm spinners, mp's resource tracker
     assert not [k for k in alive if k.status() != psutil.STATUS_ZOMBIE]
+
+
+def test_start_server_takes_typed_settings_only(tmp_path):
+    """A raw `serve` section is typed once where it is read (serve_config), not again by every caller."""
+    from reco.serve.process import start_server
+
+    with pytest.raises(TypeError, match="serve_config"):
+        start_server(tmp_path, tmp_path / "data.pt", compose([]).serve, work_dir=tmp_path)

@@ -4,10 +4,9 @@
     ... handle.url ...
     handle.stop()
 
-`settings` is a ServeConfig or a plain `serve` section (dict / DictConfig, typed here); the process
-gets them as one JSON file (`--settings`, reco.serve.config.write_settings) and types it once, so it runs
-with exactly these settings. It writes its
-output to `server-{port}.log` in `work_dir` (a fresh temporary directory by default); a server that
+`settings` is a ServeConfig (a `serve` section is typed once, where it is read: serve_config); the
+process gets it as one JSON file (`--settings`, reco.serve.config.write_settings) and types it once, so
+it runs with exactly these settings. It writes its output to `server-{port}.log` in `work_dir` (a fresh temporary directory by default); a server that
 exits or does not answer GET /healthz in time raises ServerStartError with the log's tail.
 
 serve.backend=triton starts `python -m reco.cli.triton_server` with serve.triton.python (the
@@ -33,12 +32,11 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
 
 from reco.children import die_with_parent
-from reco.serve.config import ServeBackend, ServeConfig, serve_config, write_settings
+from reco.serve.config import ServeBackend, ServeConfig, write_settings
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 
@@ -207,7 +205,7 @@ def stop_servers(handles: list[ServerHandle], timeout_s: float = 10.0) -> None:
 def start_server(
     variant_dir: str | Path,
     dataset_path: str | Path,
-    settings: ServeConfig | Any,
+    settings: ServeConfig,
     port: int | None = None,
     cpus: list[int] | None = None,
     *,
@@ -220,7 +218,8 @@ def start_server(
     Args:
         variant_dir: the variant directory.
         dataset_path: the Dataset file.
-        settings: a ServeConfig, or a `serve` section (dict / DictConfig) typed with its schema.
+        settings: the typed serve settings (a config section is typed once, where it is read:
+            reco.serve.config.serve_config).
         port: the port; None = a free one.
         cpus: cores to pin the server to (overrides settings.cpu_affinity).
         wait: False returns at once (call handle.wait_ready()), so several servers can start side by side.
@@ -229,8 +228,12 @@ def start_server(
     Returns:
         The handle (a context manager that stops the server).
     """
-    cfg = serve_config(settings)
-    cfg = dataclasses.replace(cfg, port=port or free_port(cfg.host))
+    if not isinstance(settings, ServeConfig):
+        raise TypeError(
+            f"start_server: settings must be a ServeConfig, got {type(settings).__name__} "
+            "(type a `serve` section once with reco.serve.config.serve_config)"
+        )
+    cfg = dataclasses.replace(settings, port=port or free_port(settings.host))
     if cpus:
         cfg = dataclasses.replace(cfg, cpu_affinity=[int(c) for c in cpus])
     python, module = (
