@@ -23,6 +23,7 @@ from bench.coverage import (
     step_config,
     step_power,
 )
+from bench.stretch_ratio import DESIGNS, Case, hd_weights, simulate
 from reco.report.figures import _bracket_gain
 from reco.stats import Estimate, Verdict, verdict_at_least
 from reco.stats.dependent import EXCEEDANCE_POWER, dependent_quantile_ci, ratio_ci
@@ -213,3 +214,18 @@ def test_a_step_far_below_the_slo_passes_and_one_at_capacity_still_rarely_does()
     p = step_power("stall", 0.7, 0.0, (1.0, 6.0), (0, EXCEEDANCE_POWER), 40, np.random.default_rng(5))
     assert p[1.0, EXCEEDANCE_POWER] <= 0.15, p
     assert p[6.0, EXCEEDANCE_POWER] >= 0.75 and p[6.0, EXCEEDANCE_POWER] >= p[6.0, 0] + 0.5, p
+
+
+def test_a_request_interleaved_block_puts_a_stretch_on_both_variants():
+    """bench/stretch_ratio.py's premise (issue 43): interleaved by request, the host's slow stretches
+    multiply both variants of a block alike, so the per-block log-ratio of their medians spreads
+    less than with one window per variant: its outlying blocks (the stretched ones) lie half as far out."""
+    rng = np.random.default_rng(43)
+    far = {}  # 99th percentile of a block's |log-ratio - median|
+    for design in DESIGNS:
+        a, b = simulate(Case("eager", "student-fast", design), 4000, 100, rng)
+        assert a.shape == b.shape == (4000, 100)
+        log_ratio = np.log(np.median(a, axis=1) / np.median(b, axis=1))
+        far[design] = float(np.quantile(np.abs(log_ratio - np.median(log_ratio)), 0.99))
+    assert far["request"] < 0.7 * far["window"], far
+    assert hd_weights(100, 0.99).sum() == pytest.approx(1.0)
