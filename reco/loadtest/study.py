@@ -70,6 +70,7 @@ import numpy as np
 from reco.data.schema import Dataset
 from reco.loadtest.budget import Budget, Skipped, check_budget, summary
 from reco.loadtest.capacity import (
+    WINDOW_OVERHEAD_S,
     find_capacity,
     open_loop_measure,
     resolve_slo,
@@ -216,7 +217,8 @@ class _Study:
         )
 
     def unloaded_s(self, name: str) -> float:
-        """Seconds an unloaded window of this variant should take, warm-up aside (budget estimates)."""
+        """Seconds an unloaded window of this variant should take, warm-up aside (budget estimates): each
+        request at the variant's in-process rank p50 plus a millisecond of HTTP (20 ms when unknown)."""
         return self.lt.study.unloaded_requests * (self.rank_p50_ms.get(name, 20.0) + 1.0) / 1000.0
 
     def unloaded(self, name: str, r: int) -> None:
@@ -234,8 +236,7 @@ class _Study:
                 pool=self.pool,
             )
 
-        per_request_ms = self.rank_p50_ms.get(name, 20.0) + 1.0
-        est = window_s(1000.0 / per_request_ms, self.lt.study.unloaded_requests, s.warmup_s)
+        est = self.unloaded_s(name) + s.warmup_s + WINDOW_OVERHEAD_S
         run = self.measure(name, "unloaded", f"unloaded run {r}", go, est)
         if run is not None:
             self.record_unloaded(name, r, run)
@@ -880,7 +881,7 @@ def _minimum(s: _Study, ref: str, names: list[str]) -> tuple[float, str]:
     windows = max(lt.capacity.reference_repeats, 1) if lt.capacity.slo_p99_ms is None else 1
 
     def window(name: str) -> float:
-        return st.unloaded_requests * (s.rank_p50_ms.get(name, 20.0) + 1.0) / 1000.0 + unloaded_warmup_s(lt)
+        return s.unloaded_s(name) + unloaded_warmup_s(lt)
 
     unloaded = windows * window(ref) + sum(window(n) for n in names if n != ref)
     need = 30.0 + len(names) * st.settle_s + unloaded
