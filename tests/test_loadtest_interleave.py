@@ -169,7 +169,7 @@ def servers(tiny_data, tmp_path_factory):
 def study(tmp_path: Path, handles, requests: Path, pool: LocustPool, **st) -> _Study:
     c = settings(seed=5)
     c = dataclasses.replace(
-        c, study=dataclasses.replace(c.study, unloaded_interleave=UnloadedInterleave.request, **st)
+        c, study=dataclasses.replace(c.study, **{"unloaded_interleave": UnloadedInterleave.request, **st})
     )
     s = _Study(c, serve_config(compose([]).serve), tmp_path, log=None)
     names = ["a", "b", "c"][: len(handles)]
@@ -235,6 +235,39 @@ def test_a_server_dying_mid_block_voids_the_block_for_every_variant(tiny_data, r
         )
     assert a.unloaded[-1].n == b.unloaded[-1].n == 100  # kept whole, listed as invalid: never a shorter block
     assert "b" not in s.servers and "a" in s.servers and a.error == "" and "block 1 void" in b.error
+
+
+def test_a_sized_unloaded_window_fills_its_seconds_at_the_pace_of_the_variants_first(
+    servers, requests, tmp_path
+):
+    """study.unloaded_window_s: a variant's first unloaded window has unloaded_requests, every later one
+    the requests that fill that many seconds at the first one's pace (never fewer than unloaded_requests)."""
+    with LocustPool(tmp_path / "pool") as pool:
+        s = study(
+            tmp_path, servers[:1], requests, pool, unloaded_interleave=UnloadedInterleave.window,
+            unloaded_requests=100, unloaded_warmup_s=0.2, unloaded_window_s=0.6,
+        )  # fmt: skip
+        for r in range(3):
+            s.unloaded("a", r)
+    first, *later = s.outcomes["a"].unloaded
+    assert s.outcomes["a"].error == "" and first.n == 100
+    want = max(100, int(0.6 / (first.window_s / first.n)))
+    assert [u.n for u in later] == [want, want] and want > 100  # a 50-candidate tiny model: ~1-3 ms a request
+    assert s.unloaded_s("a") == pytest.approx(
+        want * (20.0 + 1.0) / 1000.0
+    )  # the budget prices the sized window
+
+
+def test_sized_unloaded_windows_need_one_window_per_variant():
+    lt = dict(compose().loadtest)
+    lt["study"] = {**lt["study"], "unloaded_window_s": 1.0, "unloaded_interleave": "request"}
+    with pytest.raises(
+        ConfigError, match=r"study.unloaded_window_s: .*unloaded_interleave=window \(got request\)"
+    ):
+        loadtest_config(lt)
+    lt["study"] = {**lt["study"], "unloaded_window_s": 0.0, "unloaded_interleave": "window"}
+    with pytest.raises(ConfigError, match=r"study.unloaded_window_s: expected > 0 s or null, got 0.0"):
+        loadtest_config(lt)
 
 
 def test_an_unknown_interleave_names_the_key_and_the_choices():

@@ -170,6 +170,10 @@ class StudyConfig:
     unloaded_warmup_s: float | None = MISSING
     unloaded_repeats: int | None = MISSING  # unloaded runs per variant (null: repeats), spread over the study
     unloaded_interleave: UnloadedInterleave = MISSING  # window | request: what one unloaded block runs
+    # null: every unloaded window unloaded_requests; else a variant's windows after its first take about
+    # this many seconds (requests = this / its first window's seconds a request, at least
+    # unloaded_requests), so a fast variant's tail rests on as much of the host's time as a slow one's
+    unloaded_window_s: float | None = MISSING
     load_requests: int = MISSING  # requests of a common-load window
     equal_util_requests: int = MISSING  # requests of an equal-utilisation window
     # wall-time limit of the load test in minutes (null: none); windows past it are skipped and listed,
@@ -188,6 +192,15 @@ class StudyConfig:
         if self.unloaded_warmup_s is not None and self.unloaded_warmup_s < 0:
             raise ConfigError(
                 f"{where}.unloaded_warmup_s: expected >= 0 s or null, got {self.unloaded_warmup_s}"
+            )
+        if self.unloaded_window_s is not None and not self.unloaded_window_s > 0:
+            raise ConfigError(
+                f"{where}.unloaded_window_s: expected > 0 s or null, got {self.unloaded_window_s}"
+            )
+        if self.unloaded_window_s is not None and self.unloaded_interleave != UnloadedInterleave.window:
+            raise ConfigError(
+                f"{where}.unloaded_window_s: sizes each variant's own unloaded window, so it needs "
+                f"{where}.unloaded_interleave=window (got {self.unloaded_interleave.value}); set it to null"
             )
         if self.headline_tolerance is not None and not 0 < self.headline_tolerance < 1:
             raise ConfigError(

@@ -13,7 +13,8 @@ reco.stats.paired; each run carries its block):
 2. **Settle** (`study.settle_s` seconds of one closed-loop user per variant, in study order, recorded
    nowhere): the first measured window otherwise catches the tail of the servers' start-up
    (experiments/ecommerce_case_study/README.md#settle-time).
-   **Unloaded** (one closed-loop user, `study.unloaded_requests`): every variant, `study.unloaded_repeats`
+   **Unloaded** (one closed-loop user, `study.unloaded_requests`, or with `study.unloaded_window_s`
+   as many as fill that many seconds at the variant's pace: unloaded_n): every variant, `study.unloaded_repeats`
    rounds (blocks: with `study.unloaded_interleave=request` each block is ONE window whose user sends to
    every variant's server in cycles, so a host slow stretch hits them alike: reco.loadtest.interleave)
    spread over the study's checkpoints -- start, after the capacity searches, after each
@@ -129,6 +130,7 @@ class _Study:
         self.seconds: dict[str, dict[str, float]] = {}  # kind of run -> variant -> wall seconds spent
         # its clock starts with the servers (run_study); every second the study counts is one of this clock
         self.budget = Budget(lt.study.budget_min, clock=clock)
+        self.sized: dict[str, int] = {}  # variant -> requests of its unloaded windows (unloaded_n)
         self.headline: str | None = (
             None  # the experiment's declared headline (its search: headline_tolerance)
         )
@@ -206,23 +208,41 @@ class _Study:
         return with_settings(self.lt, **changes)
 
     # -- the kinds of runs -------------------------------------------------------------------------------
-    def unloaded_settings(self) -> LoadtestConfig:
+    def unloaded_settings(self, requests: int | None = None) -> LoadtestConfig:
         # One request at a time cannot be split across distributed workers: one process sends it.
         return self.window(
             mode=LoadMode.closed,
             users=1,
             workers=1,
-            window_requests=self.lt.study.unloaded_requests,
+            window_requests=requests or self.lt.study.unloaded_requests,
             warmup_s=unloaded_warmup_s(self.lt),
         )
+
+    def unloaded_n(self, name: str) -> int:
+        """Requests of this variant's next unloaded window: study.unloaded_requests, or with
+        study.unloaded_window_s, what fills that many seconds at the pace of its first window (fixed from
+        then on, so its later blocks weigh alike in the pooled quantile)."""
+        st = self.lt.study
+        if st.unloaded_window_s is None:
+            return st.unloaded_requests
+        if name not in self.sized:
+            first = next(
+                (u for u in self.outcomes[name].unloaded if u.valid and u.n and u.window_s > 0), None
+            )
+            if first is None:
+                return st.unloaded_requests
+            per_request_s = first.window_s / first.n
+            self.sized[name] = max(st.unloaded_requests, int(st.unloaded_window_s / per_request_s))
+            _say(f"  {name}: unloaded windows of {self.sized[name]} requests from now on")
+        return self.sized[name]
 
     def unloaded_s(self, name: str) -> float:
         """Seconds an unloaded window of this variant should take, warm-up aside (budget estimates): each
         request at the variant's in-process rank p50 plus a millisecond of HTTP (20 ms when unknown)."""
-        return self.lt.study.unloaded_requests * (self.rank_p50_ms.get(name, 20.0) + 1.0) / 1000.0
+        return self.unloaded_n(name) * (self.rank_p50_ms.get(name, 20.0) + 1.0) / 1000.0
 
     def unloaded(self, name: str, r: int) -> None:
-        s = self.unloaded_settings()
+        s = self.unloaded_settings(self.unloaded_n(name))
 
         def go(h: ServerHandle) -> LoadRun:
             return run_load(
