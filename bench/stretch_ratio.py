@@ -87,7 +87,7 @@ def _stretch(start: np.ndarray, rng: np.random.Generator) -> np.ndarray:
     on its own stretch of host time."""
     blocks = start.shape[0]
     span = float(start.max()) + STRETCH_S[1]
-    k = rng.poisson(span / STRETCH_EVERY_S, blocks)
+    k = rng.poisson(span / STRETCH_EVERY_S, blocks)  # 0 on a quiet host (inf)
     kmax = max(int(k.max()), 1)
     t0 = rng.uniform(-STRETCH_S[1], start.max(), (blocks, kmax))
     t1 = t0 + rng.uniform(*STRETCH_S, (blocks, kmax))
@@ -199,7 +199,11 @@ def main(argv: list[str] | None = None) -> None:
     )
     p.add_argument("--pairs", nargs="*", default=[f"{a}/{b}" for a, b in PAIRS], help="num/den SHAPES keys")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--no-stretches", action="store_true", help="a quiet host: no slow stretches at all")
     args = p.parse_args(argv)
+    global STRETCH_EVERY_S
+    if args.no_stretches:
+        STRETCH_EVERY_S = math.inf
     if args.studies < 1 or args.blocks < 4 or min([args.n, *args.den_n]) < 100:
         raise SystemExit("--studies >= 1, --blocks >= 4 and --n, --den-n >= 100 (a block's own p99) expected")
     pairs = [tuple(x.split("/")) for x in args.pairs]
