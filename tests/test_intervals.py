@@ -229,3 +229,24 @@ def test_a_request_interleaved_block_puts_a_stretch_on_both_variants():
         far[design] = float(np.quantile(np.abs(log_ratio - np.median(log_ratio)), 0.99))
     assert far["request"] < 0.7 * far["window"], far
     assert hd_weights(100, 0.99).sum() == pytest.approx(1.0)
+
+
+def test_a_sized_window_narrows_a_fast_variants_p99_ratio_and_keeps_its_coverage(monkeypatch):
+    """loadtest.study.unloaded_window_s (issue 43): on a quiet host the student's 1 s window (580 requests
+    against the eager baseline's 100) narrows their paired p99 ratio, and the interval still covers."""
+    import bench.stretch_ratio as sr
+
+    monkeypatch.setattr(sr, "STRETCH_EVERY_S", math.inf)  # a host without slow stretches
+    monkeypatch.setattr(sr, "TRUTH_BLOCKS", 5000)  # 3.4M requests: the true ratio to ~0.5 %
+    rng = np.random.default_rng(7)
+    case = Case("eager", "student-events", "window")
+    got = {}
+    for m in (100, 580):
+        truth = sr.truth(case, 100, rng, m=m)["p99"]
+        ests = [paired_ratio(*map(list, simulate(case, 28, 100, rng, m=m)), 0.99, seed=s) for s in range(80)]
+        got[m] = (
+            float(np.mean([e.lo <= truth <= e.hi for e in ests])),
+            float(np.median([e.hi / e.lo for e in ests])),
+        )
+    assert got[100][0] >= 0.9 and got[580][0] >= 0.88, got
+    assert got[580][1] < 0.9 * got[100][1], got  # hi/lo ~1.14 against ~1.37
