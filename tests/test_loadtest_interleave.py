@@ -237,25 +237,25 @@ def test_a_server_dying_mid_block_voids_the_block_for_every_variant(tiny_data, r
     assert "b" not in s.servers and "a" in s.servers and a.error == "" and "block 1 void" in b.error
 
 
-def test_a_sized_unloaded_window_fills_its_seconds_at_the_pace_of_the_variants_first(
-    servers, requests, tmp_path
-):
-    """study.unloaded_window_s: a variant's first unloaded window has unloaded_requests, every later one
-    the requests that fill that many seconds at the first one's pace (never fewer than unloaded_requests)."""
+def test_a_sized_unloaded_window_fills_its_seconds_at_the_variants_pace(servers, requests, tmp_path):
+    """study.unloaded_window_s: a variant's unloaded windows hold the requests that fill that many seconds
+    at its pace (never fewer than unloaded_requests): its settling run's, else its first window's."""
     with LocustPool(tmp_path / "pool") as pool:
         s = study(
-            tmp_path, servers[:1], requests, pool, unloaded_interleave=UnloadedInterleave.window,
-            unloaded_requests=100, unloaded_warmup_s=0.2, unloaded_window_s=0.6,
+            tmp_path, servers[:2], requests, pool, unloaded_interleave=UnloadedInterleave.window,
+            unloaded_requests=100, unloaded_warmup_s=0.2, unloaded_window_s=0.6, settle_s=1.0,
         )  # fmt: skip
+        s.settle("b")  # b settles first, a does not
         for r in range(3):
             s.unloaded("a", r)
-    first, *later = s.outcomes["a"].unloaded
-    assert s.outcomes["a"].error == "" and first.n == 100
-    want = max(100, int(0.6 / (first.window_s / first.n)))
-    assert [u.n for u in later] == [want, want] and want > 100  # a 50-candidate tiny model: ~1-3 ms a request
-    assert s.unloaded_s("a") == pytest.approx(
-        want * (20.0 + 1.0) / 1000.0
-    )  # the budget prices the sized window
+            s.unloaded("b", r)
+    a, b = s.outcomes["a"].unloaded, s.outcomes["b"].unloaded
+    assert s.outcomes["a"].error == s.outcomes["b"].error == "" and a[0].n == 100
+    want = {n: max(100, int(0.6 / s.pace[n])) for n in "ab"}
+    assert s.pace["a"] == a[0].window_s / a[0].n  # the first window's pace
+    assert [u.n for u in a] == [100, want["a"], want["a"]] and [u.n for u in b] == [want["b"]] * 3
+    assert min(want.values()) > 100  # a 50-candidate tiny model: ~1-3 ms a request
+    assert s.unloaded_s("a") == pytest.approx(want["a"] * s.pace["a"])  # the budget prices it as sized
 
 
 def test_sized_unloaded_windows_need_one_window_per_variant():

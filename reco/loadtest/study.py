@@ -131,6 +131,7 @@ class _Study:
         # its clock starts with the servers (run_study); every second the study counts is one of this clock
         self.budget = Budget(lt.study.budget_min, clock=clock)
         self.sized: dict[str, int] = {}  # variant -> requests of its unloaded windows (unloaded_n)
+        self.pace: dict[str, float] = {}  # variant -> seconds a request of one closed-loop user (note_pace)
         self.headline: str | None = (
             None  # the experiment's declared headline (its search: headline_tolerance)
         )
@@ -219,27 +220,29 @@ class _Study:
         )
 
     def unloaded_n(self, name: str) -> int:
-        """Requests of this variant's next unloaded window: study.unloaded_requests, or with
-        study.unloaded_window_s, what fills that many seconds at the pace of its first window (fixed from
-        then on, so its later blocks weigh alike in the pooled quantile)."""
+        """Requests of this variant's unloaded windows: study.unloaded_requests, or with
+        study.unloaded_window_s what fills that many seconds at the variant's pace (`pace`: its settling
+        run's, else its first unloaded window's); fixed once known, so its blocks weigh alike in the
+        pooled quantile and the budget prices each one alike."""
         st = self.lt.study
-        if st.unloaded_window_s is None:
+        if st.unloaded_window_s is None or name not in self.pace:
             return st.unloaded_requests
         if name not in self.sized:
-            first = next(
-                (u for u in self.outcomes[name].unloaded if u.valid and u.n and u.window_s > 0), None
-            )
-            if first is None:
-                return st.unloaded_requests
-            per_request_s = first.window_s / first.n
-            self.sized[name] = max(st.unloaded_requests, int(st.unloaded_window_s / per_request_s))
-            _say(f"  {name}: unloaded windows of {self.sized[name]} requests from now on")
+            self.sized[name] = max(st.unloaded_requests, int(st.unloaded_window_s / self.pace[name]))
+            _say(f"  {name}: unloaded windows of {self.sized[name]} requests")
         return self.sized[name]
 
+    def note_pace(self, name: str, run: LoadRun | None) -> None:
+        """Seconds a request takes one closed-loop user of this variant (its first valid such run)."""
+        if run is not None and run.valid and run.n and run.window_s > 0:
+            self.pace.setdefault(name, run.window_s / run.n)
+
     def unloaded_s(self, name: str) -> float:
-        """Seconds an unloaded window of this variant should take, warm-up aside (budget estimates): each
-        request at the variant's in-process rank p50 plus a millisecond of HTTP (20 ms when unknown)."""
-        return self.unloaded_n(name) * (self.rank_p50_ms.get(name, 20.0) + 1.0) / 1000.0
+        """Seconds an unloaded window of this variant should take, warm-up aside (budget estimates): its
+        requests at its measured pace, else each at its in-process rank p50 plus a millisecond of HTTP
+        (20 ms when unknown)."""
+        pace = self.pace.get(name, (self.rank_p50_ms.get(name, 20.0) + 1.0) / 1000.0)
+        return self.unloaded_n(name) * pace
 
     def unloaded(self, name: str, r: int) -> None:
         s = self.unloaded_settings(self.unloaded_n(name))
@@ -263,6 +266,7 @@ class _Study:
 
     def record_unloaded(self, name: str, r: int, run: LoadRun) -> None:
         run = dataclasses.replace(run, block=r)
+        self.note_pace(name, run)
         self.outcomes[name].unloaded.append(run)
         self.emit(name, run.artifacts, f"loadtest/unloaded/r{r}")
         valid = "" if run.valid else f" INVALID ({run.invalid_reason})"
@@ -406,7 +410,7 @@ class _Study:
                 pool=self.pool,
             )
 
-        self.measure(name, "settle", "settling run", go)
+        self.note_pace(name, self.measure(name, "settle", "settling run", go))
 
     def capacity(
         self,
