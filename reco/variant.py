@@ -13,12 +13,14 @@ import os
 import tempfile
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Literal
-
-import torch
+from typing import TYPE_CHECKING, Literal
 
 from reco.config import ConfigError
-from reco.models.protocol import RankingModel, count_params, resolve, target_of
+
+if (
+    TYPE_CHECKING
+):  # torch and the model classes are imported where used: a server of an ONNX variant needs neither
+    from reco.models.protocol import RankingModel
 
 Backend = Literal["torch", "torch_compile", "torch_bf16", "onnxruntime", "torchrec_quant"]
 
@@ -147,6 +149,10 @@ class Variant:
     # Torch weights ------------------------------------------------------------------------------
     def save_torch(self, model: RankingModel) -> None:
         """The state dict (model.pt) plus what rebuilds the module: model_config and model_target."""
+        import torch
+
+        from reco.models.protocol import count_params, target_of
+
         self.path.mkdir(parents=True, exist_ok=True)
         torch.save(model.state_dict(), self.path / "model.pt")
         self.model_config = model.cfg.to_dict()
@@ -157,6 +163,8 @@ class Variant:
 
     def model_class(self) -> type[RankingModel]:
         """The class `model_target` names, if conf/model/ allows it (a manifest never names arbitrary code)."""
+        from reco.models.protocol import resolve
+
         try:
             return resolve(self.model_target, f"variant {self.name!r} model_target")
         except ConfigError as e:
@@ -168,6 +176,8 @@ class Variant:
 
     def load_torch(self) -> RankingModel:
         """Weights only: no pickled code is executed (torch.load(weights_only=True))."""
+        import torch
+
         model = self.model_class()(self.model_cfg())
         state = torch.load(self.verify("torch"), weights_only=True)
         model.load_state_dict(state)

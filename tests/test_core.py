@@ -1,6 +1,8 @@
 """Schema/batch conversion, the DLRM against TorchRec's own, metrics, variant artifacts, training."""
 
+import dataclasses
 import json
+import pickle
 
 import numpy as np
 import pytest
@@ -94,6 +96,32 @@ def test_dataset_roundtrip_weights_only(tmp_path, tiny_data):
     assert back.schema == tiny_data.schema
     assert back.compute_fingerprint() == tiny_data.fingerprint
     assert torch.equal(back.test.oracle, tiny_data.test.oracle)
+
+
+def test_a_dataset_file_reads_as_numpy_without_torch_the_same(tmp_path, tiny_data):
+    """What a server reads (Dataset.load_arrays, reco.data.torch_file) equals what torch.load reads, views
+    and expanded (stride-0) tensors included; anything but tensors and plain containers is refused."""
+    expanded = dataclasses.replace(
+        tiny_data,
+        train=dataclasses.replace(
+            tiny_data.train, lengths=tiny_data.train.lengths[:1].expand_as(tiny_data.train.lengths)
+        ),
+        val=tiny_data.train.take(slice(5, 50)),  # a view into train's storage at an offset
+    )
+    expanded.save(str(tmp_path / "d.pt"))
+    want, got = Dataset.load(str(tmp_path / "d.pt")), Dataset.load_arrays(str(tmp_path / "d.pt"))
+    assert (got.schema, got.fingerprint, got.name) == (want.schema, want.fingerprint, want.name)
+    for name, split in want.splits().items():
+        for field, t in vars(split).items():
+            if t is None:
+                assert getattr(got.splits()[name], field) is None
+                continue
+            a = getattr(got.splits()[name], field)
+            assert isinstance(a, np.ndarray) and a.dtype == t.numpy().dtype, (name, field)
+            np.testing.assert_array_equal(a, t.numpy(), err_msg=f"{name}.{field}")
+    torch.save({"x": torch.zeros(2), "f": np.random.default_rng}, tmp_path / "code.pt")
+    with pytest.raises(pickle.UnpicklingError, match="code.pt"):
+        Dataset.load_arrays(str(tmp_path / "code.pt"))
 
 
 def test_variant_roundtrip_and_tamper_detection(tmp_path, tiny_data):

@@ -58,7 +58,7 @@ def load_settings_for_test(**over) -> LoadtestConfig:
 @pytest.fixture(scope="module")
 def server(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("lt")
-    vdir, dpath = make_variant(tiny_data, root)
+    vdir, dpath = make_variant(tiny_data, root, onnx=True)
     requests = write_requests(dpath, root / "requests.jsonl", n=2000, k=10, seed=0)
     h = start_server(
         vdir, dpath, serve_config(compose(["serve.n_candidates=50"]).serve), work_dir=root / "server"

@@ -157,7 +157,7 @@ def test_one_window_over_a_reco_and_a_triton_server_splits_into_their_own_runs(r
 @pytest.fixture(scope="module")
 def servers(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("interleave")
-    vdir, dpath = make_variant(tiny_data, root)
+    vdir, dpath = make_variant(tiny_data, root, onnx=True)
     serve = serve_config(compose(["serve.n_candidates=50", "serve.keep_warm=false"]).serve)
     hs = [start_server(vdir, dpath, serve, work_dir=root / f"s{i}", wait=False) for i in range(3)]
     try:
@@ -202,7 +202,7 @@ def test_a_study_block_is_one_window_and_gives_every_variant_a_run_of_that_block
 def test_a_server_dying_mid_block_voids_the_block_for_every_variant(tiny_data, requests, tmp_path):
     root = tmp_path / "srv"
     root.mkdir()
-    vdir, dpath = make_variant(tiny_data, root)
+    vdir, dpath = make_variant(tiny_data, root, onnx=True)
     serve = serve_config(compose(["serve.n_candidates=50", "serve.keep_warm=false"]).serve)
     hs = [start_server(vdir, dpath, serve, work_dir=root / f"s{i}") for i in range(2)]
     try:

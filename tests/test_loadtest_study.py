@@ -74,7 +74,7 @@ def study_cfg(*serve: str, **over) -> dict:
 @pytest.fixture(scope="module")
 def built(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("study")
-    vdir, dpath = make_variant(tiny_data, root)
+    vdir, dpath = make_variant(tiny_data, root, onnx=True)
     return Variant.load(vdir), dpath
 
 

@@ -284,7 +284,7 @@ def test_a_server_retrieves_its_candidates_from_the_index(stage, tiny_data, tmp_
     from reco.serve.features import FeatureStore
     from reco.serve.process import ServerStartError, start_server
 
-    vdir, dpath = make_variant(tiny_data, tmp_path)
+    vdir, dpath = make_variant(tiny_data, tmp_path, onnx=True)
     cfg = dataclasses.replace(stage, keep_warm=False, n_candidates=50)
     store = FeatureStore(tiny_data, cfg.retrieval)
     body = a_test_row(tiny_data)

@@ -61,7 +61,7 @@ def served(tiny_data, tmp_path_factory):
     Keep-warm spinners only for the two workers (whose stop is checked to take them along): several
     SCHED_IDLE spinners on a core slow its normal tasks (reco/serve/keepwarm.py), i.e. every test here."""
     root = tmp_path_factory.mktemp("serve")
-    vdir, dpath = make_variant(tiny_data, root)
+    vdir, dpath = make_variant(tiny_data, root, onnx=True)
     specs = {
         "plain": ["keep_warm=false"],
         "batched": [
@@ -465,7 +465,7 @@ def test_slow_bodies_do_not_take_admission_slots(served):
 def test_healthz_metrics_and_openapi(plain, served):
     status, _, body = plain.request("GET", "/healthz")
     h = json.loads(body)
-    assert status == 200 and h["status"] == "ok" and h["model"] == "tiny" and h["backend"] == "torch"
+    assert status == 200 and h["status"] == "ok" and h["model"] == "tiny" and h["backend"] == "onnxruntime"
     assert h["retrieval"] == "recent_categories->category" and h["batching"]["enabled"] is False
 
     first = plain.request("GET", "/metrics")[2].decode()

@@ -42,7 +42,7 @@ SLOW = [f"max_wait_ms={MAX_WAIT_S * 1000:g}", f"faults.model_delay_s={DELAY_S}",
 @pytest.fixture(scope="module")
 def servers(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("admission")
-    vdir, dpath = make_variant(tiny_data, root)
+    vdir, dpath = make_variant(tiny_data, root, onnx=True)
     specs = {
         "aged": ["max_wait_ms=100"],
         "slow": SLOW,

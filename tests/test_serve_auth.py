@@ -25,7 +25,7 @@ BODY = json.dumps({"user_id": 7, "k": 3, "candidates": [5, 17, 300, 999, 42]}).e
 def test_a_secret_guards_every_request_but_healthz_and_the_digest_pins_the_variant(
     tiny_data, tmp_path, monkeypatch
 ):
-    vdir, dpath = make_variant(tiny_data, tmp_path)
+    vdir, dpath = make_variant(tiny_data, tmp_path, onnx=True)
     digest = sha256_file(vdir / "variant.json")
     monkeypatch.setenv(ENV, "s3cret")  # the server process inherits it
     cfg = serve_settings("keep_warm=false", f"secret_env={ENV}", f"expect_sha256={digest}")
@@ -55,7 +55,7 @@ def test_a_secret_guards_every_request_but_healthz_and_the_digest_pins_the_varia
 def test_an_empty_secret_or_another_variant_stops_the_server(
     tiny_data, tmp_path, monkeypatch, overrides, env, message
 ):
-    vdir, dpath = make_variant(tiny_data, tmp_path)
+    vdir, dpath = make_variant(tiny_data, tmp_path, onnx=True)
     monkeypatch.setenv(ENV, env)
     with pytest.raises(ServerStartError, match=message):
         start_server(vdir, dpath, serve_settings("keep_warm=false", *overrides), work_dir=tmp_path / "s")

@@ -45,7 +45,7 @@ def fuzzed(tiny_data, tmp_path_factory):
     data = dataclasses.replace(tiny_data, schema=dataclasses.replace(s, dense=dense))
     data.compute_fingerprint()
     root = tmp_path_factory.mktemp("fuzz")
-    vdir, dpath = make_variant(data, root)
+    vdir, dpath = make_variant(data, root, onnx=True)
     cfg = serve_settings("keep_warm=false", "n_candidates=50", "body_timeout_s=2")
     h = start_server(vdir, dpath, cfg, work_dir=root / "server")
     want = expected_scores(vdir, data, cfg, GOOD)

@@ -29,7 +29,7 @@ JSON = {"Content-Type": "application/json"}
 @pytest.fixture(scope="module")
 def servers(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("limits")
-    vdir, dpath = make_variant(tiny_data, root)
+    vdir, dpath = make_variant(tiny_data, root, onnx=True)
     specs = {
         "guarded": ["keep_warm=false", f"http.header_timeout_s={HEADER_TIMEOUT_S}"],
         "few": ["keep_warm=false", "http.max_connections=3", "http.keepalive_timeout_s=3"],

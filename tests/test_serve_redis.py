@@ -74,7 +74,7 @@ def test_a_server_refuses_a_store_without_this_datasets_rows(store_and_redis, ti
         ServeConfigError, match=r"has no feature rows for dataset fingerprint other.*load_features"
     ):
         RedisFeatures(store, "other", rcfg)
-    vdir, dpath = make_variant(tiny_data, tmp_path)
+    vdir, dpath = make_variant(tiny_data, tmp_path, onnx=True)
     cfg = serve_settings("features=redis", "keep_warm=false", f"redis.port={rcfg.port}", "redis.prefix=empty")
     with pytest.raises(ServerStartError, match="has no feature rows"):
         start_server(vdir, dpath, cfg, work_dir=tmp_path / "srv", timeout_s=120)
@@ -95,7 +95,7 @@ def test_only_recos_server_reads_an_online_store():
 def test_served_from_redis_same_answers_and_clear_errors_when_the_store_fails(tiny_data, tmp_path):
     """Two servers of one variant, memory and redis, answer alike; then the store's record is broken,
     Redis is made slow, then killed: 503/504 naming it, a features stage time, and the server lives on."""
-    vdir, dpath = make_variant(tiny_data, tmp_path)
+    vdir, dpath = make_variant(tiny_data, tmp_path, onnx=True)
     base = serve_settings("features=redis", "redis.timeout_ms=300", "redis.connect_timeout_s=0.5")
     with redis_server(base.redis, tmp_path / "redis") as rcfg:
         store = FeatureStore(tiny_data, base.retrieval)
@@ -172,7 +172,7 @@ def test_a_store_that_lost_its_rows_is_503_never_cold_start_and_a_reload_brings_
     """Issue 48: a Redis that came back empty was served as cold start, silently. Flushed: every request
     is a 503 naming serve.redis (the sentinel is read in the same MGET); rows lost one by one: 503 once a
     sample check misses them; after load_features, 200 again without a restart."""
-    vdir, dpath = make_variant(tiny_data, tmp_path)
+    vdir, dpath = make_variant(tiny_data, tmp_path, onnx=True)
     base = serve_settings("features=redis", "redis.check_interval_s=0.2", "keep_warm=false")
     with redis_server(base.redis, tmp_path / "redis") as rcfg:
         store = FeatureStore(tiny_data, base.retrieval)

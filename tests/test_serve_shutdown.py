@@ -22,7 +22,7 @@ pytestmark = pytest.mark.timeout(240)
 @pytest.fixture(scope="module")
 def variant(tiny_data, tmp_path_factory):
     root = tmp_path_factory.mktemp("shutdown")
-    return make_variant(tiny_data, root)
+    return make_variant(tiny_data, root, onnx=True)
 
 
 def _answering(url: str) -> bool:

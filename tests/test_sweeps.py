@@ -222,7 +222,7 @@ def test_a_port_another_process_serves_is_refused_not_measured(tiny_data, tmp_pa
     )
     try:
         port = int(foreign.stdout.readline())
-        vdir, dpath = make_variant(tiny_data, tmp_path)
+        vdir, dpath = make_variant(tiny_data, tmp_path, onnx=True)
         settings = serve_config(compose(["serve.keep_warm=false"]).serve)
         with pytest.raises(ServerStartError, match=rf"answered by pid {foreign.pid}, not by this server"):
             start_server(vdir, dpath, settings, port=port, work_dir=tmp_path / "server")

@@ -12,6 +12,7 @@ import onnx
 import pytest
 import torch
 
+from reco.data import schema
 from reco.models.dcn import DCN, DCNConfig
 from reco.models.protocol import PlainScorer, RequestScorer, as_requests, request_groups
 from reco.runtime import REQUEST_ROLE, load_scorer
@@ -36,9 +37,14 @@ def test_shared_columns_are_the_user_and_context_sides(data):
     assert s.sparse[s.shared_columns[0]].side == "user" and len(s.shared_columns) < len(s.sparse)
 
 
-def test_request_groups_map_rows_to_their_request():
-    first, owner = request_groups([2, 0, 3])
+@pytest.mark.parametrize("groups", [request_groups, schema.request_groups], ids=["models", "torch-free"])
+def test_request_groups_map_rows_to_their_request(groups):
+    """Both copies (reco.data.schema's, which the ONNX runtime uses without torch, and the one in
+    reco.models.protocol, whose file enters every variant's cache key) map rows alike."""
+    first, owner = groups([2, 0, 3])
     assert first.tolist() == [0, 2] and owner.tolist() == [0, 0, 1, 1, 1]
+    for sizes in ([1], [3, 0, 0, 2, 5], SIZES):
+        assert all(np.array_equal(a, b) for a, b in zip(groups(sizes), request_groups(sizes), strict=True))
 
 
 @pytest.mark.parametrize("arch", ["dlrm", "dcn"])

@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Protocol
 
 import numpy as np
 
-from reco.data.schema import Dataset
+from reco.data.schema import Dataset, padding_mask
 
 if TYPE_CHECKING:
     from reco.serve.config import RetrievalConfig
@@ -145,26 +145,29 @@ def distinct_per_row(ids: np.ndarray, valid: np.ndarray, card: int) -> tuple[np.
 
 
 def _side_table(ds: Dataset, side: str, key: str) -> SideTable:
+    """Built with numpy alone: a server's dataset holds numpy arrays (Dataset.load_arrays), a test's may
+    hold tensors (np.asarray views either)."""
     s, tr = ds.schema, ds.train
+    tr_ids = np.asarray(tr.ids)
     cols = np.array([i for i, f in enumerate(s.sparse) if f.side == side], dtype=np.int64)
     dense_cols = np.array([i for i, f in enumerate(s.dense) if f.side == side], dtype=np.int64)
     card = s.sparse[s.index(key)].cardinality
-    ent = tr.ids[:, s.index(key), 0].numpy()
+    ent = tr_ids[:, s.index(key), 0]
     ent = np.where((ent > 0) & (ent < card), ent, 0)  # id 0 rows are unknown entities, never stored
     last = np.full(card, -1, dtype=np.int64)
     np.maximum.at(last, ent, np.arange(len(ent)))  # train rows are time-ordered: latest row wins
     last[0] = -1
     seen = np.flatnonzero(last >= 0)
-    L = tr.ids.shape[2]
+    L = tr_ids.shape[2]
     n = len(seen)
     ids = np.zeros((n + 1, len(cols), L), dtype=np.int32)
     mask = np.zeros((n + 1, len(cols), L), dtype=np.float32)
     dense = np.zeros((n + 1, len(dense_cols)), dtype=np.float32)
     rows = last[seen]
-    full_mask = tr.mask().numpy()
-    ids[:n] = tr.ids.numpy()[rows][:, cols]
+    full_mask = padding_mask(np.asarray(tr.lengths), L)
+    ids[:n] = tr_ids[rows][:, cols]
     mask[:n] = full_mask[rows][:, cols]
-    dense[:n] = tr.dense.numpy()[rows][:, dense_cols]
+    dense[:n] = np.asarray(tr.dense)[rows][:, dense_cols]
     mask[n, :, 0] = 1.0  # cold-start: the unknown id 0 with length 1 in every feature
     row = np.full(card, n, dtype=np.int64)
     row[seen] = np.arange(n)
@@ -200,7 +203,7 @@ class FeatureStore:
         self.ctx_dense = {s.dense[i].name: j for j, i in enumerate(self.ctx_dense_cols)}
         self.item_card = s.sparse[s.index(s.item_key)].cardinality
 
-        counts = np.bincount(ds.train.ids[:, s.index(s.item_key), 0].numpy(), minlength=self.item_card)
+        counts = np.bincount(np.asarray(ds.train.ids)[:, s.index(s.item_key), 0], minlength=self.item_card)
         counts[0] = 0
         known = np.flatnonzero(self.items.row != self.items.cold)
         # Global popularity: known items, most impressions first (ties: lower id first, deterministic).

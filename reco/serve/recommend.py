@@ -63,7 +63,7 @@ def load_variant(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Loade
     from reco.variant import Variant
 
     variant = Variant.load(variant_dir)
-    data = Dataset.load(str(dataset_path))
+    data = Dataset.load_arrays(str(dataset_path))
     check_same_data(variant, data, dataset_path)
     store = FeatureStore(data, cfg.retrieval)
     shared = data.schema.shared_columns if cfg.user_once else None

@@ -41,7 +41,7 @@ def check_servable(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> Non
         v.verify(role)
     if not os.path.exists(dataset_path):
         raise ServeConfigError(f"--dataset {dataset_path}: file not found (expected a Dataset saved by reco)")
-    data = Dataset.load(dataset_path)
+    data = Dataset.load_arrays(dataset_path)
     check_same_data(v, data, dataset_path)
     store = FeatureStore(data, cfg.retrieval)
     if cfg.features == FeatureSource.redis:
