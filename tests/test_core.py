@@ -122,6 +122,14 @@ def test_a_dataset_file_reads_as_numpy_without_torch_the_same(tmp_path, tiny_dat
     torch.save({"x": torch.zeros(2), "f": np.random.default_rng}, tmp_path / "code.pt")
     with pytest.raises(pickle.UnpicklingError, match="code.pt"):
         Dataset.load_arrays(str(tmp_path / "code.pt"))
+    # a tampered view reaching past its storage is refused (as_strided would read whatever lies there)
+    from reco.data.torch_file import _rebuild_tensor_v2
+
+    storage = np.arange(4, dtype=np.float32)
+    np.testing.assert_array_equal(_rebuild_tensor_v2(storage, 1, (3,), (1,)), [1, 2, 3])
+    for offset, size, stride in ((2, (3,), (1,)), (0, (2, 2), (3, 1)), (-1, (1,), (1,)), (0, (2,), (-1,))):
+        with pytest.raises(pickle.UnpicklingError, match="reaches past its storage of 4"):
+            _rebuild_tensor_v2(storage, offset, size, stride)
 
 
 def test_variant_roundtrip_and_tamper_detection(tmp_path, tiny_data):

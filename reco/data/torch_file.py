@@ -46,8 +46,16 @@ def _rebuild_tensor_v2(
     hooks=None,
     metadata=None,
 ) -> np.ndarray:
-    """The tensor as a view of its storage (a view shares it, as in torch; stride 0 stays expanded)."""
+    """The tensor as a view of its storage (a view shares it, as in torch; stride 0 stays expanded).
+    as_strided checks nothing, so a view reaching past its storage is refused here."""
     item = storage.itemsize
+    if min((offset, *size, *stride), default=0) < 0 or (
+        all(size) and offset + sum((n - 1) * st for n, st in zip(size, stride, strict=True)) >= len(storage)
+    ):
+        raise pickle.UnpicklingError(
+            f"a tensor of size {tuple(size)}, stride {tuple(stride)} at offset {offset} reaches past its "
+            f"storage of {len(storage)} elements"
+        )
     return np.lib.stride_tricks.as_strided(
         storage[offset:], shape=tuple(size), strides=tuple(s * item for s in stride), writeable=False
     )
