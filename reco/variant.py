@@ -17,9 +17,8 @@ from typing import TYPE_CHECKING, Literal
 
 from reco.config import ConfigError
 
-if (
-    TYPE_CHECKING
-):  # torch and the model classes are imported where used: a server of an ONNX variant needs neither
+# torch and the model classes are imported where used: a server of an ONNX variant needs neither
+if TYPE_CHECKING:
     from reco.models.protocol import RankingModel
 
 Backend = Literal["torch", "torch_compile", "torch_bf16", "onnxruntime", "torchrec_quant"]
