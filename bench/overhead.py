@@ -1,11 +1,13 @@
 """The server's own cost per request, beside its model call's: CPU time, not wall time.
 
     python -m bench.overhead --variant DIR --dataset DATA.pt [--code before=/tmp/old --code after=.]
-        [--connections 4] [--seconds 8] [--rounds 2] [--set key=value ...]
+        [--connections 4] [--seconds 8] [--rounds 2] [--set key=value ...] [--rate 14 --idle-seconds 5]
 
-A real server (reco.serve.process.start_server, keep_warm off) on one core, driven closed loop by
-`--connections` keep-alive connections from this process on the other core (a raw-socket client, so the
-generator's own cost stays off the server's core); the measure is the server process's CPU seconds
+A real server (reco.serve.process.start_server) on one core, driven closed loop by `--connections`
+keep-alive connections from this process on the other core (a raw-socket client, so the generator's own
+cost stays off the server's core), or with `--rate R` open loop: Poisson arrivals at R req/s, as the case
+study's common load (~14 req/s: one request at a time, the server idle in between), with keep_warm's
+spinners on both cores, started by this process as the study starts them; the measure is the server process's CPU seconds
 (/proc schedstat: every thread, ns resolution) over the measured seconds / the requests answered there. The
 other helpers on the machine cannot inflate it the way they inflate wall time.
 
@@ -42,7 +44,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -474,25 +476,50 @@ def summary(loads: dict[str, list[Load]], codes: list[str]) -> str:
     return "\n".join(lines)
 
 
+def warm_default(args) -> bool:
+    """--keep-warm as given, else on for the open loop (the case study's common load) only."""
+    return args.rate is not None if args.keep_warm is None else args.keep_warm
+
+
 def run_one(name: str, args, code: Path | None, bodies: list[bytes], cpus, extra: list[str]) -> Load:
+    """One server measured. keep_warm's spinners (default: on with --rate; `--with NAME=keep_warm=...`
+    per server) are started here, as the case study starts them, never by the server: its spinners are its
+    children, whose CPU server_cpu_s would count as the server's."""
     server_cpus, gen_cpus = cpus
     drive = Drive(args.connections, args.seconds, args.rate, args.idle_seconds)
-    if code is None:
-        proc, port = start_floor(name, server_cpus)
-        try:
-            return measure(port, proc.pid, bodies, drive, gen_cpus, False)
-        finally:
-            proc.terminate()
-            proc.wait(10)
-    settings = serve_config(compose([f"serve.{o}" for o in ["keep_warm=false", *args.set, *extra]]).serve)
-    placed = any(o.startswith("cpu_affinity=") for o in extra)  # its own server cores, not the plan's
-    h = start_reco(code, args.variant, args.dataset, settings, None if placed else server_cpus)
+    keys = [f"keep_warm={str(warm_default(args)).lower()}", *args.set, *extra]
+    settings = serve_config(compose([f"serve.{o}" for o in keys]).serve)
+    spinners = (
+        start_keep_warm(sorted({*(server_cpus or []), *(gen_cpus or [])})) if settings.keep_warm else []
+    )
     try:
-        load = measure(int(h.url.rsplit(":", 1)[1]), h.pid, bodies, drive, gen_cpus, True)
-        load.rank_on_loop = settings.rank_threads == 0
-        return load
+        if code is None:
+            return measure_floor(name, server_cpus, bodies, drive, gen_cpus)
+        placed = any(o.startswith("cpu_affinity=") for o in extra)  # its own server cores, not the plan's
+        h = start_reco(
+            code,
+            args.variant,
+            args.dataset,
+            replace(settings, keep_warm=False),
+            None if placed else server_cpus,
+        )
+        try:
+            load = measure(int(h.url.rsplit(":", 1)[1]), h.pid, bodies, drive, gen_cpus, True)
+            load.rank_on_loop = settings.rank_threads == 0
+            return load
+        finally:
+            stop_servers([h])
     finally:
-        stop_servers([h])
+        stop_keep_warm(spinners)
+
+
+def measure_floor(kind: str, server_cpus, bodies: list[bytes], drive: Drive, gen_cpus) -> Load:
+    proc, port = start_floor(kind, server_cpus)
+    try:
+        return measure(port, proc.pid, bodies, drive, gen_cpus, False)
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def main() -> None:
@@ -509,7 +536,8 @@ def main() -> None:
         "--keep-warm",
         action=argparse.BooleanOptionalAction,
         help="SCHED_IDLE spinners on the server's and the client's cores, started by this process as the "
-        "case study starts them (its CPU is not the server's); default: on with --rate",
+        "case study starts them (their CPU is not the server's); default: on with --rate; per server: "
+        "--with NAME=keep_warm=false",
     )
     ap.add_argument(
         "--idle-seconds", type=float, default=0.0, help="after each load: the server's CPU this long idle"
@@ -547,7 +575,7 @@ def main() -> None:
     runs += [(f, None) for f in args.floors.split(",") if f]
     cpus = plan_cpus()
     load = "closed loop" if args.rate is None else f"open loop, Poisson {args.rate:g} req/s"
-    warm = args.rate is not None if args.keep_warm is None else args.keep_warm
+    warm = warm_default(args)
     print(
         f"# {len(bodies)} bodies, {args.connections} connections, {load}, {args.seconds:g} s per run, "
         f"cores {cpus}, keep_warm {'on' if warm else 'off'}"
@@ -563,15 +591,11 @@ def main() -> None:
     os.sched_setaffinity(0, mine)
     print(HEADER)
     loads: dict[str, list[Load]] = {name: [] for name, _ in runs}
-    spinners = start_keep_warm(sorted({*(cpus[0] or []), *(cpus[1] or [])})) if warm else []
-    try:
-        for r in range(args.rounds):
-            for name, code in runs:
-                load = run_one(name, args, code, bodies, cpus, extras.get(name, []))
-                loads[name].append(load)
-                print(row(f"{name} (round {r + 1})", load), flush=True)
-    finally:
-        stop_keep_warm(spinners)
+    for r in range(args.rounds):
+        for name, code in runs:
+            load = run_one(name, args, code, bodies, cpus, extras.get(name, []))
+            loads[name].append(load)
+            print(row(f"{name} (round {r + 1})", load), flush=True)
     print(summary(loads, [n for n, c in runs if c is not None]))
 
 
