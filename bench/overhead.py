@@ -7,7 +7,8 @@ A real server (reco.serve.process.start_server) on one core, driven closed loop 
 keep-alive connections from this process on the other core (a raw-socket client, so the generator's own
 cost stays off the server's core), or with `--rate R` open loop: Poisson arrivals at R req/s, as the case
 study's common load (~14 req/s: one request at a time, the server idle in between), with keep_warm's
-spinners on both cores, started by this process as the study starts them; the measure is the server process's CPU seconds
+spinners on both cores, started by this process as the study starts them (`--companions N`: N more
+servers of the same code idle on the server core, as the study's other variants); the measure is the server process's CPU seconds
 (/proc schedstat: every thread, ns resolution) over the measured seconds / the requests answered there. The
 other helpers on the machine cannot inflate it the way they inflate wall time.
 
@@ -400,14 +401,26 @@ def handoff_us(n: int = 5000) -> dict[str, float]:
 # ---- the study ---------------------------------------------------------------------------------------
 
 
-def start_reco(code: Path, variant: str, dataset: str, settings, cpus) -> ServerHandle:
+def start_reco(
+    code: Path, variant: str, dataset: str, settings, cpus, companions: int = 0
+) -> tuple[ServerHandle, list[ServerHandle]]:
     """reco's server from the checkout at `code`: its PYTHONPATH and working directory (`python -m` puts
-    the working directory first on sys.path) for the server process only."""
+    the working directory first on sys.path) for the server process only; and `companions` more servers
+    of the same code on the same cores, left idle (the case study serves every variant side by side on
+    the server core: their timers and wake-ups run between the measured server's requests)."""
     old, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
     os.environ["PYTHONPATH"] = str(code.resolve())
     os.chdir(code)
     try:
-        return start_server(Path(variant).resolve(), Path(dataset).resolve(), settings, cpus=cpus)
+        args = (Path(variant).resolve(), Path(dataset).resolve(), settings)
+        started = [start_server(*args, cpus=cpus, wait=False) for _ in range(1 + companions)]
+        try:
+            for h in started:
+                h.wait_ready()
+        except BaseException:
+            stop_servers(started)
+            raise
+        return started[0], started[1:]
     finally:
         os.chdir(cwd)
         if old is None:
@@ -496,19 +509,20 @@ def run_one(name: str, args, code: Path | None, bodies: list[bytes], cpus, extra
         if code is None:
             return measure_floor(name, server_cpus, bodies, drive, gen_cpus)
         placed = any(o.startswith("cpu_affinity=") for o in extra)  # its own server cores, not the plan's
-        h = start_reco(
+        h, idle = start_reco(
             code,
             args.variant,
             args.dataset,
             replace(settings, keep_warm=False),
             None if placed else server_cpus,
+            args.companions,
         )
         try:
             load = measure(int(h.url.rsplit(":", 1)[1]), h.pid, bodies, drive, gen_cpus, True)
             load.rank_on_loop = settings.rank_threads == 0
             return load
         finally:
-            stop_servers([h])
+            stop_servers([h, *idle])
     finally:
         stop_keep_warm(spinners)
 
@@ -538,6 +552,9 @@ def main() -> None:
         help="SCHED_IDLE spinners on the server's and the client's cores, started by this process as the "
         "case study starts them (their CPU is not the server's); default: on with --rate; per server: "
         "--with NAME=keep_warm=false",
+    )
+    ap.add_argument(
+        "--companions", type=int, default=0, help="idle servers of the same code beside each measured one"
     )
     ap.add_argument(
         "--idle-seconds", type=float, default=0.0, help="after each load: the server's CPU this long idle"
