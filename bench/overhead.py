@@ -1,12 +1,15 @@
 """The server's own cost per request, beside its model call's: CPU time, not wall time.
 
     python -m bench.overhead --variant DIR --dataset DATA.pt [--code before=/tmp/old --code after=.]
-        [--connections 4] [--seconds 8] [--rounds 2] [--set key=value ...]
+        [--connections 4] [--seconds 8] [--rounds 2] [--set key=value ...] [--rate 14 --idle-seconds 5]
 
-A real server (reco.serve.process.start_server, keep_warm off) on one core, driven closed loop by
-`--connections` keep-alive connections from this process on the other core (a raw-socket client, so the
-generator's own cost stays off the server's core); the measure is the server process's CPU seconds
-(psutil: every thread, user + system) over the measured seconds / the requests answered there. The
+A real server (reco.serve.process.start_server) on one core, driven closed loop by `--connections`
+keep-alive connections from this process on the other core (a raw-socket client, so the generator's own
+cost stays off the server's core), or with `--rate R` open loop: Poisson arrivals at R req/s, as the case
+study's common load (~14 req/s: one request at a time, the server idle in between), with keep_warm's
+spinners on both cores, started by this process as the study starts them (`--companions N`: N more
+servers of the same code idle on the server core, as the study's other variants); the measure is the server process's CPU seconds
+(/proc schedstat: every thread, ns resolution) over the measured seconds / the requests answered there. The
 other helpers on the machine cannot inflate it the way they inflate wall time.
 
 The split of one request's server CPU (from the server's own /metrics, reco_cpu_seconds{stage}, read
@@ -42,7 +45,7 @@ import subprocess
 import sys
 import threading
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -55,6 +58,7 @@ from reco.loadtest.requests import request_bodies
 from reco.loadtest.runner import plan_cpus
 from reco.loadtest.scrape import parse_scrape, scrape
 from reco.serve.config import serve_config
+from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import ServerHandle, free_port, start_server, stop_servers
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -73,6 +77,7 @@ class Load:
     errors: int
     stage_cpu_s: dict[str, float] = field(default_factory=dict)  # summed over the requests
     rank_on_loop: bool = False  # serve.rank_threads=0: the model calls run on the event loop's thread
+    idle_ms_per_s: float | None = None  # server CPU ms per second without requests (timers, wake-ups)
 
     @property
     def cpu_ms(self) -> float:
@@ -129,11 +134,14 @@ def read_response(sock: socket.socket, buf: bytearray) -> int:
 
 
 class Driver:
-    """`connections` client threads, each one keep-alive connection sending the next request as soon as
-    the previous answer is in (closed loop); counts answers while `counting` is set."""
+    """`connections` client threads, each one keep-alive connection. Closed loop (`rate` None): each
+    sends the next request as soon as the previous answer is in. Open loop: Poisson arrivals at `rate`
+    req/s, each sent at its scheduled time by the first free connection (the case study's common load:
+    at ~14 req/s one request at a time, the server idle in between); the request carries the load
+    generator's X-Request-Start stamp. Counts answers while `counting` is set."""
 
-    def __init__(self, port: int, requests: list[bytes], connections: int) -> None:
-        self.port, self.requests, self.connections = port, requests, connections
+    def __init__(self, port: int, requests: list[bytes], connections: int, rate: float | None = None) -> None:
+        self.port, self.requests, self.connections, self.rate = port, requests, connections, rate
         self.counting = threading.Event()
         self.stop = threading.Event()
         self.ok = [0] * connections
@@ -141,6 +149,26 @@ class Driver:
         self.threads = [
             threading.Thread(target=self._run, args=(i,), daemon=True) for i in range(connections)
         ]
+        self._lock = threading.Lock()
+        self._next = time.perf_counter()
+        self._rng = np.random.default_rng(0)
+
+    def _arrival(self) -> float:
+        """The next Poisson arrival's perf_counter time (open loop), taken by the connection that sends it."""
+        with self._lock:
+            self._next += float(self._rng.exponential(1.0 / self.rate))
+            return self._next
+
+    def _send(self, sock: socket.socket, n: int) -> None:
+        if self.rate is None:
+            sock.sendall(self.requests[n % len(self.requests)])
+            return
+        at = self._arrival()
+        if (wait := at - time.perf_counter()) > 0:
+            time.sleep(wait)
+        stamp = f"X-Request-Start: t={int(time.time() * 1e6)}\r\n".encode()
+        req = self.requests[n % len(self.requests)]
+        sock.sendall(req.replace(b"\r\n", b"\r\n" + stamp, 1))
 
     def _run(self, i: int) -> None:
         sock = socket.create_connection(("127.0.0.1", self.port))
@@ -149,7 +177,7 @@ class Driver:
         n = i
         with sock:
             while not self.stop.is_set():
-                sock.sendall(self.requests[n % len(self.requests)])
+                self._send(sock, n)
                 n += self.connections
                 status = read_response(sock, buf)
                 if self.counting.is_set():
@@ -169,12 +197,22 @@ class Driver:
             t.join(10)
 
 
+def _thread_cpu_s(pid: int, tid: int) -> float:
+    """A thread's time on CPU in ns resolution (/proc schedstat: the scheduler's own sum, what
+    time.process_time adds up), where psutil's user + system count 10 ms clock ticks: 0 or 20 ms for a
+    few seconds of an idle server."""
+    try:
+        return int(Path(f"/proc/{pid}/task/{tid}/schedstat").read_text().split()[0]) / 1e9
+    except (FileNotFoundError, ProcessLookupError):
+        return 0.0  # the thread ended between the listing and the read
+
+
 def server_cpu_s(pid: int) -> tuple[float, float]:
-    """CPU seconds (user + system) of `pid` and its worker processes: (every thread, the main thread of
-    `pid`: the event loop of a one-process server)."""
+    """CPU seconds of `pid` and its worker processes, every live thread: (all of them, the main thread
+    of `pid`: the event loop of a one-process server)."""
     procs = [psutil.Process(pid), *psutil.Process(pid).children(recursive=True)]
-    main = next(t for t in procs[0].threads() if t.id == pid)
-    return sum(sum(p.cpu_times()[:2]) for p in procs), main.user_time + main.system_time
+    total = sum(_thread_cpu_s(p.pid, t.id) for p in procs for t in p.threads())
+    return total, _thread_cpu_s(pid, pid)
 
 
 def stage_cpu_sums(port: int) -> dict[str, float]:
@@ -187,14 +225,23 @@ def stage_cpu_sums(port: int) -> dict[str, float]:
     return sums
 
 
-def measure(
-    port: int, pid: int, requests: list[bytes], connections: int, seconds: float, cpus, metrics: bool
-) -> Load:
-    """Warm up for 2 s, then `seconds` of closed-loop load counted against the server's CPU time (and,
-    with `metrics`, the server's stage CPU from its /metrics)."""
+@dataclass(frozen=True)
+class Drive:
+    """How a server is driven: closed loop (`rate` None) or open loop at `rate` req/s, over `seconds`
+    after 2 s of warm-up; then `idle_s` seconds without requests, the server's idle CPU (its timers)."""
+
+    connections: int
+    seconds: float
+    rate: float | None = None
+    idle_s: float = 0.0
+
+
+def measure(port: int, pid: int, requests: list[bytes], drive: Drive, cpus, metrics: bool) -> Load:
+    """Warm up for 2 s, then `drive.seconds` of load counted against the server's CPU time (and, with
+    `metrics`, the server's stage CPU from its /metrics); then the idle seconds."""
     if cpus:
         os.sched_setaffinity(0, cpus)
-    with Driver(port, requests, connections) as d:
+    with Driver(port, requests, drive.connections, drive.rate) as d:
         time.sleep(2.0)
         stages0, (cpu0, loop0), t0 = (
             stage_cpu_sums(port) if metrics else {},
@@ -202,13 +249,19 @@ def measure(
             time.perf_counter(),
         )
         d.counting.set()
-        time.sleep(seconds)
+        time.sleep(drive.seconds)
         d.counting.clear()
         (cpu1, loop1), t1 = server_cpu_s(pid), time.perf_counter()
         ok, errors = sum(d.ok), sum(d.errors)
     stages1 = stage_cpu_sums(port) if metrics else {}
     split = {s: stages1[s] - stages0.get(s, 0.0) for s in stages1}
-    return Load(ok, t1 - t0, cpu1 - cpu0, loop1 - loop0, errors, split)
+    load = Load(ok, t1 - t0, cpu1 - cpu0, loop1 - loop0, errors, split)
+    if drive.idle_s > 0:
+        time.sleep(0.5)  # the last answers and the scrape settle
+        c0 = server_cpu_s(pid)[0]
+        time.sleep(drive.idle_s)
+        load.idle_ms_per_s = (server_cpu_s(pid)[0] - c0) / drive.idle_s * 1e3
+    return load
 
 
 # ---- floors: the same stack answering a fixed body ---------------------------------------------------
@@ -348,14 +401,26 @@ def handoff_us(n: int = 5000) -> dict[str, float]:
 # ---- the study ---------------------------------------------------------------------------------------
 
 
-def start_reco(code: Path, variant: str, dataset: str, settings, cpus) -> ServerHandle:
+def start_reco(
+    code: Path, variant: str, dataset: str, settings, cpus, companions: int = 0
+) -> tuple[ServerHandle, list[ServerHandle]]:
     """reco's server from the checkout at `code`: its PYTHONPATH and working directory (`python -m` puts
-    the working directory first on sys.path) for the server process only."""
+    the working directory first on sys.path) for the server process only; and `companions` more servers
+    of the same code on the same cores, left idle (the case study serves every variant side by side on
+    the server core: their timers and wake-ups run between the measured server's requests)."""
     old, cwd = os.environ.get("PYTHONPATH"), os.getcwd()
     os.environ["PYTHONPATH"] = str(code.resolve())
     os.chdir(code)
     try:
-        return start_server(Path(variant).resolve(), Path(dataset).resolve(), settings, cpus=cpus)
+        args = (Path(variant).resolve(), Path(dataset).resolve(), settings)
+        started = [start_server(*args, cpus=cpus, wait=False) for _ in range(1 + companions)]
+        try:
+            for h in started:
+                h.wait_ready()
+        except BaseException:
+            stop_servers(started)
+            raise
+        return started[0], started[1:]
     finally:
         os.chdir(cwd)
         if old is None:
@@ -370,17 +435,18 @@ def row(name: str, load: Load) -> str:
         f"{split[s]:.3f}" if s in split else "–" for s in (*SPLIT, "rest", "loop rest", "model thread rest")
     ]
     ratio = f"{load.cpu_ms / split['rank']:.2f}" if split.get("rank") else "–"
+    idle = "–" if load.idle_ms_per_s is None else f"{load.idle_ms_per_s:.2f}"
     return (
-        f"| {name} | {load.requests} | {load.requests / load.seconds:.0f} | {load.cpu_ms:.3f} | "
-        f"{load.per_cpu_s:.0f} | {' | '.join(cells)} | {ratio} | {load.errors} |"
+        f"| {name} | {load.requests} | {load.requests / load.seconds:.1f} | {load.cpu_ms:.3f} | "
+        f"{load.per_cpu_s:.0f} | {' | '.join(cells)} | {ratio} | {idle} | {load.errors} |"
     )
 
 
 HEADER = (
     "| server | requests | req/s | CPU ms / request | requests / CPU-s | parse | retrieval | features | "
     "rank (model) | serialize | rest | rest: event loop thread (HTTP, ASGI, hand-off) | rest: model "
-    "thread (hand-off, GIL) | CPU / model CPU | errors |\n"
-    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
+    "thread (hand-off, GIL) | CPU / model CPU | idle CPU ms / s | errors |\n"
+    "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"
 )
 
 
@@ -423,26 +489,51 @@ def summary(loads: dict[str, list[Load]], codes: list[str]) -> str:
     return "\n".join(lines)
 
 
+def warm_default(args) -> bool:
+    """--keep-warm as given, else on for the open loop (the case study's common load) only."""
+    return args.rate is not None if args.keep_warm is None else args.keep_warm
+
+
 def run_one(name: str, args, code: Path | None, bodies: list[bytes], cpus, extra: list[str]) -> Load:
+    """One server measured. keep_warm's spinners (default: on with --rate; `--with NAME=keep_warm=...`
+    per server) are started here, as the case study starts them, never by the server: its spinners are its
+    children, whose CPU server_cpu_s would count as the server's."""
     server_cpus, gen_cpus = cpus
-    if code is None:
-        proc, port = start_floor(name, server_cpus)
-        try:
-            return measure(port, proc.pid, bodies, args.connections, args.seconds, gen_cpus, False)
-        finally:
-            proc.terminate()
-            proc.wait(10)
-    settings = serve_config(compose([f"serve.{o}" for o in ["keep_warm=false", *args.set, *extra]]).serve)
-    placed = any(o.startswith("cpu_affinity=") for o in extra)  # its own server cores, not the plan's
-    h = start_reco(code, args.variant, args.dataset, settings, None if placed else server_cpus)
+    drive = Drive(args.connections, args.seconds, args.rate, args.idle_seconds)
+    keys = [f"keep_warm={str(warm_default(args)).lower()}", *args.set, *extra]
+    settings = serve_config(compose([f"serve.{o}" for o in keys]).serve)
+    spinners = (
+        start_keep_warm(sorted({*(server_cpus or []), *(gen_cpus or [])})) if settings.keep_warm else []
+    )
     try:
-        load = measure(
-            int(h.url.rsplit(":", 1)[1]), h.pid, bodies, args.connections, args.seconds, gen_cpus, True
+        if code is None:
+            return measure_floor(name, server_cpus, bodies, drive, gen_cpus)
+        placed = any(o.startswith("cpu_affinity=") for o in extra)  # its own server cores, not the plan's
+        h, idle = start_reco(
+            code,
+            args.variant,
+            args.dataset,
+            replace(settings, keep_warm=False),
+            None if placed else server_cpus,
+            args.companions,
         )
-        load.rank_on_loop = settings.rank_threads == 0
-        return load
+        try:
+            load = measure(int(h.url.rsplit(":", 1)[1]), h.pid, bodies, drive, gen_cpus, True)
+            load.rank_on_loop = settings.rank_threads == 0
+            return load
+        finally:
+            stop_servers([h, *idle])
     finally:
-        stop_servers([h])
+        stop_keep_warm(spinners)
+
+
+def measure_floor(kind: str, server_cpus, bodies: list[bytes], drive: Drive, gen_cpus) -> Load:
+    proc, port = start_floor(kind, server_cpus)
+    try:
+        return measure(port, proc.pid, bodies, drive, gen_cpus, False)
+    finally:
+        proc.terminate()
+        proc.wait(10)
 
 
 def main() -> None:
@@ -452,6 +543,22 @@ def main() -> None:
     ap.add_argument("--code", action="append", default=[], help="NAME=DIR: serve from that checkout")
     ap.add_argument("--floors", default=",".join(FLOORS), help="floor servers to run (comma list, or '')")
     ap.add_argument("--connections", type=int, default=4)
+    ap.add_argument(
+        "--rate", type=float, help="open loop: Poisson arrivals at this many req/s (default: closed loop)"
+    )
+    ap.add_argument(
+        "--keep-warm",
+        action=argparse.BooleanOptionalAction,
+        help="SCHED_IDLE spinners on the server's and the client's cores, started by this process as the "
+        "case study starts them (their CPU is not the server's); default: on with --rate; per server: "
+        "--with NAME=keep_warm=false",
+    )
+    ap.add_argument(
+        "--companions", type=int, default=0, help="idle servers of the same code beside each measured one"
+    )
+    ap.add_argument(
+        "--idle-seconds", type=float, default=0.0, help="after each load: the server's CPU this long idle"
+    )
     ap.add_argument("--seconds", type=float, default=8.0)
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--requests", type=int, default=2000, help="distinct request bodies replayed")
@@ -484,7 +591,12 @@ def main() -> None:
         extras[name] = keys.split(";")
     runs += [(f, None) for f in args.floors.split(",") if f]
     cpus = plan_cpus()
-    print(f"# {len(bodies)} bodies, {args.connections} connections, {args.seconds:g} s per run, cores {cpus}")
+    load = "closed loop" if args.rate is None else f"open loop, Poisson {args.rate:g} req/s"
+    warm = warm_default(args)
+    print(
+        f"# {len(bodies)} bodies, {args.connections} connections, {load}, {args.seconds:g} s per run, "
+        f"cores {cpus}, keep_warm {'on' if warm else 'off'}"
+    )
     print(
         f"# per-request bookkeeping (Prometheus + Server-Timing), in process: {bookkeeping_us():.1f} µs CPU"
     )

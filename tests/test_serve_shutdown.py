@@ -1,9 +1,11 @@
 """Stopping `python -m reco.cli.serve`: SIGINT/SIGTERM stop everything it started; SIGKILL of the supervisor
 leaves no worker behind, and a process SIGKILLed just after starting keep-warm spinners leaves no spinner.
-Real processes, checked with psutil."""
+Real processes, checked with psutil; and the server's main loop, which naps a second between ticks, is
+woken by a stop at once."""
 
 from __future__ import annotations
 
+import asyncio
 import signal
 import subprocess
 import sys
@@ -11,10 +13,12 @@ import uuid
 
 import psutil
 import pytest
+import uvicorn
 from conftest import make_variant, marked_alive, marked_env
 from test_serve import Client, serve_settings
 
 from reco.serve.process import start_server
+from reco.serve.workers import QuietServer
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -85,3 +89,38 @@ def test_spinners_die_with_a_parent_killed_right_after_starting_them():
     for _ in range(3):
         subprocess.run([sys.executable, "-c", KILLED_AT_ONCE], env=marked_env(mark), timeout=60)
     assert not marked_alive(mark, within_s=10.0)
+
+
+async def _bare_app(scope, receive, send) -> None:  # main_loop never calls it
+    raise AssertionError(scope)
+
+
+def test_quiet_server_ticks_seldom_and_a_signal_wakes_it_at_once():
+    """An idle server's main loop wakes once a tick (1 s; uvicorn's wakes ten times a second), each tick
+    refreshing the Date header; SIGTERM's handler cuts the nap short instead of waiting for the tick."""
+    config = uvicorn.Config(_bare_app, log_level="warning")
+    config.load()
+    server = QuietServer(config)
+    server.TICK_S = 3600.0  # only a signal can end the nap now
+    ticks: list[int] = []
+    on_tick = server.on_tick
+
+    async def counted(counter: int) -> bool:
+        ticks.append(counter)
+        return await on_tick(counter)
+
+    server.on_tick = counted
+
+    async def stop_while_napping() -> None:
+        loop = asyncio.get_running_loop()
+        task = loop.create_task(server.main_loop())
+        while server._nap is None:
+            await asyncio.sleep(0.01)
+        await asyncio.sleep(0.3)  # uvicorn's loop would have ticked three more times
+        assert ticks == [0]
+        server.handle_exit(signal.SIGTERM, None)
+        await asyncio.wait_for(task, 60)
+
+    asyncio.run(stop_while_napping())
+    assert ticks == [0, 10]  # the second tick: a whole second for on_tick, so it renews the Date header
+    assert server.server_state.default_headers[0][0] == b"date"

@@ -93,7 +93,7 @@ def serve(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
 def _run(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
     from reco.serve.app import create_app
     from reco.serve.auth import exposed_without_secret
-    from reco.serve.workers import run_workers, uvicorn_options
+    from reco.serve.workers import run_server, run_workers, uvicorn_options
     from reco.variant import ArtifactError
 
     app = None
@@ -124,7 +124,7 @@ def _run(variant_dir: str, dataset_path: str, cfg: ServeConfig) -> int:
         import uvicorn
 
         options = uvicorn_options(cfg, app.state.service.metrics.count_refused)
-        uvicorn.run(app, host=cfg.host, port=cfg.port, **options)
+        run_server(uvicorn.Config(app, host=cfg.host, port=cfg.port, **options))
         return 0
     finally:
         stop_keep_warm(spinners)
