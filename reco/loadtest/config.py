@@ -170,9 +170,9 @@ class StudyConfig:
     unloaded_warmup_s: float | None = MISSING
     unloaded_repeats: int | None = MISSING  # unloaded runs per variant (null: repeats), spread over the study
     unloaded_interleave: UnloadedInterleave = MISSING  # window | request: what one unloaded block runs
-    # null: every unloaded window unloaded_requests; else a variant's windows after its first take about
-    # this many seconds (requests = this / its first window's seconds a request, at least
-    # unloaded_requests), so a fast variant's tail rests on as much of the host's time as a slow one's
+    # null: every unloaded window unloaded_requests; else a variant's windows take about this many seconds
+    # (requests = this / its seconds a request, measured on its settling run, else its first window; at
+    # least unloaded_requests), so a fast variant's tail rests on as much of the host's time as a slow one's
     unloaded_window_s: float | None = MISSING
     load_requests: int = MISSING  # requests of a common-load window
     equal_util_requests: int = MISSING  # requests of an equal-utilisation window
