@@ -250,3 +250,19 @@ def test_a_sized_window_narrows_a_fast_variants_p99_ratio_and_keeps_its_coverage
         )
     assert got[100][0] >= 0.9 and got[580][0] >= 0.88, got
     assert got[580][1] < 0.9 * got[100][1], got  # hi/lo ~1.14 against ~1.37
+
+
+def test_heaviest_block_names_the_block_a_pooled_p99_rests_on():
+    """reco.stats.paired.heaviest_block: a stretched block holding most of the pooled tail is named, with
+    its count of the requests over the pooled p99; even tails give a small share; nothing decidable: None."""
+    from reco.stats.paired import heaviest_block
+
+    rng = np.random.default_rng(3)
+    blocks = [rng.lognormal(0.0, 0.1, 100) for _ in range(28)]
+    blocks[27] = blocks[27] * 1.6  # one stretch of the host over a whole window
+    i, k, total = heaviest_block(blocks, 0.99)
+    assert i == 27 and total == 28 and k >= 25  # 2,800 requests: 28 over the 2,772nd
+    even = heaviest_block([rng.lognormal(0.0, 0.1, 100) for _ in range(28)], 0.99)
+    assert even is not None and even[1] <= 5 and even[2] == 28
+    assert heaviest_block(blocks[:1], 0.99) is None  # one block: nothing to compare
+    assert heaviest_block([np.full(100, np.inf), np.full(100, np.inf)], 0.99) is None

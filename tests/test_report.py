@@ -872,6 +872,9 @@ def test_report_comparison_sections(figs, written):
     like = md_table(secs["Latency, like for like"])
     assert {"speed-up p99 unloaded", "speed-up p99 equal util.", "speed-up p99 common load"} <= set(like[0])
     assert list(by_variant(like)) == loaded
+    for row in like:  # where each variant's unloaded p99 sits: "r<block>: k of n", or a dash without one
+        cell = row["p99's heaviest block"]
+        assert cell == "–" or re.fullmatch(r"r\d+: \d+ of \d+", cell), cell
     caps, sens = md_tables(secs["Throughput at the SLO"]) + md_tables(secs["SLO sensitivity"])
     for name, row in by_variant(caps).items():  # each repeat's [highest pass, lowest fail)
         expected = [x for c in figs[name].capacity for x in (c.highest_pass, c.lowest_fail)]
@@ -1339,3 +1342,20 @@ def test_agree_allows_for_what_moves_between_runs_and_estimates_it_from_pairs(tm
     assert agree_cli.main([str(a), str(b), "--between-runs", str(tmp_path / "bad.json")]) == 2
     err = capsys.readouterr().err
     assert "bad.json: field 'sd' has {'p50': 0.05}: expected figures of" in err
+
+
+def test_the_like_for_like_table_names_the_block_an_unloaded_p99_rests_on():
+    """The report's *p99's heaviest block*: a variant whose unloaded p99 sits in one stretched block says
+    which block and how many of its slow requests that block holds; runs without a block give a dash."""
+    from reco.report.figures import pool
+    from reco.report.sections import _tail_block
+
+    runs = [
+        dataclasses.replace(load_run("unloaded", lognormal(10.0, 100, seed=b, sigma=0.1)), block=b)
+        for b in range(12)
+    ]
+    runs[7] = dataclasses.replace(
+        load_run("unloaded", 1.7 * lognormal(10.0, 100, seed=7, sigma=0.1)), block=7
+    )
+    assert _tail_block(pool("unloaded", runs)) == "r7: 12 of 12"  # 1,200 requests: 12 over the 1,188th
+    assert _tail_block(pool("unloaded", [dataclasses.replace(r, block=None) for r in runs])) == "–"

@@ -6,16 +6,17 @@ Each returns Markdown lines; every figure carries its CI or range and says which
 
 from __future__ import annotations
 
-from reco.loadtest.outcome import BATCH_MARGIN
+from reco.loadtest.outcome import BATCH_MARGIN, QUANTILES
 from reco.profile import STAGES
 from reco.report.context import StudyContext
-from reco.report.figures import KINDS, SLO_FACTORS, VariantFigures
+from reco.report.figures import KINDS, SLO_FACTORS, Latency, VariantFigures
 from reco.report.fmt import DASH, bracket, est, num, one_line, scaled, short, spread, table, vs_base
 from reco.report.gate import Gate
 from reco.report.metrics import CPU_PARTS, outside_handler, server_cpu_split
 from reco.stats import Estimate, Verdict
 from reco.stats.gauc import GAUC
 from reco.stats.graded import GradedQuality
+from reco.stats.paired import heaviest_block
 
 KIND_LABEL = {"unloaded": "unloaded", "common": "at the common load", "equal_util": "at equal utilisation"}
 
@@ -38,6 +39,16 @@ def _ratio(f: VariantFigures, kind: str, key: str = "p99") -> str:
     return short(r.pooled, ".2f", "×") + reps
 
 
+def _tail_block(lat: Latency | None) -> str:
+    """'r27: 28 of 28' (reco.stats.paired.heaviest_block over the runs' blocks), DASH when none."""
+    runs = [r for r in lat.used if r.block is not None] if lat else []
+    found = heaviest_block([r.latencies_ms for r in runs], QUANTILES["p99"]) if runs else None
+    if found is None:
+        return DASH
+    i, k, total = found
+    return f"r{runs[i].block}: {k} of {total}"
+
+
 def like_for_like(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
     """The three latency ratios (baseline / variant) with CIs, and each variant's unloaded latency."""
     rows = []
@@ -51,6 +62,7 @@ def like_for_like(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
                 short(un.quantiles["p50"]) if un else DASH,
                 short(un.quantiles["p99"]) if un else DASH,
                 f"{un.n:,}" if un else DASH,
+                _tail_block(un),
                 _ratio(f, "unloaded", "p50"),
                 _ratio(f, "unloaded"),
                 _pct(f.utilisation("equal_util")),
@@ -66,6 +78,7 @@ def like_for_like(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         "unloaded p50 ms [CI]",
         "unloaded p99 ms [CI]",
         "unloaded n",
+        "p99's heaviest block",
         "speed-up p50 unloaded",
         "speed-up p99 unloaded",
         "util. (equal)",
@@ -79,7 +92,10 @@ def like_for_like(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         "by MOVER where they share fewer than 2 blocks) and, in parentheses, the RANGE of the ratios of any "
         "two repeats (not a CI). Utilisation = offered rate / the variant's own median capacity at the SLO. "
         "The unloaded blocks are spread over the study, so minute-scale drift of the machine shows up in "
-        "that interval instead of between runs.",
+        "that interval instead of between runs. *p99's heaviest block*: of a variant's unloaded requests "
+        "slower than its pooled p99, how many its heaviest block holds (block r: k of all): one block "
+        "holding most of them is one slow stretch of the host, and every p99 ratio with that variant rests "
+        "on it (experiments/platform/README.md).",
         "",
         "- **Like for like: unloaded** (one request at a time: what the model and the server cost) and "
         "**at equal utilisation** (each variant at the same fraction of its own capacity).",

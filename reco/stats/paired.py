@@ -88,3 +88,21 @@ def paired_ratio(
         return Estimate(point, min(lo, point), max(hi, point), n)
     half = float(sps.t.ppf(1 - a_, len(a) - 1)) * float(np.std(logs, ddof=1))
     return Estimate(point, point * math.exp(-half), point * math.exp(half), n)
+
+
+def heaviest_block(blocks: Sequence[np.ndarray], q: float) -> tuple[int, int, int] | None:
+    """Where a pooled q-quantile's tail sits: (index of the block holding the most requests slower than the
+    pooled quantile, how many it holds, how many all blocks hold); None with fewer than 2 blocks, no
+    finite quantile or nothing slower. One block holding most of them is one slow stretch of the host
+    (experiments/platform/README.md), and every paired ratio with that quantile rests on it."""
+    xs = [np.asarray(b, np.float64).ravel() for b in blocks]
+    if len(xs) < 2 or not sum(map(len, xs)):
+        return None
+    cut = nearest_rank(np.concatenate(xs), q)
+    if not math.isfinite(cut):
+        return None
+    over = [int((x > cut).sum()) for x in xs]
+    if not sum(over):
+        return None
+    i = int(np.argmax(over))
+    return i, over[i], sum(over)
