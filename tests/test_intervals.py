@@ -235,9 +235,11 @@ def test_a_sized_window_narrows_a_fast_variants_p99_ratio_and_keeps_its_coverage
     """loadtest.study.unloaded_window_s (issue 43): on a quiet host the student's 1 s window (580 requests
     against the eager baseline's 100) narrows their paired p99 ratio, and the interval still covers."""
     import bench.stretch_ratio as sr
+    from reco.stats import paired
 
     monkeypatch.setattr(sr, "STRETCH_EVERY_S", math.inf)  # a host without slow stretches
     monkeypatch.setattr(sr, "TRUTH_BLOCKS", 5000)  # 3.4M requests: the true ratio to ~0.5 %
+    monkeypatch.setattr(paired, "BOOTSTRAP", 200)  # the interval's se to ~5 %: half the test's time
     rng = np.random.default_rng(7)
     case = Case("eager", "student-events", "window")
     got = {}
