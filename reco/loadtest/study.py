@@ -209,13 +209,13 @@ class _Study:
         return with_settings(self.lt, **changes)
 
     # -- the kinds of runs -------------------------------------------------------------------------------
-    def unloaded_settings(self, requests: int | None = None) -> LoadtestConfig:
+    def unloaded_settings(self, requests: int) -> LoadtestConfig:
         # One request at a time cannot be split across distributed workers: one process sends it.
         return self.window(
             mode=LoadMode.closed,
             users=1,
             workers=1,
-            window_requests=requests or self.lt.study.unloaded_requests,
+            window_requests=requests,
             warmup_s=unloaded_warmup_s(self.lt),
         )
 
@@ -281,7 +281,7 @@ class _Study:
         before the block leaves it (as before its own window); one that dies during it voids the block
         for every variant (their runs kept, invalid, listed by the report), never a shorter block."""
         names = [n for n in self.block_order("unloaded", r) if self.server_up(n, f"unloaded block {r}")]
-        s = self.unloaded_settings()
+        s = self.unloaded_settings(self.lt.study.unloaded_requests)  # one window for all: never sized
         est = {n: self.unloaded_s(n) + s.warmup_s / max(len(names), 1) for n in names}
         if not names or self.skip_block(names, "unloaded", f"unloaded block {r}", est):
             return
