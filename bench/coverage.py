@@ -265,11 +265,16 @@ def _pair(p: PairSetting, blocks: int, n: int, rng: np.random.Generator) -> tupl
 def paired_coverage(p: PairSetting, blocks: int, n: int, runs: int, rng: np.random.Generator) -> dict:
     """Per quantile: coverage of the CLOSED paired-ratio intervals, their open share and their median
     hi/lo, over `runs` simulated studies of `blocks` x `n`; beside it the MOVER interval from the two
-    pooled intervals (reco.stats.dependent) for comparison. The truth: the ratio of the two variants'
-    quantiles over the drift (their mixtures, from 4,000 simulated blocks)."""
-    from reco.stats.paired import paired_ratio
+    pooled intervals (reco.stats.dependent) for comparison. The estimator is the report's: unloaded
+    (utilisation 0) with >= SIGN_MIN_BLOCKS blocks the median block (reco.stats.paired.
+    median_block_ratio), whose truth is the ratio at one state of the machine (the shapes' quantiles
+    without drift: a shared drift scales both alike); else the pooled blocks (paired_ratio), whose truth
+    is the ratio of the two variants' quantiles over the drift (their mixtures). Truths from 4,000
+    simulated blocks."""
+    from reco.stats.paired import SIGN_MIN_BLOCKS, median_block_ratio, paired_ratio
 
-    ta, tb = _pair(p, 4000, n, rng)
+    median = p.utilisation == 0 and blocks >= SIGN_MIN_BLOCKS
+    ta, tb = _pair(dataclasses.replace(p, shared=0.0, own=0.0) if median else p, 4000, n, rng)
     out = {}
     for key, q in QS.items():
         truth = float(np.quantile(ta, q) / np.quantile(tb, q))
@@ -277,7 +282,7 @@ def paired_coverage(p: PairSetting, blocks: int, n: int, runs: int, rng: np.rand
         widths, mover_open = [], 0
         for _ in range(runs):
             a, b = _pair(p, blocks, n, rng)
-            e = paired_ratio(list(a), list(b), q)
+            e = median_block_ratio(list(a), list(b), q) if median else paired_ratio(list(a), list(b), q)
             if e.supported and 0 < e.lo and math.isfinite(e.hi):
                 closed += 1
                 hits += e.lo <= truth <= e.hi

@@ -13,7 +13,8 @@ locust_pool). 2 x `--blocks` unloaded blocks (one closed-loop user, `--requests`
 
 For each design: the spread (sd, n blocks) of the per-block log-ratio A/B of the p50 and of the p99 (each
 block's own nearest-rank quantiles), the sd ratio request/window with a 95 % block-bootstrap interval, and
-the paired ratio over all blocks (reco.stats.paired.paired_ratio, what the report gives) with its hi/lo.
+the paired ratio over all blocks (reco.stats.paired.median_block_ratio, what the report gives for an
+unloaded ratio) with its hi/lo.
 A host slow stretch (2-10 s, 1.3-1.9x) that hits one variant's window and not the other's moves the
 window design's per-block ratio; in the request design it lands on both.
 """
@@ -40,7 +41,7 @@ from reco.serve.config import serve_config
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.stats import nearest_rank
-from reco.stats.paired import paired_ratio
+from reco.stats.paired import median_block_ratio
 
 DESIGNS = ("window", "request")
 QS = {"p50": 0.5, "p99": 0.99}
@@ -91,7 +92,7 @@ def report(blocks: dict[str, list[dict[str, np.ndarray]]], a: str, b: str) -> No
         for key, q in QS.items():
             x = np.array([math.log(nearest_rank(k[a], q) / nearest_rank(k[b], q)) for k in bl])
             logs[design, key] = x
-            e = paired_ratio([k[a] for k in bl], [k[b] for k in bl], q)
+            e = median_block_ratio([k[a] for k in bl], [k[b] for k in bl], q)
             span = f"{e.hi / e.lo:.3f}" if e.value is not None and e.lo and e.hi else "n/a"
             print(f"| {design} | {len(bl)} | {key} | {np.std(x, ddof=1):.4f} | {e.fmt('.3f')} | {span} |")
     print("\n| quantile | sd request / sd window [95% CI, block bootstrap] |\n|---|---|")

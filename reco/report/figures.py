@@ -7,10 +7,13 @@
 - **Pooled quantiles** carry an interval that holds for dependent requests and drift between repeats
   (reco.stats.dependent: the repeats are the windows, each read in send order).
 - **Latency ratios** (baseline / variant, > 1: the variant is faster) come from the study's paired
-  blocks where both variants ran in >= 2 of them (reco.stats.paired: the ratio of pooled quantiles with
-  a paired block-bootstrap interval, Student t on blocks - 1 df), else from the two pooled intervals
-  (MOVER on the log scale, reco.stats.dependent.ratio_ci); beside them the median and RANGE of the
-  per-repeat ratios (a range, not a confidence interval).
+  blocks where both variants ran in >= 2 of them (reco.stats.paired): unloaded, from SIGN_MIN_BLOCKS
+  blocks on, the median block's ratio with a sign-test interval (robust to the host's slow stretches,
+  which hit a few windows); else the ratio of pooled quantiles with a paired block-bootstrap interval,
+  Student t on blocks - 1 df (under load a short window's own quantile is biased low: its requests
+  queue behind each other); with fewer blocks, from the two pooled intervals (MOVER on the log scale,
+  reco.stats.dependent.ratio_ci). Beside them the median and RANGE of the per-repeat ratios (a range,
+  not a confidence interval).
 - **Capacity** is the median of the repeats' highest passing rate with their range, over the *decided*
   repeats: a search the time budget stopped before any rate passed located nothing and is left out
   (reco.loadtest.outcome.Capacity.decided), not counted as a capacity of 0; the QPS gain's
@@ -32,7 +35,7 @@ from reco.loadtest.outcome import QUANTILES, Capacity, LoadRun, decided_searches
 from reco.report.context import StudyContext, VariantResult
 from reco.stats import Estimate, Verdict, ratio_range
 from reco.stats.dependent import dependent_quantile_ci, ratio_ci
-from reco.stats.paired import paired_ratio
+from reco.stats.paired import SIGN_MIN_BLOCKS, median_block_ratio, paired_ratio
 
 KINDS = ("unloaded", "common", "equal_util")  # LoadOutcome fields holding repeats of LoadRun
 RATIO_QUANTILES = ("p50", "p99")
@@ -135,6 +138,7 @@ class Ratio:
     pooled: Estimate  # point from the pooled samples, 95 % CI (paired blocks, else MOVER)
     repeats: Estimate | None  # median ratio of the repeats with lo/hi the RANGE of pairwise ratios
     blocks: int = 0  # paired blocks behind `pooled` (0: MOVER from two independent intervals)
+    method: str = "MOVER"  # "median block" | "pooled blocks" | "MOVER"
 
 
 def paired_blocks(num: Latency, den: Latency) -> tuple[list[np.ndarray], list[np.ndarray]]:
@@ -149,8 +153,9 @@ def latency_ratio(num: Latency, den: Latency, key: str) -> Ratio:
     """num's quantile `key` / den's (baseline / variant gives a speed-up).
 
     Where the two ran in >= 2 common blocks (the study's interleaved rounds) the interval comes from
-    those pairs (reco.stats.paired: the drift they shared cancels); else from the two pooled intervals
-    (MOVER, reco.stats.dependent.ratio_ci), which carries every drift twice.
+    those pairs (reco.stats.paired: the drift they shared cancels; unloaded with >= SIGN_MIN_BLOCKS
+    blocks, the median block's ratio); else from the two pooled intervals (MOVER,
+    reco.stats.dependent.ratio_ci), which carries every drift twice.
 
     Args:
         num, den: pooled latencies of the two variants (same kind of run).
@@ -160,10 +165,15 @@ def latency_ratio(num: Latency, den: Latency, key: str) -> Ratio:
     """
     reps = ratio_range(num.repeats(key), den.repeats(key))
     a, b = paired_blocks(num, den)
+    reps_ = reps if reps.supported else None
+    if num.kind == "unloaded" and len(a) >= SIGN_MIN_BLOCKS:
+        mid = median_block_ratio(a, b, QUANTILES[key])
+        if mid.supported:
+            return Ratio(mid, reps_, len(a), "median block")
     paired = paired_ratio(a, b, QUANTILES[key]) if len(a) >= 2 else None
     if paired is not None and paired.supported:
-        return Ratio(paired, reps if reps.supported else None, len(a))
-    return Ratio(ratio_ci(num.quantiles[key], den.quantiles[key]), reps if reps.supported else None)
+        return Ratio(paired, reps_, len(a), "pooled blocks")
+    return Ratio(ratio_ci(num.quantiles[key], den.quantiles[key]), reps_)
 
 
 Span = tuple[float, float | None]  # one search's (highest pass, lowest non-pass; None: no rate failed)

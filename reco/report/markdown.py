@@ -78,9 +78,12 @@ def setup(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         "(queues at 30–85 % utilisation, drift between repeats): experiments/interval_coverage/README.md in "
         "the reco repository. Runs whose load generator could not vouch for them (`valid=False`) are marked "
         "and excluded from figures and verdicts. Ratios between variants (speed-ups) are paired: every variant "
-        "runs once per block of each kind of run, in a random order, and the ratio's CI comes from the blocks "
-        f"both ran in (a paired block bootstrap, Student t on blocks - 1 df: reco.stats.paired), so drift the "
-        f"variants share cancels; {_paired_note(figs)}.",
+        "runs once per block of each kind of run, in a random order, and the ratio comes from the blocks both "
+        "ran in (reco.stats.paired), so drift the variants share cancels: unloaded, the median block's ratio "
+        "of its two windows' Harrell-Davis quantiles with a sign-test CI (a host slow stretch that hits a few "
+        "windows moves it little: the speed-up on the host without its rare stretches); under load, the "
+        "ratio of the pooled quantiles with a paired block-bootstrap CI (Student t on blocks - 1 df); "
+        f"{_paired_note(figs)}.",
         f"- Machine: {one_line(ctx.machine.line()) if ctx.machine else 'not recorded'}",
         f"- Commit: {ctx.commit or 'not recorded'}",
         f"- Report written: {dt.datetime.now().astimezone().strftime('%Y-%m-%d %H:%M %Z')}",
@@ -127,14 +130,15 @@ def _steal_note(figs: list[VariantFigures]) -> str:
 
 
 def _paired_note(figs: list[VariantFigures]) -> str:
-    """How many blocks the speed-ups rest on, per kind of run: 'unloaded 12 blocks, common 3 blocks'."""
-    most: dict[str, int] = {}
+    """How many blocks the speed-ups rest on, and how, per kind of run: 'unloaded 28 blocks (median
+    block), common 3 blocks (pooled blocks)'."""
+    most: dict[str, tuple[int, str]] = {}
     for f in figs:
         for (kind, _), r in f.speedup.items():
-            most[kind] = max(most.get(kind, 0), r.blocks)
+            most[kind] = max(most.get(kind, (0, r.method)), (r.blocks, r.method))
     parts = [
-        f"{kind} {b} blocks" if b else f"{kind} unpaired (MOVER from the two pooled intervals)"
-        for kind, b in most.items()
+        f"{kind} {b} blocks ({how})" if b else f"{kind} unpaired (MOVER from the two pooled intervals)"
+        for kind, (b, how) in most.items()
     ]
     return "paired blocks per kind of run: " + (", ".join(parts) or "none")
 

@@ -94,8 +94,8 @@ def like_for_like(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         "The unloaded blocks are spread over the study, so minute-scale drift of the machine shows up in "
         "that interval instead of between runs. *p99's heaviest block*: of a variant's unloaded requests "
         "slower than its pooled p99, how many its heaviest block holds (block r: k of all): one block "
-        "holding most of them is one slow stretch of the host, and every p99 ratio with that variant rests "
-        "on it (experiments/platform/README.md).",
+        "holding most of them is one slow stretch of the host: the variant's own pooled p99 rests on it, "
+        "its unloaded speed-ups (median blocks) do not (experiments/platform/README.md).",
         "",
         "- **Like for like: unloaded** (one request at a time: what the model and the server cost) and "
         "**at equal utilisation** (each variant at the same fraction of its own capacity).",
