@@ -12,7 +12,8 @@ the least n whose p99 CI upper bound is an observed latency). Failed requests co
     otherwise     the step is EXTENDED: another window at the same rate, as many requests again, pooled
                   with the first (the server keeps running; each window has its own short warm-up) --
                   until a verdict or `max_step_requests` (or, with `max_step_s`, rate x max_step_s
-                  requests, whichever is fewer), then INCONCLUSIVE
+                  requests, whichever is fewer), then INCONCLUSIVE; or stopped INCONCLUSIVE sooner when
+                  two looks in a row find neither way to PASS in reach by that cap (futility)
 
 (the spirit of MLPerf LoadGen's early stopping: more samples only where the answer is close). The p99
 interval is reco.stats.dependent's (requests under load are not independent). A step looks at its
@@ -183,10 +184,19 @@ def run_step(
         say(f"{rate:.1f} req/s: screening window n={runs[0].n} not a clear FAIL, measuring on")
     runs.append(measure(rate, int(c.step_requests) - screen, out_dir / f"w{len(runs):02d}"))
     cap, conf = step_cap(rate, c), c.step_conf
+    hopeless = ""  # the previous look's futility reason
     while True:
         pooled = pool_runs(runs)
         verdict, reason, p99 = step_verdict(pooled, slo_p99_ms, c.max_error_rate, conf)
         done = verdict != Verdict.INCONCLUSIVE or pooled.n >= cap
+        if not done:
+            # two looks in a row: one look's dependence estimate can be far off (see futility)
+            hopeless, was = futility(runs, pooled, slo_p99_ms, cap, conf), hopeless
+            if hopeless and was:
+                say(
+                    f"{rate:.1f} req/s: p99 {p99.fmt('.2f')} ms at {conf:.1%} -> INCONCLUSIVE, stopped: {hopeless}"
+                )
+                return CapacityStep(rate, pooled, verdict, f"{reason}; stopped: {hopeless}")
         more = min(pooled.n, cap - pooled.n)
         cut = not done and clock() + window_s(rate, more, c.step_warmup_s) > deadline
         judged = f"p99 {p99.fmt('.2f')} ms at {conf:.1%}"  # the interval the verdict rests on
@@ -205,6 +215,31 @@ def run_step(
         if done:
             return CapacityStep(rate, pooled, verdict, reason)
         runs.append(measure(rate, more, out_dir / f"w{len(runs):02d}"))
+
+
+def futility(runs: list[LoadRun], pooled: LoadRun, slo_p99_ms: float, cap: int, conf: float) -> str:
+    """Why an INCONCLUSIVE step cannot PASS by its cap at what its requests show so far; '' when it may.
+
+    Neither way to PASS is in reach: the p99's upper bound needs more requests than the cap at this
+    dependence (reco.stats.dependent.requests_to_close), and the exceedance bound, its margin shrinking
+    as 1 / sqrt(n) from here, would still read past EXCEEDANCE_MAX_SHARE at the cap (or its effective n
+    stay short). A slow spell of the host at 65 % utilisation (a 1.3-1.9x stretch takes the queue past
+    capacity) leaves such a step INCONCLUSIVE at its cap minutes later; stopping it early gives the next
+    rate the time (experiments/ecommerce_case_study/README.md#capacity-steps). Stopping never PASSes a
+    step, so it cannot add a false PASS; the dependence estimate of one look can be far off, so
+    run_step stops only when two looks in a row find the step hopeless."""
+    n = pooled.n
+    need = requests_to_close([r.latencies_ms for r in runs], 0.99, conf)
+    if need <= cap:
+        return ""
+    est, up, n_eff = exceedance_bound([pooled.latencies_ms], slo_p99_ms, conf, EXCEEDANCE_POWER)
+    at_cap = est + (up - est) * math.sqrt(n / cap)
+    if at_cap <= EXCEEDANCE_MAX_SHARE and n_eff * cap / n >= EXCEEDANCE_MIN_EFFECTIVE_N:
+        return ""
+    return (
+        f"futile at n={n:,}: the p99's upper bound needs ~{need:,} requests at this dependence and the "
+        f"exceedance bound would read {at_cap:.2g} at the cap of {cap:,} (PASS needs <= {EXCEEDANCE_MAX_SHARE:g})"
+    )
 
 
 # A window's start and stop beside its warm-up and requests: with the study's Locust processes kept across
