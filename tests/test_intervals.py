@@ -313,3 +313,25 @@ def test_heaviest_block_names_the_block_a_pooled_p99_rests_on():
     assert even is not None and even[1] <= 5 and even[2] == 28
     assert heaviest_block(blocks[:1], 0.99) is None  # one block: nothing to compare
     assert heaviest_block([np.full(100, np.inf), np.full(100, np.inf)], 0.99) is None
+
+
+def test_reread_unloaded_prints_both_estimators_from_a_studys_files(tmp_path, capsys):
+    """bench.reread_unloaded: real latencies.csv files in a study's layout, one block's baseline window
+    stretched 1.9x: the median block reads the quiet ratio (10), the pooled p99 the stretch."""
+    from bench.reread_unloaded import main
+
+    rng = np.random.default_rng(3)
+    for k in range(28):
+        for name, scale, n in (("baseline", 30.0, 100), ("student", 3.0, 500)):
+            x = scale * rng.lognormal(0.0, 0.15, n) * (1.9 if name == "baseline" and k == 27 else 1.0)
+            d = tmp_path / "load" / name / "unloaded" / f"r{k}"
+            d.mkdir(parents=True)
+            rows = "".join(f"{i / 100:.3f},{v:.4f},1,200\n" for i, v in enumerate(x))
+            (d / "latencies.csv").write_text("start_s,latency_ms,ok,status\n" + rows)
+    main([str(tmp_path)])
+    row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("| `student`"))
+    cells = [c.strip() for c in row.strip("|").split("|")]
+    median_p99, pooled_p99 = (float(c.split()[0]) for c in cells[4:6])
+    assert cells[1] == "28" and abs(median_p99 - 10.0) < 0.5 and pooled_p99 > 1.3 * median_p99, row
+    with pytest.raises(SystemExit, match="no load/baseline/unloaded"):
+        main([str(tmp_path / "nothing")])
