@@ -16,7 +16,7 @@ by MOVER (reco.stats.dependent.ratio_ci) carry it twice. The ratio of two varian
   (coverage 0.68-0.82), while a median block is moved by at most the few blocks they hit. So the figure
   is the speed-up on the host as a block sees it, without its rare stretches (a variant's own pooled
   p99, with them, is reported beside it). What it covers and how wide:
-  experiments/unloaded_interleave/README.md#the-median-block.
+  experiments/unloaded_interleave/README.md#the-median-block-recostatspairedmedian_block_ratio-a-simulation-2026-12-05-code-44b2615.
 - **few blocks (the common load's 3): pooled.** The ratio of the quantiles pooled over the blocks,
   its interval from a paired block bootstrap (blocks resampled, both variants' together) with Student t
   on B - 1 df: the sign test cannot reach 95 % without its extreme blocks below SIGN_MIN_BLOCKS.
