@@ -17,9 +17,11 @@ by MOVER (reco.stats.dependent.ratio_ci) carry it twice. The ratio of two varian
   is the speed-up on the host as a block sees it, without its rare stretches (a variant's own pooled
   p99, with them, is reported beside it). What it covers and how wide:
   experiments/unloaded_interleave/README.md#the-median-block-recostatspairedmedian_block_ratio-a-simulation-2026-12-05-code-44b2615.
-- **few blocks (the common load's 3): pooled.** The ratio of the quantiles pooled over the blocks,
-  its interval from a paired block bootstrap (blocks resampled, both variants' together) with Student t
-  on B - 1 df: the sign test cannot reach 95 % without its extreme blocks below SIGN_MIN_BLOCKS.
+- **under load, or few blocks (the common load's 3): pooled.** The ratio of the quantiles pooled over
+  the blocks, its interval from a paired block bootstrap (blocks resampled, both variants' together)
+  with Student t on B - 1 df: a short loaded window's own quantile is biased low (its requests queue
+  behind each other), and below SIGN_MIN_BLOCKS the sign test cannot reach 95 % without its extremes.
+  reco.report.figures.latency_ratio chooses.
 
 A block needs enough requests for its own quantile not to be its maximum (block_min_n: 100 for a p99),
 and >= 2 blocks; otherwise the ratio is not supported, as it is when a variant's pooled quantile is a
@@ -77,7 +79,9 @@ def block_quantile(x: np.ndarray, q: float) -> float:
     return float(np.sort(x) @ _hd_weights(len(x), q))
 
 
-def _paired(num: Sequence[np.ndarray], den: Sequence[np.ndarray], q: float):
+def _paired(
+    num: Sequence[np.ndarray], den: Sequence[np.ndarray], q: float
+) -> tuple[list[np.ndarray], list[np.ndarray], int, bool]:
     """(num's blocks, den's, n = the fewer pooled requests, whether a finite paired ratio is supported)."""
     a = [np.asarray(x, np.float64).ravel() for x in num]
     b = [np.asarray(x, np.float64).ravel() for x in den]
