@@ -335,3 +335,30 @@ def test_reread_unloaded_prints_both_estimators_from_a_studys_files(tmp_path, ca
     assert cells[1] == "28" and abs(median_p99 - 10.0) < 0.5 and pooled_p99 > 1.3 * median_p99, row
     with pytest.raises(SystemExit, match="no load/baseline/unloaded"):
         main([str(tmp_path / "nothing")])
+
+
+def test_with_host_stretches_the_median_block_covers_the_quiet_ratio(monkeypatch):
+    """Issue 43, the study's unloaded shape with the host's slow stretches simulated (bench.stretch_ratio:
+    the eager baseline's 100-request windows, the student's 1 s of 580): the median block covers the
+    ratio on a quiet host and stays narrow; the pooled ratio it replaced misses its own truth (the
+    stretched one) far more often (0.68 over 400 studies: experiments/unloaded_interleave)."""
+    import bench.stretch_ratio as sr
+    from reco.stats import paired
+    from reco.stats.paired import median_block_ratio
+
+    monkeypatch.setattr(sr, "TRUTH_BLOCKS", 5000)
+    monkeypatch.setattr(paired, "BOOTSTRAP", 200)
+    rng = np.random.default_rng(17)
+    case = Case("eager", "student-events", "window")
+    quiet, stretched = (
+        sr.truth(case, 100, rng, stretched=False, m=580)["p99"],
+        sr.truth(case, 100, rng, m=580)["p99"],
+    )
+    med, pooled = [], []
+    for s in range(80):
+        a, b = map(list, simulate(case, 28, 100, rng, m=580))
+        med.append(median_block_ratio(a, b, 0.99))
+        pooled.append(paired_ratio(a, b, 0.99, seed=s))
+    cover = float(np.mean([e.lo <= quiet <= e.hi for e in med]))
+    assert cover >= 0.85 and float(np.median([e.hi / e.lo for e in med])) <= 1.3, cover
+    assert float(np.mean([e.lo <= stretched <= e.hi for e in pooled])) < cover, (quiet, stretched)
