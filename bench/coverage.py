@@ -32,7 +32,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reco.loadtest.capacity import run_step, step_verdict
+from reco.loadtest.capacity import FUTILE_LOOKS, futility, run_step, step_verdict
 from reco.loadtest.config import CapacityConfig
 from reco.loadtest.runs import make_run
 from reco.stats import Verdict, quantile_ci
@@ -355,7 +355,9 @@ def _step_chains(model: str, u: float, drift: float, chains: int, rng: np.random
 def step_power(
     model: str, u: float, drift: float, factors: tuple[float, ...], powers: tuple[int, ...], runs: int, rng
 ) -> dict[tuple[float, int], float]:
-    """(SLO / true p99, k) -> share of `runs` steps that PASS (k = 0: the p99's interval alone)."""
+    """(SLO / true p99, k) -> share of `runs` steps that PASS (k = 0: the p99's interval alone). With the
+    bound (k > 0) a step also stops as run_step stops it, when FUTILE_LOOKS looks in a row find it
+    hopeless (reco.loadtest.capacity.futility)."""
     truth_p99 = float(np.quantile(_step_chains(model, u, drift, 400, rng), 0.99))
     x = _step_chains(model, u, drift, runs, rng)
     c = dataclasses.replace(step_config(), step_requests=STEP_LOOKS[0], max_step_requests=STEP_LOOKS[-1])
@@ -364,12 +366,21 @@ def step_power(
         for k in powers:
             passes = 0
             for r in range(runs):
-                for n in STEP_LOOKS:
+                windows, streak = [], 0
+                for lo, n in zip((0, *STEP_LOOKS[:-1]), STEP_LOOKS, strict=True):
+                    windows.append(
+                        make_run(x[r, lo:n], kind="capacity", offered_qps=u, window_s=(n - lo) / u)
+                    )
                     run = make_run(x[r, :n], kind="capacity", offered_qps=u, window_s=n / u)
                     v = step_verdict(run, f * truth_p99, c.max_error_rate, c.step_conf, power=k)[0]
                     if v != Verdict.INCONCLUSIVE:
                         passes += v == Verdict.PASS
                         break
+                    if k and n < STEP_LOOKS[-1]:
+                        hopeless = futility(windows, run, f * truth_p99, STEP_LOOKS[-1], c.step_conf)
+                        streak = streak + 1 if hopeless else 0
+                        if streak >= FUTILE_LOOKS:
+                            break
             out[f, k] = passes / runs
     return out
 

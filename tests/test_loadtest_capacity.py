@@ -428,7 +428,7 @@ def test_a_step_that_passes_on_the_exceedance_bound_says_so(lt, tmp_path):
 def test_a_step_no_look_can_pass_stops_early_and_one_far_below_goes_on(lt, tmp_path):
     """Futility (issue 43): a step whose slow spells reach toward the SLO (bursts up to 5x a 4 ms body
     against a 25 ms SLO) can neither close its p99 nor get its exceedance bound under 0.1 % by its cap of
-    8,000: it stops INCONCLUSIVE after two hopeless looks, at 2,400 requests, saying why. The same series
+    8,000: it stops INCONCLUSIVE after three hopeless looks in a row, at 4,800 requests, saying why. The same series
     against 200 ms goes on and PASSes; stopping never turns a step into a PASS."""
     c = cap_cfg(
         lt, start_rate=200, min_rate=200, max_rate=200, steps=1, step_requests=600, max_step_requests=8000
@@ -446,8 +446,8 @@ def test_a_step_no_look_can_pass_stops_early_and_one_far_below_goes_on(lt, tmp_p
     series = _bursty(8000, starts=[100, 400, 900, 1500, 2000, 3000, 4500])
     said: list[str] = []
     (s,) = find_capacity(serve(series), 25.0, c, tmp_path / "near", say=said.append).steps
-    assert s.verdict == Verdict.INCONCLUSIVE and s.run.n == 2400, said
-    assert "stopped: futile at n=2,400" in s.reason and "exceedance bound would read" in s.reason, s.reason
+    assert s.verdict == Verdict.INCONCLUSIVE and s.run.n == 4800, said
+    assert "stopped: futile at n=4,800" in s.reason and "exceedance bound would read" in s.reason, s.reason
     assert "stopped: futile" in said[-1], said
     (s,) = find_capacity(serve(series), 200.0, c, tmp_path / "far").steps
     assert s.verdict == Verdict.PASS, s.reason

@@ -13,7 +13,7 @@ the least n whose p99 CI upper bound is an observed latency). Failed requests co
                   with the first (the server keeps running; each window has its own short warm-up) --
                   until a verdict or `max_step_requests` (or, with `max_step_s`, rate x max_step_s
                   requests, whichever is fewer), then INCONCLUSIVE; or stopped INCONCLUSIVE sooner when
-                  two looks in a row find neither way to PASS in reach by that cap (futility)
+                  FUTILE_LOOKS looks in a row find neither way to PASS in reach by that cap (futility)
 
 (the spirit of MLPerf LoadGen's early stopping: more samples only where the answer is close). The p99
 interval is reco.stats.dependent's (requests under load are not independent). A step looks at its
@@ -87,6 +87,12 @@ SCREEN_MIN_N = 50  # a screening window never shorter: a handful of requests is 
 EXCEEDANCE_MIN_N = 2000
 EXCEEDANCE_MIN_EFFECTIVE_N = 50
 EXCEEDANCE_MAX_SHARE = 0.001
+# Looks in a row that must find a step hopeless before it stops (futility). Simulated at 3x the SLO
+# (bench.coverage --step-power, 50 % utilisation), two cost P(PASS) up to 0.2 against no stop (M/D/1
+# 0.97 -> 0.72); three kept it within the simulation's noise (0.97, and M/M/1 0.72 against 0.69-0.74)
+# and still stopped the case study's hopeless baseline step at 2,400 of its 6,400 requests
+# (experiments/interval_coverage/README.md#steps-far-below-the-slo).
+FUTILE_LOOKS = 3
 Measure = Callable[[float, int, Path], LoadRun]  # (rate req/s, requests in the window, out dir) -> run
 Say = Callable[[str], None]  # progress: one line per window (a slow variant's step takes minutes)
 
@@ -184,15 +190,16 @@ def run_step(
         say(f"{rate:.1f} req/s: screening window n={runs[0].n} not a clear FAIL, measuring on")
     runs.append(measure(rate, int(c.step_requests) - screen, out_dir / f"w{len(runs):02d}"))
     cap, conf = step_cap(rate, c), c.step_conf
-    hopeless = ""  # the previous look's futility reason
+    streak = 0  # looks in a row that found the step hopeless
     while True:
         pooled = pool_runs(runs)
         verdict, reason, p99 = step_verdict(pooled, slo_p99_ms, c.max_error_rate, conf)
         done = verdict != Verdict.INCONCLUSIVE or pooled.n >= cap
         if not done:
-            # two looks in a row: one look's dependence estimate can be far off (see futility)
-            hopeless, was = futility(runs, pooled, slo_p99_ms, cap, conf), hopeless
-            if hopeless and was:
+            # FUTILE_LOOKS in a row: one look's dependence estimate can be far off (see futility)
+            hopeless = futility(runs, pooled, slo_p99_ms, cap, conf)
+            streak = streak + 1 if hopeless else 0
+            if streak >= FUTILE_LOOKS:
                 say(
                     f"{rate:.1f} req/s: p99 {p99.fmt('.2f')} ms at {conf:.1%} -> INCONCLUSIVE, stopped: {hopeless}"
                 )
@@ -226,8 +233,8 @@ def futility(runs: list[LoadRun], pooled: LoadRun, slo_p99_ms: float, cap: int, 
     stay short). A slow spell of the host at 65 % utilisation (a 1.3-1.9x stretch takes the queue past
     capacity) leaves such a step INCONCLUSIVE at its cap minutes later; stopping it early gives the next
     rate the time (experiments/ecommerce_case_study/README.md#capacity-steps). Stopping never PASSes a
-    step, so it cannot add a false PASS; the dependence estimate of one look can be far off, so
-    run_step stops only when two looks in a row find the step hopeless."""
+    step, so it cannot add a false PASS, but it costs power where an early look's dependence estimate is
+    far off, so run_step stops only when FUTILE_LOOKS looks in a row find the step hopeless."""
     n = pooled.n
     need = requests_to_close([r.latencies_ms for r in runs], 0.99, conf)
     if need <= cap:
