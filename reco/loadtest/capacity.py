@@ -87,10 +87,10 @@ SCREEN_MIN_N = 50  # a screening window never shorter: a handful of requests is 
 EXCEEDANCE_MIN_N = 2000
 EXCEEDANCE_MIN_EFFECTIVE_N = 50
 EXCEEDANCE_MAX_SHARE = 0.001
-# Looks in a row that must find a step hopeless before it stops (futility). Simulated at 3x the SLO
-# (bench.coverage --step-power, 50 % utilisation), two cost P(PASS) up to 0.2 against no stop (M/D/1
-# 0.97 -> 0.72); three kept it within the simulation's noise (0.97, and M/M/1 0.72 against 0.69-0.74)
-# and still stopped the case study's hopeless baseline step at 2,400 of its 6,400 requests
+# Looks in a row that must find a step hopeless before it stops (futility). Simulated
+# (bench.coverage --step-power), two cost P(PASS) up to 0.28 against no stop (M/D/1 at 3x the SLO, 50 %
+# utilisation: 0.94 -> 0.66), three at most 0.04 in every cell, and three still stopped the case study's
+# hopeless baseline step at 2,400 of its 6,400 requests
 # (experiments/interval_coverage/README.md#steps-far-below-the-slo).
 FUTILE_LOOKS = 3
 Measure = Callable[[float, int, Path], LoadRun]  # (rate req/s, requests in the window, out dir) -> run
