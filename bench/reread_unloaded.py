@@ -3,7 +3,7 @@ block) beside the pooled blocks it replaced, per variant against the baseline, f
 
     python -m bench.reread_unloaded outputs/<experiment>/<timestamp> [--baseline baseline]
 
-Reads every `load/<variant>/unloaded/r<block>/latencies.csv` (failed requests as +inf), pairs each
+Reads every `load/<variant>/unloaded/r<block>/latencies.csv` as the runner does (failed requests +inf), pairs each
 variant's blocks with the baseline's by block number, and prints the p50 and p99 speed-ups with their 95 %
 intervals (reco.stats.paired.median_block_ratio and paired_ratio): an older run's figures under the
 current estimator, and how far one host stretch moves each (experiments/unloaded_interleave/README.md).
@@ -12,23 +12,24 @@ current estimator, and how far one host stretch moves each (experiments/unloaded
 from __future__ import annotations
 
 import argparse
-import csv
+import json
 import re
 from pathlib import Path
 
 import numpy as np
 
+from reco.loadtest.histogram import read_latencies
 from reco.stats.paired import median_block_ratio, paired_ratio
 
 
 def blocks(run_dir: Path, variant: str) -> dict[int, np.ndarray]:
-    """Block number -> that block's unloaded latencies (ms, +inf = failed) of one variant."""
+    """Block number -> that block's unloaded window of one variant, as the runner read it (send order,
+    failed and unanswered requests +inf: reco.loadtest.histogram.Latencies.window_ms)."""
     out = {}
     for f in run_dir.glob(f"load/{variant}/unloaded/r*/latencies.csv"):
-        with f.open() as fh:
-            rows = list(csv.DictReader(fh))
-        k = int(re.fullmatch(r"r(\d+)", f.parent.name).group(1))
-        out[k] = np.array([float(r["latency_ms"]) if r["ok"] == "1" else np.inf for r in rows])
+        summary = f.with_name(f.name + ".summary.json")
+        unanswered = json.loads(summary.read_text()).get("unanswered", 0) if summary.exists() else 0
+        out[int(re.fullmatch(r"r(\d+)", f.parent.name).group(1))] = read_latencies(f).window_ms(unanswered)
     return out
 
 
