@@ -40,7 +40,7 @@ from dataclasses import dataclass
 import numpy as np
 from scipy import stats as sps
 
-from reco.stats.paired import median_block_ratio, paired_ratio
+from reco.stats.paired import hd_weights, median_block_ratio, paired_ratio
 
 STRETCH_EVERY_S = 90.0  # mean gap between stretches: "every minute or two"
 STRETCH_S = (1.0, 6.0)  # a stretch's length, uniform
@@ -124,12 +124,6 @@ def truth(
     """Quantile -> the true ratio, from TRUTH_BLOCKS blocks of the design pooled per variant."""
     a, b = simulate(c, TRUTH_BLOCKS, n, rng, stretched, m)
     return {k: float(np.quantile(a, q) / np.quantile(b, q)) for k, q in QS.items()}
-
-
-def hd_weights(n: int, q: float) -> np.ndarray:
-    """Harrell-Davis weights of the n order statistics for the q-quantile."""
-    cdf = sps.beta.cdf(np.arange(n + 1) / n, (n + 1) * q, (n + 1) * (1 - q))
-    return np.diff(cdf)
 
 
 def _t_interval(logs: np.ndarray) -> tuple[float, float, float]:

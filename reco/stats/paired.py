@@ -64,10 +64,13 @@ SIGN_MIN_BLOCKS = next(b for b in range(2, 100) if sign_rank(b) >= 2)  # 9 at 95
 
 
 @lru_cache(maxsize=256)
-def _hd_weights(n: int, q: float) -> np.ndarray:
+def hd_weights(n: int, q: float) -> np.ndarray:
+    """Harrell-Davis weights of the n order statistics for the q-quantile (read-only: cached, shared)."""
     from scipy import stats as sps
 
-    return np.diff(sps.beta.cdf(np.arange(n + 1) / n, (n + 1) * q, (n + 1) * (1 - q)))
+    w = np.diff(sps.beta.cdf(np.arange(n + 1) / n, (n + 1) * q, (n + 1) * (1 - q)))
+    w.setflags(write=False)
+    return w
 
 
 def block_quantile(x: np.ndarray, q: float) -> float:
@@ -76,7 +79,7 @@ def block_quantile(x: np.ndarray, q: float) -> float:
     x = np.asarray(x, np.float64).ravel()
     if not np.isfinite(x).all():
         return nearest_rank(x, q)
-    return float(np.sort(x) @ _hd_weights(len(x), q))
+    return float(np.sort(x) @ hd_weights(len(x), q))
 
 
 def _paired(
