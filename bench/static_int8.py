@@ -14,6 +14,9 @@ calibration_batch_size rows of the validation split (what the step uses). Per se
 - batch spread: the widest |score of a request inside a call with 1-7 other requests - its score alone|
   over --requests requests of --n validation rows (reco.models.protocol.as_requests) x --compositions
   calls each, through the request graph the server runs (reco.loadtest.correctness.batch_spread);
+- with --users U (data with a planted click model): the served top-10's expected clicks@10 of U
+  validation users (reco.serve.quality: the service's own candidates and ranking, graded by the true
+  P(click), what the report's gate judges), relative to the fp32 graph's, paired over the users;
 - p50 ms of one call of one request of --n candidates, and of 8 such requests in one call, timed
   interleaved over --rounds rounds (median of the rounds' medians), one intra-op thread; and the time
   of each against dynamic INT8's as a ratio of medians with a 95 % Student t interval over the rounds'
@@ -36,11 +39,17 @@ from bench.user_once import speedup_ci
 from reco.cli.compose import compose
 from reco.config import typed
 from reco.data.schema import Dataset
+from reco.data.synthetic import SyntheticConfig, click_model
+from reco.experiment import ExperimentConfig, experiment_config
 from reco.loadtest.correctness import batch_spread
 from reco.measure import predict
 from reco.models.protocol import as_requests
 from reco.runtime import ort_scorer
-from reco.stats import auc_ci, auc_delta
+from reco.serve.features import FeatureStore
+from reco.serve.quality import gains_of, planted_gains, quality_requests, reproduces, served_topk
+from reco.stats import Estimate, auc_ci, auc_delta
+from reco.stats.graded import graded_per_request
+from reco.stats.topk import paired_relative_delta
 from reco.steps.accelerate import AccelerateConfig
 from reco.steps.accelerate.export import export_onnx, real_batch
 from reco.steps.accelerate.quantize import quantize
@@ -88,6 +97,25 @@ def build(parent: Variant, data: Dataset, ac: AccelerateConfig, out: Path) -> di
     return scorers
 
 
+def clicks_delta(scorers: dict, data: Dataset, exp: ExperimentConfig, users: int) -> dict[str, Estimate]:
+    """Label -> relative Δ of the served top-10's expected clicks@10 against the first scorer's (fp32),
+    paired over `users` validation users; {} when the data has no planted click model."""
+    model = click_model(typed(exp.data.params, SyntheticConfig, "data.params"))
+    if users == 0 or exp.data.loader != "synthetic_ecommerce" or not reproduces(model, data):
+        return {}
+    store, reqs = FeatureStore(data, exp.serve.retrieval), quality_requests(data, users, exp.seed, "val")
+    cands = [store.candidates(store.user_row(int(u)), exp.serve.n_candidates) for u in reqs.users]
+    gains = planted_gains(model, data, reqs, cands)
+    clicks = {
+        label: graded_per_request(gains_of(served_topk(s, store, data, reqs, exp.serve, 10), cands, gains), gains)
+        ["clicks"]
+        for label, s in scorers.items()
+    }  # fmt: skip
+    ref = next(iter(clicks.values()))
+    # a request's expected clicks@10 differ by at most 10 (ten items, each P <= 1)
+    return {label: paired_relative_delta(x, ref, exp.seed, bound=10.0) for label, x in clicks.items()}
+
+
 def timed(scorer, block, sizes: list[int], calls: int) -> float:
     out = []
     for _ in range(calls):
@@ -104,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--n", type=int, default=50, help="candidates per request")
     p.add_argument("--requests", type=int, default=64, help="requests whose batch spread is measured")
     p.add_argument("--compositions", type=int, default=8, help="offline batches per request")
+    p.add_argument(
+        "--users", type=int, default=0, help="validation users whose served top-10 is graded (0: skip)"
+    )
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--calls", type=int, default=40, help="timed calls per setting, shape and round")
     p.add_argument(
@@ -112,9 +143,8 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     torch.set_num_threads(1)
     data = Dataset.load(args.dataset)
-    ac = typed(
-        compose(["accelerate.mode=onnx_int8", *args.overrides]).accelerate, AccelerateConfig, "accelerate"
-    )
+    cfg = compose(["accelerate.mode=onnx_int8", *args.overrides])
+    ac = typed(cfg.accelerate, AccelerateConfig, "accelerate")
     ac.check()
     shared = data.schema.shared_columns
     labels = data.val.labels.numpy()
@@ -128,9 +158,10 @@ def main(argv: list[str] | None = None) -> int:
     print(f"quantize settings: {dataclasses.asdict(ac.quantize)}; validation rows n = {len(labels)}")
     print(
         f"| variant | setting | val AUC [95% CI] | ΔAUC vs fp32 [95% CI] | max abs Δ score vs fp32 | batch spread ({args.requests} req x "
-        f"{args.compositions}) | p50 ms 1 x {args.n} | / dynamic [95% CI] | p50 ms 8 x {args.n} | / dynamic [95% CI] |"
+        f"{args.compositions}) | Δexpected clicks@10 vs fp32 % [95% CI] ({args.users} val users) | p50 ms 1 x {args.n} | / dynamic [95% CI] | p50 ms 8 x {args.n} | / dynamic [95% CI] |"
     )
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    exp = experiment_config(cfg)
     for path in args.variant:
         parent = Variant.load(path)
         with tempfile.TemporaryDirectory(prefix="static_int8_") as tmp:
@@ -140,6 +171,7 @@ def main(argv: list[str] | None = None) -> int:
                 for label, s in scorers.items():
                     times[label][0].append(timed(s, blocks[0], [args.n], args.calls))
                     times[label][1].append(timed(s, eight, [args.n] * 8, args.calls))
+            clicks = clicks_delta(scorers, data, exp, args.users)
             ref = None
             for label, s in scorers.items():
                 probs = predict(s, data.val)
@@ -153,9 +185,11 @@ def main(argv: list[str] | None = None) -> int:
                 )
                 t1, t8 = (float(np.median(x)) for x in times[label])
                 r1, r8 = (speedup_ci(times[label][k], times["dynamic"][k]) for k in (0, 1))
+                c = clicks.get(label)
+                ctext = "–" if c is None else f"{100 * c.value:+.2f} [{100 * c.lo:+.2f}, {100 * c.hi:+.2f}]"
                 print(
                     f"| {parent.name} | {label} | {a.value:.5f} [{a.lo:.5f}, {a.hi:.5f}] | {d.value:+.5f} "
-                    f"[{d.lo:+.5f}, {d.hi:+.5f}] | {np.abs(probs - ref).max():.1e} | {spread:.2e} | {t1:.3f} | "
+                    f"[{d.lo:+.5f}, {d.hi:+.5f}] | {np.abs(probs - ref).max():.1e} | {spread:.2e} | {ctext} | {t1:.3f} | "
                     f"{r1[0]:.2f} [{r1[1]:.2f}, {r1[2]:.2f}] | {t8:.3f} | {r8[0]:.2f} [{r8[1]:.2f}, {r8[2]:.2f}] |",
                     flush=True,
                 )

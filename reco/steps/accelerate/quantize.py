@@ -254,11 +254,11 @@ class CalibrationRows:
 
     def __init__(self, split: Split, batches: int, batch_size: int, request: bool = False):
         self.request = request
-        self.parts = [
-            split.take(slice(i * batch_size, (i + 1) * batch_size))
-            for i in range(batches)
-            if i * batch_size < len(split)
-        ]
+        # Whole batches only: the histogram calibrators (Percentile, Entropy) stack every batch's
+        # activations into one array, so a short last batch fails them; a split shorter than one batch is
+        # one batch of all its rows.
+        full = min(batches, len(split) // batch_size)
+        self.parts = [split.take(slice(i * batch_size, (i + 1) * batch_size)) for i in range(full)] or [split]
         self.it = iter(self.parts)
 
     def get_next(self) -> dict[str, np.ndarray] | None:
