@@ -495,6 +495,37 @@ def test_a_search_the_budget_stopped_before_any_pass_enters_no_median():
     assert base.max_qps.lo == 0.0 and base.max_qps.n == 4
 
 
+def test_a_baseline_that_only_failed_bounds_the_qps_gain_from_below():
+    """The budget stopped every baseline search before a rate passed, but each FAILed one: its capacity lies
+    below that rate, so the headline's gain is at least its lowest pass / the highest such FAIL, a one-sided
+    range that can meet a goal. A baseline search without a FAIL leaves it unbounded: NOT MEASURED."""
+    results, ctx = make_study()
+    base = next(r for r in results if r.variant.name == "base")
+    fail = dataclasses.replace(base.load.capacity[0].steps[-1], verdict=Verdict.FAIL, reason="p99 vs SLO")
+    unsure = dataclasses.replace(fail, rate=0.5 * fail.rate, verdict=Verdict.INCONCLUSIVE)
+    base.load.capacity = [Capacity(SLO, 0.0, unsure.rate, [unsure, fail], stopped_by_budget=True)] * 2
+    ctx = dataclasses.replace(ctx, headline="pruned")
+    fl = study_figures(results, ctx)
+    pruned = next(f for f in fl if f.name == "pruned")
+    assert pruned.qps_gain is None  # no capacity of the baseline: no two-sided gain
+    floor = min(c.highest_pass for c in pruned.capacity) / fail.rate
+
+    def judged(goal):
+        c = dataclasses.replace(ctx, targets={"qps_gain": goal})
+        figs = study_figures(results, c)
+        return {t.key: t for t in evaluate(figs, {f.name: gate(f, c) for f in figs}, c)}["qps_gain"]
+
+    met = judged(0.9 * floor)
+    assert met.outcome == Outcome.MET and met.measured.figure.lo == pytest.approx(floor)
+    assert "one-sided" in met.measured.text and f"{fail.rate:.1f} req/s" in met.measured.text
+    assert judged(1.1 * floor).outcome == Outcome.INCONCLUSIVE  # the gain may still be above it
+    base.load.capacity = [
+        base.load.capacity[0],
+        Capacity(SLO, 0.0, unsure.rate, [unsure], stopped_by_budget=True),
+    ]
+    assert judged(0.9 * floor).outcome == Outcome.NOT_MEASURED
+
+
 def test_qps_plot_sorts_steps_by_offered_rate_and_marks_each_bracket():
     """A search visits rates out of order and an overloaded step achieves far less than it was offered:
     drawn against the offered rate and sorted by it, every search is one line left to right."""

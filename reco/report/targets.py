@@ -24,6 +24,7 @@ What a figure's bounds mean decides what its verdict may say (Measured.basis):
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from enum import StrEnum
@@ -199,9 +200,36 @@ def _qps_gain(figs, gates, ctx) -> Measured | Unmeasured:
         return blocked
     g = p.figs.qps_gain
     if g is None:
-        return Unmeasured(f"`{p.figs.name}` has no QPS gain at the SLO")
+        floor = _gain_floor(p.figs, next((f for f in figs if f.is_baseline), None))
+        if floor is None:
+            return Unmeasured(f"`{p.figs.name}` has no QPS gain at the SLO")
+        passed, base_fail = floor
+        gain = passed / base_fail
+        text = (
+            f"> {gain:.2f}× (`{p.figs.name}`, {p.note()}; one-sided: no rate of the baseline passed before the "
+            f"time budget, but it failed the SLO at {base_fail:.1f} req/s, so its capacity lies below that, "
+            f"while `{p.figs.name}` passed at {passed:.0f} req/s; a range over the repeats, not a CI)"
+        )
+        return Measured(Estimate(gain, gain, math.inf, len(p.figs.capacity)), text, Basis.RANGE, p.declared)
     text = f"{short(g, '.2f', '×')} (`{p.figs.name}`, {p.note()}; a range over the repeats' capacity brackets, not a CI)"
     return Measured(g, text, Basis.RANGE, p.declared)
+
+
+def _gain_floor(f: VariantFigures, base: VariantFigures | None) -> tuple[float, float] | None:
+    """(f's lowest passing rate over its repeats, the baseline's rate above its capacity) when the
+    baseline's capacity is bounded only from above: none of its searches located one, but every search
+    that ran a step FAILed one, so its capacity lies below the highest of their lowest FAILs (latency
+    assumed not to fall as the load rises, as the gate assumes); the ratio bounds f's QPS gain from
+    below. None when f passed no rate, or a baseline search that ran steps failed none."""
+    passes = [c.highest_pass for c in f.capacity if c.decided and c.highest_pass > 0]
+    if base is None or not passes or any(c.decided for c in base.capacity):
+        return None
+    ran = [c for c in base.capacity if c.steps]
+    failed = [[s.rate for s in c.steps if s.verdict == Verdict.FAIL] for c in ran]
+    fails = [min(r) for r in failed if r]
+    if not ran or len(fails) < len(ran):
+        return None
+    return min(passes), max(fails)
 
 
 def _lineage_best(
