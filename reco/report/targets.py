@@ -19,7 +19,8 @@ What a figure's bounds mean decides what its verdict may say (Measured.basis):
   utilisation; the common-load ratio (each variant at a different utilisation) is reported beside it.
 - **Ranges are called ranges**: the QPS gain's bounds span the repeats' capacity brackets, a range and
   not a confidence interval; it is MET / MISSED only when the whole range is on one side of the goal,
-  and the text says "all repeats".
+  and the text says "all repeats". When the budget stopped the baseline's searches before any rate
+  passed but each FAILed one, the range is one-sided (_gain_floor): it can be MET, never MISSED.
 """
 
 from __future__ import annotations
