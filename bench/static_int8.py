@@ -39,17 +39,15 @@ from bench.user_once import speedup_ci
 from reco.cli.compose import compose
 from reco.config import typed
 from reco.data.schema import Dataset
-from reco.data.synthetic import SyntheticConfig, click_model
 from reco.experiment import ExperimentConfig, experiment_config
 from reco.loadtest.correctness import batch_spread
 from reco.measure import predict
 from reco.models.protocol import as_requests
+from reco.pipeline import ground_truth
 from reco.runtime import ort_scorer
 from reco.serve.features import FeatureStore
-from reco.serve.quality import gains_of, planted_gains, quality_requests, reproduces, served_topk
+from reco.serve.quality import quality_requests, served_topk
 from reco.stats import Estimate, auc_ci, auc_delta
-from reco.stats.graded import graded_per_request
-from reco.stats.topk import paired_relative_delta
 from reco.steps.accelerate import AccelerateConfig
 from reco.steps.accelerate.export import export_onnx, real_batch
 from reco.steps.accelerate.quantize import quantize
@@ -99,21 +97,15 @@ def build(parent: Variant, data: Dataset, ac: AccelerateConfig, out: Path) -> di
 
 def clicks_delta(scorers: dict, data: Dataset, exp: ExperimentConfig, users: int) -> dict[str, Estimate]:
     """Label -> relative Δ of the served top-10's expected clicks@10 against the first scorer's (fp32),
-    paired over `users` validation users; {} when the data has no planted click model."""
-    model = click_model(typed(exp.data.params, SyntheticConfig, "data.params"))
-    if users == 0 or exp.data.loader != "synthetic_ecommerce" or not reproduces(model, data):
-        return {}
+    paired over `users` validation users, as the report's gate grades it (reco.pipeline.ground_truth);
+    {} when the data has no planted click model."""
     store, reqs = FeatureStore(data, exp.serve.retrieval), quality_requests(data, users, exp.seed, "val")
-    cands = [store.candidates(store.user_row(int(u)), exp.serve.n_candidates) for u in reqs.users]
-    gains = planted_gains(model, data, reqs, cands)
-    clicks = {
-        label: graded_per_request(gains_of(served_topk(s, store, data, reqs, exp.serve, 10), cands, gains), gains)
-        ["clicks"]
-        for label, s in scorers.items()
-    }  # fmt: skip
-    ref = next(iter(clicks.values()))
-    # a request's expected clicks@10 differ by at most 10 (ten items, each P <= 1)
-    return {label: paired_relative_delta(x, ref, exp.seed, bound=10.0) for label, x in clicks.items()}
+    truth = ground_truth(exp, data, store, reqs) if users else None
+    if truth is None:
+        return {}
+    tops = {label: served_topk(s, store, data, reqs, exp.serve, 10) for label, s in scorers.items()}
+    ref = next(iter(tops.values()))
+    return {label: truth.graded(top, ref, exp.seed).clicks_delta for label, top in tops.items()}
 
 
 def timed(scorer, block, sizes: list[int], calls: int) -> float:
@@ -141,6 +133,8 @@ def main(argv: list[str] | None = None) -> int:
         "overrides", nargs="*", help="config overrides, e.g. accelerate.quantize.calibration_batches=16"
     )
     args = p.parse_args(argv)
+    if args.requests < 8:
+        p.error(f"--requests {args.requests}: expected >= 8 (the 8-request call is timed on the first 8)")
     torch.set_num_threads(1)
     data = Dataset.load(args.dataset)
     cfg = compose(["accelerate.mode=onnx_int8", *args.overrides])

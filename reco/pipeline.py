@@ -658,7 +658,7 @@ def write_study_report(
     base_scores = _scores(base.variant)
     topk = TopK(exp, data)
     base_top = topk.load(base.variant)
-    truth = _ground_truth(exp, data, topk) if base_top is not None else None
+    truth = ground_truth(exp, data, topk.store, topk.requests) if base_top is not None else None
     results = []
     for b in built:
         v = b.variant or Variant(b.name, b.node.step, b.node.parent, "torch", {})
@@ -722,8 +722,8 @@ def _scores(v: Variant | None) -> np.ndarray | None:
 
 
 @dataclass
-class _Truth:
-    """The quality requests' candidates graded by the planted click model (synthetic data only)."""
+class Truth:
+    """Quality requests' candidates graded by the planted click model (synthetic data only)."""
 
     cands: list[np.ndarray]
     gains: list[np.ndarray]
@@ -738,10 +738,13 @@ class _Truth:
         return graded_quality(self.gains_of(top), self.gains, base_gain, seed)
 
 
-def _ground_truth(exp: ExperimentConfig, data: Dataset, topk: TopK) -> _Truth | None:
-    """The planted P(click) of every quality request's candidates; None when the data has no planted
-    click model (any loader but synthetic_ecommerce, or test rows whose logged P(click) the model its
-    config regenerates does not give back)."""
+def ground_truth(
+    exp: ExperimentConfig, data: Dataset, store: FeatureStore, requests: QualityRequests
+) -> Truth | None:
+    """The planted P(click) of every request's candidates (as the service retrieves them from `store`; the
+    requests of any split: bench.static_int8 chooses settings on validation's); None when the data has
+    no planted click model (any loader but synthetic_ecommerce, or test rows whose logged P(click) the
+    model its config regenerates does not give back)."""
     if exp.data.loader != "synthetic_ecommerce":
         return None
     from reco.config import typed
@@ -750,8 +753,8 @@ def _ground_truth(exp: ExperimentConfig, data: Dataset, topk: TopK) -> _Truth | 
     model = click_model(typed(exp.data.params, SyntheticConfig, "data.params"))
     if not reproduces(model, data):
         return None
-    cands = request_candidates(topk.store, topk.requests, exp.serve.n_candidates)
-    return _Truth(cands, planted_gains(model, data, topk.requests, cands))
+    cands = request_candidates(store, requests, exp.serve.n_candidates)
+    return Truth(cands, planted_gains(model, data, requests, cands))
 
 
 def _references(
@@ -759,7 +762,7 @@ def _references(
     data: Dataset,
     topk: TopK,
     base_top: np.ndarray,
-    truth: _Truth | None,
+    truth: Truth | None,
     base_scores: np.ndarray | None,
     users: np.ndarray,
     labels: np.ndarray,
