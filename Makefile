@@ -9,7 +9,7 @@ TPY     := .venv-triton/bin/python
 TPIP    := .venv-triton/bin/pip
 TSTAMP  := .venv-triton/.installed
 
-.PHONY: venv triton-venv case-study smoke test test-quick lint format movielens-100k mlflow-ui mlflow-server serving-backends benchmark crosscheck serve-overhead readme-check clean
+.PHONY: venv triton-venv case-study smoke test test-quick lint format movielens-100k mlflow-ui mlflow-server serving-backends benchmark crosscheck outside serve-overhead readme-check clean
 
 venv: $(STAMP)
 
@@ -102,6 +102,12 @@ benchmark: $(STAMP)
 crosscheck: $(STAMP)
 	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
 	$(PY) -m bench.crosscheck --variant $(VARIANT) --dataset $(DATASET)
+
+# The time outside the handler split into the load generator's and the server's (Locust, wrk, a raw socket):
+#   make outside VARIANT=.cache/variants/<name>-<hash> DATASET=.cache/data/<file>.pt
+outside: $(STAMP)
+	command -v wrk >/dev/null || (apt-get update -qq && apt-get install -y -qq wrk)
+	$(PY) -m bench.outside --variant $(VARIANT) --dataset $(DATASET)
 
 # The server's own CPU per request beside its model call's, split by stage, and the stack's floors:
 #   make serve-overhead VARIANT=.cache/variants/<name>-<hash> DATASET=.cache/data/<file>.pt
