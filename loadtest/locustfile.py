@@ -9,7 +9,8 @@ Two load models:
   closed  each Locust user sends a request, waits for the answer (and --think-time-s), repeats.
   open    Poisson arrivals at --rate requests/s in total (split evenly across users; a sum of Poisson
           processes is Poisson), each sent from its own greenlet whatever is still outstanding, as
-          MLPerf's Server scenario. Latency is measured from each request's SCHEDULED send time, so a
+          MLPerf's Server scenario. Latency is measured from each request's SCHEDULED send time (or
+          its actual send, when the timer let it go up to WAKE_EARLY_S before its schedule), so a
           queue in the server or in the generator (coordinated omission) shows up in the percentiles.
 
 The measured window starts after --warmup-s and ends after --window-requests requests (open loop: that
@@ -399,7 +400,7 @@ def _on_request(request_type, name, response_time, response_length, response=Non
     if "token" not in ctx:  # not one of ours (e.g. a request made by another locustfile's user)
         return
     now = time.perf_counter()
-    latency_ms = (now - ctx["start"]) * 1000.0  # open loop: start is the scheduled send time
+    latency_ms = (now - ctx["start"]) * 1000.0  # open loop: the scheduled send, or the send if earlier
     status = int(getattr(response, "status_code", 0) or 0)
     to = TARGETS[REC.target_of.pop(ctx["token"])] if ctx["token"] in REC.target_of else None
     triton = PATH[0] != "/recommend" if to is None else to.triton
@@ -564,10 +565,10 @@ class RecoUser(FastHttpUser):
         self.target_rngs = [random.Random(key) for _ in TARGETS]
 
     def post(self, start: float, in_window: bool, seq: int, token: int, to: int | None = None) -> None:
-        """One /recommend request; `start` is its send time (open loop: its scheduled send time), `seq`
-        its number in the window, `token` its key in REC.outstanding (registered by the caller, before a
-        spawned request runs, so the drain cannot miss it); `to`: the index of its server in TARGETS
-        (None: --host)."""
+        """One /recommend request; `start` is its send time (open loop: its scheduled send time, or its
+        send if that came first), `seq` its number in the window, `token` its key in REC.outstanding
+        (registered by the caller, before a spawned request runs, so the drain cannot miss it); `to`: the
+        index of its server in TARGETS (None: --host)."""
         o = self.environment.parsed_options
         rng, path, bodies = (self.rng, PATH[0], PAYLOADS) if to is None else (
             self.target_rngs[to], TARGETS[to].url, TARGETS[to].payloads
