@@ -37,13 +37,12 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-import orjson
 from scipy import stats
 
 from bench.overhead import http_request, read_response
 from reco.cli.compose import compose
-from reco.loadtest.config import LoadMode, loadtest_config
-from reco.loadtest.requests import request_bodies, write_requests
+from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
+from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import plan_cpus, run_load, with_settings
 from reco.loadtest.scrape import scrape, stage_summary
 from reco.serve.config import serve_config
@@ -116,7 +115,19 @@ def socket_window(
     return float(np.mean(took)) * 1e3, len(took)
 
 
-def measure(client: str, url: str, lt, requests: Path, bodies: list[bytes], args, cpus, seed: int) -> Window:
+Cores = tuple[list[int] | None, list[int] | None]  # (server's, generator's): reco.loadtest.runner.plan_cpus
+
+
+def measure(
+    client: str,
+    url: str,
+    lt: LoadtestConfig,
+    requests: Path,
+    bodies: list[bytes],
+    args: argparse.Namespace,
+    cpus: Cores,
+    seed: int,
+) -> Window:
     """One window of `client` at the light load, with its warm-up; the server's total from /metrics."""
     gen = cpus[1]
     think_ms = 1000.0 / args.rate
@@ -176,7 +187,7 @@ def main() -> None:
 
     ds = Dataset.load(args.dataset)
     requests = write_requests(ds, args.work / "requests.jsonl", n=2000, k=10, seed=0)
-    bodies = [http_request("/recommend", orjson.dumps(b)) for b in request_bodies(ds, 2000, 10, 0)]
+    bodies = [http_request("/recommend", line.encode()) for line in requests.read_text().splitlines()]
     cfg = compose([f"serve.{o}" for o in args.set])
     lt = loadtest_config(cfg.loadtest)
     settings = serve_config(cfg.serve)
