@@ -26,7 +26,7 @@ from reco.loadtest.runner import plan_cpus, run_load, with_settings
 from reco.serve.config import serve_config
 from reco.serve.process import start_server
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @dataclass
@@ -36,16 +36,25 @@ class WrkResult:
     qps: float  # Requests/sec
     n: int  # requests completed
     percentiles_ms: dict[str, float]  # "p50", "p75", "p90", "p99" (wrk's --latency distribution)
+    mean_ms: float  # exact mean latency (loadtest/wrk_requests.lua's `done`)
 
 
 _UNIT_MS = {"us": 1e-3, "ms": 1.0, "s": 1e3, "m": 60e3}
 
 
 def wrk_run(
-    url: str, requests: Path, connections: int, seconds: int, cpus: list[int] | None, threads: int = 1
+    url: str,
+    requests: Path,
+    connections: int,
+    seconds: int,
+    cpus: list[int] | None,
+    threads: int = 1,
+    think_ms: float | None = None,
 ) -> WrkResult:
     """wrk closed loop: `connections` connections over `threads` threads for `seconds`, replaying the
-    request file (loadtest/wrk_requests.lua), pinned to `cpus`. Exits on any non-2xx answer."""
+    request file (loadtest/wrk_requests.lua), pinned to `cpus`; with `think_ms`, each connection waits an
+    exponential time of that mean before each request (bench.outside's light load). Exits on any non-2xx
+    answer."""
     if shutil.which("wrk") is None:
         raise SystemExit("wrk not found: apt-get install wrk (Debian) or run `make crosscheck`")
     cmd = [
@@ -60,9 +69,10 @@ def wrk_run(
     ]
     if cpus:
         cmd = ["taskset", "-c", ",".join(map(str, cpus)), *cmd]
-    out = subprocess.run(
-        cmd, capture_output=True, text=True, check=True, env={**os.environ, "RECO_REQUESTS": str(requests)}
-    ).stdout
+    env = {**os.environ, "RECO_REQUESTS": str(requests)}
+    if think_ms is not None:
+        env["RECO_THINK_MS"] = f"{think_ms:g}"
+    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     if non2xx:
         raise SystemExit(f"wrk saw {non2xx.group(1)} error responses:\n{out}")
@@ -74,6 +84,7 @@ def wrk_run(
         qps=float(re.search(r"Requests/sec:\s+([\d.]+)", out).group(1)),
         n=int(re.search(r"(\d+) requests in", out).group(1)),
         percentiles_ms=pcts,
+        mean_ms=float(re.search(r"^mean_us ([\d.]+)", out, re.M).group(1)) / 1e3,
     )
 
 
