@@ -27,10 +27,8 @@ import argparse
 import dataclasses
 import os
 import random
-import re
 import shutil
 import socket
-import subprocess
 import tempfile
 import time
 from dataclasses import dataclass
@@ -39,6 +37,7 @@ from pathlib import Path
 import numpy as np
 from scipy import stats
 
+from bench.crosscheck import wrk_run
 from bench.overhead import http_request, read_response
 from reco.cli.compose import compose
 from reco.loadtest.config import LoadMode, LoadtestConfig, loadtest_config
@@ -49,9 +48,7 @@ from reco.serve.config import serve_config
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import start_server
 
-ROOT = Path(__file__).resolve().parents[1]
 CLIENTS = ("locust", "wrk", "socket")
-WARMUP_S = 2.0  # unrecorded requests before each window: the study's loadtest.warmup_s
 
 
 @dataclass(frozen=True)
@@ -74,23 +71,6 @@ def server_total(before: str, after: str) -> float:
     if "server_total_mean_ms" not in st:
         raise SystemExit("the server's /metrics had no reco_stage_seconds{stage=total} over the window")
     return st["server_total_mean_ms"]
-
-
-def wrk_window(
-    url: str, requests: Path, seconds: float, think_ms: float, cpus: list[int] | None
-) -> tuple[float, int]:
-    """wrk, one thread and one connection with exponential think time: (its exact mean latency in ms, from
-    the script's `done`, requests). Exits on an error answer."""
-    script = str(ROOT / "loadtest" / "wrk_requests.lua")
-    cmd = ["wrk", "-t1", "-c1", f"-d{max(round(seconds), 1)}s", "-s", script, url]
-    if cpus:
-        cmd = ["taskset", "-c", ",".join(map(str, cpus)), *cmd]
-    env = {**os.environ, "RECO_REQUESTS": str(requests), "RECO_THINK_MS": f"{think_ms:g}"}
-    out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env).stdout
-    if m := re.search(r"Non-2xx or 3xx responses: (\d+)", out):
-        raise SystemExit(f"wrk saw {m.group(1)} error responses:\n{out}")
-    m = re.search(r"^mean_us ([\d.]+) requests (\d+)", out, re.M)
-    return float(m.group(1)) / 1e3, int(m.group(2))
 
 
 def socket_window(
@@ -134,7 +114,7 @@ def measure(
     port = int(url.rsplit(":", 1)[1])
     if client == "locust":  # run_load reads /metrics around its own window (warm-up excluded)
         n = max(round(args.rate * args.seconds), 1)
-        s = with_settings(lt, mode=LoadMode.open, rate=args.rate, window_requests=n, warmup_s=WARMUP_S)
+        s = with_settings(lt, mode=LoadMode.open, rate=args.rate, window_requests=n)
         run = run_load(url, s, args.work / f"locust_{seed}", requests, gen, kind="common", reports=False)
         st = run.server_stages
         return Window(client, run.n, run.mean_ms, st["server_total_mean_ms"])
@@ -142,12 +122,13 @@ def measure(
     if gen:
         os.sched_setaffinity(0, gen)
     try:
-        if client == "wrk":
-            wrk_window(url, requests, WARMUP_S, think_ms, gen)
+        if client == "wrk":  # wrk counts whole seconds
+            wrk_run(url, requests, 1, max(round(lt.warmup_s), 1), gen, think_ms=think_ms)
             before = scrape(url)
-            mean, n = wrk_window(url, requests, args.seconds, think_ms, gen)
+            w = wrk_run(url, requests, 1, max(round(args.seconds), 1), gen, think_ms=think_ms)
+            mean, n = w.mean_ms, w.n
         else:
-            socket_window(port, bodies, WARMUP_S, think_ms, seed + 1000)
+            socket_window(port, bodies, lt.warmup_s, think_ms, seed + 1000)
             before = scrape(url)
             mean, n = socket_window(port, bodies, args.seconds, think_ms, seed)
         after = scrape(url)

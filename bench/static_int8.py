@@ -99,8 +99,10 @@ def clicks_delta(scorers: dict, data: Dataset, exp: ExperimentConfig, users: int
     """Label -> relative Δ of the served top-10's expected clicks@10 against the first scorer's (fp32),
     paired over `users` validation users, as the report's gate grades it (reco.pipeline.ground_truth);
     {} when the data has no planted click model."""
+    if not users:
+        return {}
     store, reqs = FeatureStore(data, exp.serve.retrieval), quality_requests(data, users, exp.seed, "val")
-    truth = ground_truth(exp, data, store, reqs) if users else None
+    truth = ground_truth(exp, data, store, reqs)
     if truth is None:
         return {}
     tops = {label: served_topk(s, store, data, reqs, exp.serve, 10) for label, s in scorers.items()}
