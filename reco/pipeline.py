@@ -507,22 +507,18 @@ class TopK:
 
     def measure(self, v: Variant) -> None:
         """Add v's `topk` artifact ([users, k] item ids) unless it holds these settings' already."""
-        if (
-            self.exp.quality.users == 0
-            or not len(self.requests.users)
-            or v.artifacts.get("topk") == self.file
-        ):
+        if self.exp.quality.users == 0 or not len(self.requests.users) or self.file in v.artifacts:
             return
         shared = self.data.schema.shared_columns if self.exp.serve.user_once else None
         scorer = load_scorer(v, threads=self.exp.trainer.threads, shared=shared)
         top = served_topk(scorer, self.store, self.data, self.requests, self.exp.serve, self.exp.quality.k)
         np.save(v.path / self.file, top, allow_pickle=False)
-        v.add_artifact("topk", self.file)
+        v.add_artifact(self.file, self.file)
 
     def load(self, v: Variant | None) -> np.ndarray | None:
-        if v is None or v.artifacts.get("topk") != self.file:
+        if v is None or self.file not in v.artifacts:
             return None
-        return np.load(v.verify("topk"), allow_pickle=False)
+        return np.load(v.verify(self.file), allow_pickle=False)
 
 
 def _stage_dir(exp: ExperimentConfig, data: Dataset) -> Path:
@@ -727,14 +723,23 @@ class Truth:
 
     cands: list[np.ndarray]
     gains: list[np.ndarray]
+    _base: tuple[bytes, np.ndarray] | None = (
+        None  # the baseline's gains, which every variant is graded against
+    )
 
     def gains_of(self, top: np.ndarray) -> np.ndarray:
         return gains_of(top, self.cands, self.gains)
 
     def graded(self, top: np.ndarray, base: np.ndarray | None, seed: int) -> GradedQuality:
         from reco.stats.graded import graded_quality
+        from reco.stats.topk import content_key
 
-        base_gain = None if base is None else self.gains_of(base)
+        base_gain = None
+        if base is not None:
+            key = content_key([base])
+            if self._base is None or self._base[0] != key:
+                self._base = (key, self.gains_of(base))
+            base_gain = self._base[1]
         return graded_quality(self.gains_of(top), self.gains, base_gain, seed)
 
 

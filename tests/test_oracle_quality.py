@@ -186,6 +186,11 @@ def test_the_study_report_grades_served_lists_and_adds_the_reference_rows(sim, p
     for v in (base, other):
         measure_accuracy(v, ds, threads=1)
         topk.measure(v)
+    # another study's settings on the same cached variant (serving_backends' 50 candidates beside the case
+    # study's 500): its lists are kept beside these, not in their place, so neither run redoes the other's
+    fewer = TopK(dataclasses.replace(exp, serve=dataclasses.replace(exp.serve, n_candidates=30)), ds)
+    fewer.measure(base)
+    assert fewer.file != topk.file and topk.load(base) is not None and fewer.load(base) is not None
     tracker = Tracker(f"sqlite:///{premade_store(tmp_path)}", "users_see", str(tmp_path / "artifacts"))
     nodes = exp.variants
     base.name, other.name = nodes[0].name, nodes[1].name  # the report's rows are the graph's nodes

@@ -26,12 +26,14 @@ from reco.stats import Estimate, Verdict
 from reco.stats.graded import GradedQuality
 from reco.stats.topk import (
     MIN_DISCORDANT,
+    B,
     TopKQuality,
     ir_per_user,
     mean_ci,
     overlap_at_k,
     paired_relative_delta,
     rbo_at_k,
+    resampled_means,
     topk_quality,
 )
 from reco.variant import Variant
@@ -90,6 +92,26 @@ def test_a_ratio_without_a_baseline_figure_is_not_supported():
     base[0] = 1.0  # most resamples leave it out: the ratio is undefined there, never silently dropped
     assert not paired_relative_delta(np.ones(50), base).supported
     assert not paired_relative_delta(np.ones(50), np.zeros(50)).supported
+
+
+def test_every_figure_resamples_the_same_users_drawn_once():
+    """A bootstrap draw is made once per (users, seed) and every figure's resampled means come from it: the
+    means a [B, n] gather of those draws gives, so the intervals are what they were. The baseline's
+    ir-measures figures are kept by content and handed out as copies: a caller's change cannot reach the
+    next variant's, and other lists or other relevant items are computed afresh."""
+    x = np.random.default_rng(5).random(700)
+    gathered = x[np.random.default_rng(3).integers(0, 700, (B, 700))].mean(axis=1)
+    np.testing.assert_allclose(resampled_means(x, 3), gathered, rtol=1e-12)
+    ci = mean_ci(x, 3)
+    assert (ci.lo, ci.hi) == pytest.approx(tuple(np.quantile(gathered, [0.025, 0.975])), rel=1e-12)
+
+    top = np.array([[5, 7, 9], [1, 2, 3]])
+    relevant = [np.array([7]), np.array([1, 3, 8])]
+    first = ir_per_user(top, relevant, 3)
+    first["ndcg"][:] = -1.0
+    again = ir_per_user(top, relevant, 3)
+    np.testing.assert_allclose(again["ndcg"], [1 / math.log2(3), 1.5 / (1.5 + 1 / math.log2(3))], rtol=1e-4)
+    assert ir_per_user(top, [np.array([5]), np.array([2])], 3)["ndcg"][0] == pytest.approx(1.0)
 
 
 def test_quality_settings_are_checked():

@@ -589,19 +589,28 @@ def run_study(
     _say(f"[load] time budget: {result.budget}")
     (out / "time_spent.json").write_text(json.dumps(s.seconds, indent=1))
     if st.correctness.enabled:
+        stores: dict[str, FeatureStore] = {}
         for n in order:
-            _correctness(s, n, variant_of[n], settings_of[n], data)
+            _correctness(s, n, variant_of[n], settings_of[n], data, stores)
     return result
 
 
-def _correctness(s: _Study, name: str, variant: Variant, serve: ServeConfig, data: Dataset) -> None:
+def _correctness(
+    s: _Study, name: str, variant: Variant, serve: ServeConfig, data: Dataset, stores: dict[str, FeatureStore]
+) -> None:
     """Check the scores recorded under load (common-load windows) against offline scores; `serve` is the
-    row's own settings (a batched serving is checked as one)."""
+    row's own settings (a batched serving is checked as one). `stores`: the feature stores built so far,
+    by serve.retrieval, shared between the rows."""
     files = sorted((s.out / name / "common").glob("r*/latencies.csv.scores.jsonl"))
     if not files:
         return
     try:
-        c = check_scores(variant, data, serve, s.requests, files, s.lt.study.correctness.tolerance, s.lt.seed)
+        key = json.dumps(dataclasses.asdict(serve.retrieval), sort_keys=True, default=str)
+        if key not in stores:
+            stores[key] = FeatureStore(data, serve.retrieval)
+        c = check_scores(
+            variant, data, serve, s.requests, files, s.lt.study.correctness.tolerance, s.lt.seed, stores[key]
+        )
     except Exception as e:  # a broken check must not lose the latency figures
         s.fail(name, f"correctness check failed: {type(e).__name__}: {e}")
         return

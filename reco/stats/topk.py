@@ -17,6 +17,8 @@
 from __future__ import annotations
 
 import dataclasses
+import functools
+import hashlib
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -29,8 +31,24 @@ MIN_DISCORDANT = 20  # users whose figures differ, below which a paired bootstra
 B = 2000  # bootstrap resamples: the 2.5 % / 97.5 % points move by < 1 % of the CI's width beyond this
 
 
+def content_key(arrays: Sequence[np.ndarray]) -> bytes:
+    """A digest of the arrays' shapes, types and values: a memo key that cannot confuse two inputs."""
+    h = hashlib.blake2b(digest_size=16)
+    for a in arrays:
+        a = np.ascontiguousarray(a)
+        h.update(f"{a.dtype}{a.shape}".encode())
+        h.update(a.view(np.uint8).ravel())
+    return h.digest()
+
+
+_IR_MEMO: dict[tuple[bytes, bytes, int], dict[str, np.ndarray]] = {}
+
+
 def ir_per_user(topk: np.ndarray, relevant: Sequence[np.ndarray], k: int) -> dict[str, np.ndarray]:
     """NDCG@k and recall@k of each user's list (ir-measures).
+
+    Every variant is compared with the same baseline lists, whose figures (1 s at 12,000 users) are
+    therefore kept for the last few inputs, by content.
 
     Args:
         topk: [U, k] item ids, best first; -1 pads a list shorter than k.
@@ -38,6 +56,15 @@ def ir_per_user(topk: np.ndarray, relevant: Sequence[np.ndarray], k: int) -> dic
     Returns:
         {"ndcg": [U], "recall": [U]} in [0, 1].
     """
+    key = (content_key([topk]), content_key(relevant), k)
+    if key not in _IR_MEMO:
+        if len(_IR_MEMO) >= 4:
+            del _IR_MEMO[next(iter(_IR_MEMO))]
+        _IR_MEMO[key] = _ir_per_user(topk, relevant, k)
+    return {m: v.copy() for m, v in _IR_MEMO[key].items()}
+
+
+def _ir_per_user(topk: np.ndarray, relevant: Sequence[np.ndarray], k: int) -> dict[str, np.ndarray]:
     qrels = [
         ir_measures.Qrel(str(u), str(int(i)), 1) for u, items in enumerate(relevant) for i in np.unique(items)
     ]
@@ -85,11 +112,27 @@ def rbo_at_k(a: np.ndarray, b: np.ndarray, p: float) -> np.ndarray:
     return out / w.sum()
 
 
+@functools.lru_cache(maxsize=2)
+def _resample_counts(n: int, seed: int) -> np.ndarray:
+    """[B, n] how often each user is drawn in each of the B resamples of `seed`: every figure of a report
+    resamples the same users (that is what pairs them), so the draw is made once and each figure's
+    resampled means are one matrix product, not a [B, n] gather per figure (0.35 s at 12,000 users)."""
+    idx = np.random.default_rng(seed).integers(0, n, (B, n))
+    counts = np.bincount((idx + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n)
+    out = counts.astype(np.float64)
+    out.flags.writeable = False
+    return out
+
+
+def resampled_means(x: np.ndarray, seed: int) -> np.ndarray:
+    """[B] means of x over the bootstrap resamples of `seed` (the same users for every x of that length)."""
+    return _resample_counts(len(x), seed) @ x / len(x)
+
+
 def mean_ci(x: np.ndarray, seed: int = 0, conf: float = CONF) -> Estimate:
     """Mean over users with its percentile-bootstrap CI."""
     x = np.asarray(x, np.float64)
-    idx = np.random.default_rng(seed).integers(0, len(x), (B, len(x)))
-    means = x[idx].mean(axis=1)
+    means = resampled_means(x, seed)
     a = (1 - conf) / 2
     return Estimate(float(x.mean()), float(np.quantile(means, a)), float(np.quantile(means, 1 - a)), len(x))
 
@@ -111,8 +154,7 @@ def paired_relative_delta(
 
     x, base = np.asarray(x, np.float64), np.asarray(base, np.float64)
     n = len(x)
-    idx = np.random.default_rng(seed).integers(0, n, (B, n))
-    mb = base[idx].mean(axis=1)
+    mb = resampled_means(base, seed)
     if base.mean() <= 0 or (mb <= 0).any():
         return Estimate(None, None, None, n)
     point = float(x.mean() / base.mean() - 1)
@@ -122,7 +164,7 @@ def paired_relative_delta(
         share = float(beta.ppf(1 - a, discordant + 1, n - discordant)) if discordant < n else 1.0
         w = share * bound / base.mean()
         return Estimate(point, point - w, point + w, n)
-    rel = x[idx].mean(axis=1) / mb - 1
+    rel = resampled_means(x, seed) / mb - 1
     return Estimate(point, float(np.quantile(rel, a)), float(np.quantile(rel, 1 - a)), n)
 
 
