@@ -647,6 +647,7 @@ def write_study_report(
     from reco.stats.gauc import gauc
     from reco.stats.topk import topk_quality
 
+    print(f"\n[report] ΔAUC, GAUC and what users see for {len(built)} rows; tables and plots", flush=True)
     base = next(b for b in built if b.node.spec.root)
     labels = data.test.labels.numpy()
     s = data.schema

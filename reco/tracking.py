@@ -58,12 +58,24 @@ def flatten(d: Mapping, prefix: str = "") -> dict[str, object]:
     return out
 
 
-def git_commit() -> str:
+# What "-dirty" looks at: changed tracked code and config, not the records a run rewrites (experiments/,
+# mlruns/) nor untracked files such as its log, which made every committed report read "-dirty"
+DIRTY_PATHS = [":(top)", ":(top,exclude)experiments", ":(top,exclude)mlruns"]
+
+
+def git_commit(cwd: str | None = None) -> str:
+    """HEAD's commit, with "-dirty" when tracked files outside the run records differ from it."""
     try:
         sha = subprocess.run(
-            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True
+            ["git", "rev-parse", "HEAD"], capture_output=True, text=True, timeout=5, check=True, cwd=cwd
         )
-        dirty = subprocess.run(["git", "status", "--porcelain"], capture_output=True, text=True, timeout=5)
+        dirty = subprocess.run(
+            ["git", "status", "--porcelain", "--untracked-files=no", "--", *DIRTY_PATHS],
+            capture_output=True,
+            text=True,
+            timeout=5,
+            cwd=cwd,
+        )
         return sha.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
     except (OSError, subprocess.SubprocessError):
         return "unknown"

@@ -32,7 +32,7 @@ from reco.loadtest.outcome import (
 )
 from reco.pipeline import _log_variant, log_report_metrics
 from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
-from reco.report.figures import bracket, bracket_at, highest_pass_at, study_figures
+from reco.report.figures import bracket, bracket_at, capacity_gain, highest_pass_at, study_figures
 from reco.report.gate import gate, worst
 from reco.report.plots import (
     _colors,
@@ -450,6 +450,18 @@ def test_capacity_gain_and_slo_sensitivity(figs):
         30
     )
     assert pruned.qps_gain_at[2.0].value == pytest.approx(45 / 20)
+
+
+def test_each_step_states_its_qps_gain_over_its_parent_with_the_brackets_range(figs, written):
+    """A serving or a step is judged against its parent (serving_backends' batcher against the plain
+    server): the same rule as the QPS gain vs the baseline, the range over the two rows' brackets."""
+    base, pruned, student = figs["base"], figs["pruned"], figs["student"]
+    assert capacity_gain(pruned, base) == pruned.qps_gain
+    g = capacity_gain(student, pruned)
+    assert g.value == pytest.approx(150 / 45) and g.lo < g.value < g.hi and g.n == 3
+    section = md_sections((written[0] / "report.md").read_text())["What each step bought"]
+    (row,) = [ln for ln in section.splitlines() if "`pruned` → `student`" in ln]
+    assert f"{g.value:.2f}× [{g.lo:.2f}, {g.hi:.2f}]" in row
 
 
 def test_invalid_capacity_steps_never_pass():

@@ -16,7 +16,14 @@ from mlflow.exceptions import MlflowException
 
 from reco.cli.compose import compose
 from reco.config import typed
-from reco.tracking import EXPERIMENT_KIND, EXPERIMENT_KIND_TAG, Tracker, latest_variant_runs, unreachable
+from reco.tracking import (
+    EXPERIMENT_KIND,
+    EXPERIMENT_KIND_TAG,
+    Tracker,
+    git_commit,
+    latest_variant_runs,
+    unreachable,
+)
 from reco.tracking_server import TrackingServerConfig, server_command, server_environment
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -200,3 +207,24 @@ def test_a_tracking_server_lost_mid_run_is_outlived_and_what_was_not_logged_is_l
     ]
     run = MlflowClient(f"sqlite:///{tmp_path}/server/mlflow.db").get_run(parent)
     assert run.data.metrics == {"auc": 0.7} and run.info.status == "RUNNING"  # what was logged stays
+
+
+def test_a_run_records_its_commit_dirty_only_for_changed_code(tmp_path):
+    """A report names the commit it came from: the run's own records (experiments/, mlruns/) and untracked
+    files such as its log do not make it "-dirty" (every committed report read so); changed code does."""
+
+    def git(*args):
+        subprocess.run(["git", *args], cwd=tmp_path, check=True, capture_output=True)
+
+    git("init", "-q")
+    (tmp_path / "experiments").mkdir()
+    (tmp_path / "code.py").write_text("x = 1\n")
+    (tmp_path / "experiments" / "report.md").write_text("run 1\n")
+    git("add", ".")
+    git("-c", "user.name=t", "-c", "user.email=t@t", "commit", "-qm", "init")
+    (tmp_path / "experiments" / "report.md").write_text("run 2\n")
+    (tmp_path / "run.log").write_text("log\n")
+    sub = tmp_path / "experiments"  # from a subdirectory too: the whole tree counts
+    assert not git_commit(str(tmp_path)).endswith("-dirty") and not git_commit(str(sub)).endswith("-dirty")
+    (tmp_path / "code.py").write_text("x = 2\n")
+    assert git_commit(str(tmp_path)).endswith("-dirty") and git_commit(str(sub)).endswith("-dirty")

@@ -303,6 +303,13 @@ def _bracket_gain(spans: list[Span], base_spans: list[Span]) -> Estimate | None:
     return Estimate(point, min(lo, point), max(hi, point), len(spans))
 
 
+def capacity_gain(f: VariantFigures, ref: VariantFigures) -> Estimate | None:
+    """f's max QPS at the SLO over ref's, as the QPS gain vs the baseline is (_bracket_gain: the median
+    highest passes, with the range over every pair of the two rows' decided brackets); None when either
+    has no decided search."""
+    return _bracket_gain(_spans(decided_searches(f.capacity)), _spans(decided_searches(ref.capacity)))
+
+
 def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[VariantFigures]:
     """Derive every variant's figures, in the order of `results`.
 

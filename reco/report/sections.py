@@ -9,7 +9,7 @@ from __future__ import annotations
 from reco.loadtest.outcome import BATCH_MARGIN, QUANTILES
 from reco.profile import STAGES
 from reco.report.context import StudyContext
-from reco.report.figures import KINDS, SLO_FACTORS, Latency, VariantFigures
+from reco.report.figures import KINDS, SLO_FACTORS, Latency, VariantFigures, capacity_gain
 from reco.report.fmt import DASH, bracket, est, num, one_line, scaled, short, spread, table, vs_base
 from reco.report.gate import Gate
 from reco.report.metrics import CPU_PARTS, outside_handler, server_cpu_split
@@ -247,9 +247,7 @@ def attribution(figs: list[VariantFigures]) -> list[str]:
         a, b = _rel_auc(f), _rel_auc(parent)
         d_auc = a - b if a is not None and b is not None else None
         size = parent.result.variant.size_mb / f.result.variant.size_mb if f.result.variant.size_mb else None
-        gain = None
-        if parent.max_qps and f.max_qps and parent.max_qps.value:
-            gain = f.max_qps.value / parent.max_qps.value
+        gain = capacity_gain(f, parent) if f.max_qps and parent.max_qps else None
         rows.append(
             [
                 f.result.variant.step,
@@ -257,7 +255,7 @@ def attribution(figs: list[VariantFigures]) -> list[str]:
                 f"{short(parent.p99())} → {short(f.p99())}",
                 num(None if d_auc is None else d_auc * 100, "+.2f"),
                 num(size, ".2f"),
-                num(gain, ".2f"),
+                short(gain, ".2f", "×"),
             ]
         )
     if not rows:
@@ -271,8 +269,10 @@ def attribution(figs: list[VariantFigures]) -> list[str]:
         "QPS ×",
     ]
     return [
-        "Size: parent / child (> 1: smaller); QPS: child / parent median capacity. ΔAUC vs parent is the "
-        "difference of the two ΔAUCs vs the baseline (point estimates; the CIs are vs the baseline).",
+        "Size: parent / child (> 1: smaller); QPS: child / parent median capacity at the SLO, in brackets the "
+        "range over every pair of the two rows' repeats' capacity brackets (as the QPS gain vs the baseline: "
+        "a range, not a CI). ΔAUC vs parent is the difference of the two ΔAUCs vs the baseline (point "
+        "estimates; the CIs are vs the baseline).",
         "",
         *table(header, rows),
     ]
