@@ -18,7 +18,7 @@ import shutil
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -724,9 +724,8 @@ class Truth:
 
     cands: list[np.ndarray]
     gains: list[np.ndarray]
-    _base: tuple[bytes, np.ndarray] | None = (
-        None  # the baseline's gains, which every variant is graded against
-    )
+    # the baseline's gains (by content), which every variant is graded against: computed once
+    _base: tuple[bytes, np.ndarray] | None = field(default=None, repr=False, compare=False)
 
     def gains_of(self, top: np.ndarray) -> np.ndarray:
         return gains_of(top, self.cands, self.gains)

@@ -150,7 +150,7 @@ def summary_note(figs: list[VariantFigures], ctx: StudyContext) -> str:
         "baseline p99 / variant p99 in the same kind of run (95 % CI from the blocks both ran in, paired: "
         "see Statistics); the common-load ratio, not like for like, is in the table below"
         if kind
-        else "not measured (no unloaded or equal-utilisation runs)"
+        else "not measured (no unloaded or equal-utilisation runs of both the baseline and a variant)"
     )
     capacity = (
         f"the capacity bracket at the {ctx.slo_p99_ms:g} ms p99 SLO, medians over the capacity repeats: the "
