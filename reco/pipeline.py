@@ -725,7 +725,7 @@ class Truth:
     cands: list[np.ndarray]
     gains: list[np.ndarray]
     # the baseline's gains (by content), which every variant is graded against: computed once
-    _base: tuple[bytes, np.ndarray] | None = field(default=None, repr=False, compare=False)
+    _base: tuple[bytes, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
 
     def gains_of(self, top: np.ndarray) -> np.ndarray:
         return gains_of(top, self.cands, self.gains)
