@@ -106,8 +106,8 @@ def clicks_delta(scorers: dict, data: Dataset, exp: ExperimentConfig, users: int
     if truth is None:
         return {}
     tops = {label: served_topk(s, store, data, reqs, exp.serve, 10) for label, s in scorers.items()}
-    ref = next(iter(tops.values()))
-    return {label: truth.graded(top, ref, exp.seed).clicks_delta for label, top in tops.items()}
+    ref_gain = truth.gains_of(next(iter(tops.values())))
+    return {label: truth.graded(top, ref_gain, exp.seed).clicks_delta for label, top in tops.items()}
 
 
 def timed(scorer, block, sizes: list[int], calls: int) -> float:

@@ -18,7 +18,7 @@ import shutil
 import time
 import traceback
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -656,6 +656,7 @@ def write_study_report(
     topk = TopK(exp, data)
     base_top = topk.load(base.variant)
     truth = ground_truth(exp, data, topk.store, topk.requests) if base_top is not None else None
+    base_gain = truth.gains_of(base_top) if truth is not None else None
     results = []
     for b in built:
         v = b.variant or Variant(b.name, b.node.step, b.node.parent, "torch", {})
@@ -669,7 +670,7 @@ def write_study_report(
         if top is not None and (b is base or base_top is not None):
             quality = topk_quality(top, topk.requests.relevant, against, exp.quality.rbo_p, exp.seed)
             if truth is not None:
-                graded = truth.graded(top, against, exp.seed)
+                graded = truth.graded(top, None if b is base else base_gain, exp.seed)
         results.append(
             VariantResult(
                 variant=v,
@@ -683,7 +684,7 @@ def write_study_report(
             )
         )
     references = (
-        _references(exp, data, topk, base_top, truth, base_scores, users, labels)
+        _references(exp, data, topk, base_top, truth, base_gain, base_scores, users, labels)
         if base_top is not None and users is not None
         else []
     )
@@ -724,22 +725,15 @@ class Truth:
 
     cands: list[np.ndarray]
     gains: list[np.ndarray]
-    # the baseline's gains (by content), which every variant is graded against: computed once
-    _base: tuple[bytes, np.ndarray] | None = field(default=None, init=False, repr=False, compare=False)
 
     def gains_of(self, top: np.ndarray) -> np.ndarray:
         return gains_of(top, self.cands, self.gains)
 
-    def graded(self, top: np.ndarray, base: np.ndarray | None, seed: int) -> GradedQuality:
+    def graded(self, top: np.ndarray, base_gain: np.ndarray | None, seed: int) -> GradedQuality:
+        """`top`'s graded figures; base_gain: gains_of(the baseline's lists), computed once by the caller
+        (every variant is graded against the same ones), None for the baseline itself."""
         from reco.stats.graded import graded_quality
-        from reco.stats.topk import content_key
 
-        base_gain = None
-        if base is not None:
-            key = content_key([base])
-            if self._base is None or self._base[0] != key:
-                self._base = (key, self.gains_of(base))
-            base_gain = self._base[1]
         return graded_quality(self.gains_of(top), self.gains, base_gain, seed)
 
 
@@ -768,6 +762,7 @@ def _references(
     topk: TopK,
     base_top: np.ndarray,
     truth: Truth | None,
+    base_gain: np.ndarray | None,
     base_scores: np.ndarray | None,
     users: np.ndarray,
     labels: np.ndarray,
@@ -796,7 +791,7 @@ def _references(
             ReferenceRanking(
                 name,
                 topk_quality(top, topk.requests.relevant, base_top, q.rbo_p, exp.seed),
-                truth.graded(top, base_top, exp.seed) if truth is not None else None,
+                truth.graded(top, base_gain, exp.seed) if truth is not None else None,
                 gauc(users, labels, row_scores, base_scores, exp.seed),
             )
         )

@@ -605,7 +605,7 @@ def _correctness(
     if not files:
         return
     try:
-        key = json.dumps(dataclasses.asdict(serve.retrieval), sort_keys=True, default=str)
+        key = repr(serve.retrieval)  # a dataclass's repr holds every field
         if key not in stores:
             stores[key] = FeatureStore(data, serve.retrieval)
         c = check_scores(

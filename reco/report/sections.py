@@ -247,7 +247,6 @@ def attribution(figs: list[VariantFigures]) -> list[str]:
         a, b = _rel_auc(f), _rel_auc(parent)
         d_auc = a - b if a is not None and b is not None else None
         size = parent.result.variant.size_mb / f.result.variant.size_mb if f.result.variant.size_mb else None
-        gain = capacity_gain(f, parent) if f.max_qps and parent.max_qps else None
         rows.append(
             [
                 f.result.variant.step,
@@ -255,7 +254,7 @@ def attribution(figs: list[VariantFigures]) -> list[str]:
                 f"{short(parent.p99())} → {short(f.p99())}",
                 num(None if d_auc is None else d_auc * 100, "+.2f"),
                 num(size, ".2f"),
-                short(gain, ".2f", "×"),
+                short(capacity_gain(f, parent), ".2f", "×"),
             ]
         )
     if not rows:

@@ -31,7 +31,7 @@ MIN_DISCORDANT = 20  # users whose figures differ, below which a paired bootstra
 B = 2000  # bootstrap resamples: the 2.5 % / 97.5 % points move by < 1 % of the CI's width beyond this
 
 
-def content_key(arrays: Sequence[np.ndarray]) -> bytes:
+def _content_key(arrays: Sequence[np.ndarray]) -> bytes:
     """A digest of the arrays' shapes, types and values: a memo key that cannot confuse two inputs."""
     h = hashlib.blake2b(digest_size=16)
     for a in arrays:
@@ -56,7 +56,7 @@ def ir_per_user(topk: np.ndarray, relevant: Sequence[np.ndarray], k: int) -> dic
     Returns:
         {"ndcg": [U], "recall": [U]} in [0, 1].
     """
-    key = (content_key([topk]), content_key(relevant), k)
+    key = (_content_key([topk]), _content_key(relevant), k)
     if key not in _IR_MEMO:
         if len(_IR_MEMO) >= 4:
             del _IR_MEMO[next(iter(_IR_MEMO))]
