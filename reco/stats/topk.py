@@ -118,8 +118,8 @@ def _resample_counts(n: int, seed: int) -> np.ndarray:
     resamples the same users (that is what pairs them), so the draw is made once and each figure's
     resampled means are one matrix product, not a [B, n] gather per figure (0.35 s at 12,000 users)."""
     idx = np.random.default_rng(seed).integers(0, n, (B, n))
-    counts = np.bincount((idx + n * np.arange(B)[:, None]).ravel(), minlength=B * n).reshape(B, n)
-    out = counts.astype(np.float64)
+    idx += n * np.arange(B)[:, None]  # in place: resample r's draws count into row r
+    out = np.bincount(idx.ravel(), minlength=B * n).reshape(B, n).astype(np.float64)
     out.flags.writeable = False
     return out
 
