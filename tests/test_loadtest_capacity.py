@@ -19,8 +19,10 @@ from reco.config import ConfigError
 from reco.loadtest.capacity import (
     P99_MIN_N,
     SCREEN_MIN_N,
+    WINDOW_OVERHEAD_S,
     capacity_table,
     find_capacity,
+    pass_s,
     resolve_slo,
     screen_requests,
     step_cap,
@@ -319,6 +321,7 @@ def test_capacity_ranges_fail_at_compose_time_before_any_server_starts(lt):
     for key, value, expected in (
         ("unloaded_warmup_s", -1.0, ">= 0 s"),
         ("headline_tolerance", 1.0, "0 < tolerance < 1"),
+        ("gate_start_fraction", 0.0, "0 < fraction <= 1"),
     ):
         bad = {**dataclasses.asdict(lt), "study": {**dataclasses.asdict(lt.study), key: value}}
         with pytest.raises(ConfigError, match=rf"loadtest\.study\.{key}: expected {expected}"):
@@ -423,6 +426,10 @@ def test_a_step_that_passes_on_the_exceedance_bound_says_so(lt, tmp_path):
     cap = find_capacity(bursty, 200.0, c, tmp_path, say=said.append)
     assert cap.steps[0].verdict == Verdict.PASS and "exceedance bound" in cap.steps[0].reason
     assert said[-1].endswith("-> PASS (exceedance bound)"), said
+    # the budget prices such a step (a gate-first search's first one) with the windows it took
+    windows = len(said)
+    assert (cap.steps[0].run.n, windows) == (2400, 3)
+    assert pass_s(200, c) == pytest.approx(2400 / 200 + windows * (c.step_warmup_s + WINDOW_OVERHEAD_S))
 
 
 def test_a_step_no_look_can_pass_stops_early_and_one_far_below_goes_on(lt, tmp_path):

@@ -388,3 +388,44 @@ def test_a_low_priority_window_must_end_before_the_reserve(tmp_path):
     s.servers = {"baseline": SimpleNamespace(proc=SimpleNamespace(poll=lambda: None))}  # a live server
     s.measure("baseline", "equal_util", "equal_util run 1", lambda h: ran.append("fits"), 5.0, reserve)
     assert ran == ["fits"]
+
+
+def test_gate_first_searches_start_below_the_prediction_cheapest_first():
+    """Issue 43: with study.gate_start_fraction the other variants' first searches start at that fraction of
+    their predicted capacity (never below the common load), cheapest first, each with at least the time a
+    PASS there takes (pass_s); their repeats start as before, in equal shares. The searches themselves are
+    recorded here, not run: what is under test is the schedule."""
+    from reco.loadtest.capacity import pass_s
+    from reco.loadtest.study import _more_searches, _Schedule, checkpoints
+
+    lt = study_cfg(study={"gate_start_fraction": 0.5, "repeats": 2})["loadtest"]
+    predicted = {"base": 10.0, "slow": 30.0, "fast": 400.0, "mid": 100.0, "head": 300.0}
+    calls: list[tuple] = []
+
+    class Searches:  # the _Study surface _more_searches uses
+        def __init__(self) -> None:
+            self.lt = lt
+
+        def alive(self) -> list[str]:
+            return list(predicted)
+
+        def per_window_s(self, name: str, kind: str) -> float:
+            return 1.0
+
+        def start_rate(self, name, slo=None, fraction=None, floor=0.0):
+            return max(predicted[name] * (1.2 if fraction is None else fraction), floor)
+
+        def capacity(self, name, r, slo, reserve_s, share=1.0, start=None, own_s=0.0):
+            calls.append((name, r, start, share, own_s))
+
+    plan = _Schedule("base", list(predicted), "head", checkpoints(2), [0, 4])
+    _more_searches(Searches(), 200.0, plan, common=20.0)  # type: ignore[arg-type]
+    first = [c for c in calls if c[1] == 0]
+    assert [c[0] for c in first] == ["fast", "mid", "slow"]  # cheapest PASS first; not the first searches'
+    assert [c[2] for c in first] == [200.0, 50.0, 20.0]  # 0.5 x predicted, the slow one at the common load
+    need = [pass_s(c[2], lt.capacity) for c in first]
+    assert [c[4] for c in first] == pytest.approx(need)
+    assert [c[3] for c in first] == pytest.approx([sum(need[i:]) / need[i] for i in range(3)])
+    again = [c for c in calls if c[1] == 1]
+    assert [c[0] for c in again] == list(predicted) and all(c[2] is None and c[4] == 0.0 for c in again)
+    assert [c[3] for c in again] == [5, 4, 3, 2, 1]

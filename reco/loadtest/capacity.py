@@ -261,6 +261,17 @@ def window_s(rate: float, requests: int, warmup_s: float) -> float:
     return requests / rate + float(warmup_s) + WINDOW_OVERHEAD_S
 
 
+def pass_s(rate: float, c: CapacityConfig) -> float:
+    """Expected wall seconds of a step at `rate` that PASSes far below the SLO: there its p99 interval
+    stays open and the exceedance bound decides it, at the first look with EXCEEDANCE_MIN_N requests (or
+    at its cap), so it runs every window up to that look, each with its warm-up (the budget's estimate of
+    a step that settles a latency gate)."""
+    n, windows, cap = int(c.step_requests), 1 + (screen_requests(rate, c) > 0), step_cap(rate, c)
+    while n < min(EXCEEDANCE_MIN_N, cap):
+        n, windows = min(2 * n, cap), windows + 1
+    return n / rate + windows * (float(c.step_warmup_s) + WINDOW_OVERHEAD_S)
+
+
 def screen_requests(rate: float, c: CapacityConfig) -> int:
     """Requests of a step's screening window: rate x screen_s (>= SCREEN_MIN_N) when that is fewer than
     step_requests, else 0 (no screening: the full window is short anyway)."""

@@ -183,6 +183,11 @@ class StudyConfig:
     # capacity.tolerance): the QPS gain's interval is the product of two brackets, and a fast variant's
     # steps are cheap where the reference's are not (reco.loadtest.study)
     headline_tolerance: float | None = MISSING
+    # the other variants' first capacity searches start at this fraction of their predicted capacity (no
+    # lower than the common load), where the first step should PASS and so decide the latency gate that
+    # their p99 at the common load cannot (null: above the prediction, like the first searches;
+    # reco.loadtest.study._more_searches)
+    gate_start_fraction: float | None = MISSING
     correctness: CorrectnessConfig = field(default_factory=CorrectnessConfig)
     # name -> how to serve; each variant x serving pair is one row of the report: `<variant>` for the
     # serving named `reco`, `<variant>_<name>` for the others (reco.loadtest.servings)
@@ -205,6 +210,10 @@ class StudyConfig:
         if self.headline_tolerance is not None and not 0 < self.headline_tolerance < 1:
             raise ConfigError(
                 f"{where}.headline_tolerance: expected 0 < tolerance < 1 or null, got {self.headline_tolerance}"
+            )
+        if self.gate_start_fraction is not None and not 0 < self.gate_start_fraction <= 1:
+            raise ConfigError(
+                f"{where}.gate_start_fraction: expected 0 < fraction <= 1 or null, got {self.gate_start_fraction}"
             )
         # A run is one block of the paired comparison (reco.stats.paired): its own p99 must not be its
         # largest request, or the block tells nothing about the tail.

@@ -27,7 +27,8 @@ reco.stats.paired; each run carries its block):
 4. **Capacity** at that SLO (reco.loadtest.capacity: count-based steps, CI verdicts, extension), each
    search starting where a queue of the variant's unloaded latencies would reach the SLO
    (reco.loadtest.predict): first the declared headline's and the reference's (the QPS gain needs both
-   brackets, the common load the reference's); the other variants' after the common load, then every
+   brackets, the common load the reference's); the other variants' after the common load (with
+   `study.gate_start_fraction`, from below: their first step decides their latency gate), then every
    variant's repeats, a round at a time.
 5. **Common load**: `study.common_rate`, else `common_load_fraction` x the reference's median capacity;
    the scores of every `correctness.every`-th request are recorded for step 7.
@@ -74,6 +75,7 @@ from reco.loadtest.capacity import (
     WINDOW_OVERHEAD_S,
     find_capacity,
     open_loop_measure,
+    pass_s,
     resolve_slo,
     window_s,
     write_capacity,
@@ -350,7 +352,9 @@ class _Study:
             for n, run in runs.items()
         }
 
-    def start_rate(self, name: str, slo: float | None = None) -> float:
+    def start_rate(
+        self, name: str, slo: float | None = None, fraction: float | None = None, floor: float = 0.0
+    ) -> float:
         """Where a capacity search starts: fewer steps the closer it is (each step costs >= 477 requests).
         The earlier repeats' median pass, else capacity.start_rate, else sqrt(growth) x the rate an M/G/1
         queue of the variant's own unloaded latencies carries at the SLO (reco.loadtest.predict), else
@@ -358,7 +362,8 @@ class _Study:
         a step cannot decide: the baseline's first step there took 240 s and stayed INCONCLUSIVE in one of
         two runs (experiments/ecommerce_case_study/README.md#capacity-search-start), while a step a factor of
         sqrt(growth) above it FAILs from its screening window and the next one down (growth lower) is
-        far enough below to PASS."""
+        far enough below to PASS. With `fraction`: that fraction of the prediction instead, and no lower
+        than `floor` (a search that is to PASS first: _more_searches)."""
         done = [c.highest_pass for c in self.outcomes[name].capacity if c.highest_pass > 0]
         if done:
             return statistics.median(done)
@@ -371,7 +376,8 @@ class _Study:
             rate = self.predicted[name]
             if rate is not None:
                 c = self.lt.capacity
-                return min(max(rate * math.sqrt(c.growth), float(c.min_rate)), float(c.max_rate))
+                f = math.sqrt(c.growth) if fraction is None else fraction
+                return min(max(rate * f, floor, float(c.min_rate)), float(c.max_rate))
         p50 = self.rank_p50_ms.get(name)
         return 0.6 * 1000.0 / p50 if p50 else float(self.lt.capacity.min_rate)
 
@@ -419,19 +425,22 @@ class _Study:
         slo: float,
         reserve_s: float,
         leave_s: float = 0.0,
-        share: int = 1,
+        share: float = 1.0,
         reserve_at: Callable[[float], float] | None = None,
+        start: float | None = None,
+        own_s: float = 0.0,
     ) -> None:
-        """One capacity search. With a budget it stops between steps `reserve_s` (the later phases) plus
-        `leave_s` seconds (the searches still to run that need their time) before its deadline, and may use
-        1/share of what is left, so one slow variant cannot starve the others. reserve_at(lowest rate
-        measured) replaces reserve_s for a search whose outcome moves the later phases' time (the
-        reference's: the common load's rate)."""
+        """One capacity search from `start` (default: start_rate). With a budget it stops between steps
+        `reserve_s` (the later phases) plus `leave_s` seconds (the searches still to run that need their
+        time) before its deadline, and may use 1/share of what is left (so one slow variant cannot starve
+        the others) or `own_s` seconds, whichever is more. reserve_at(lowest rate measured) replaces
+        reserve_s for a search whose outcome moves the later phases' time (the reference's: the common
+        load's rate)."""
         d = self.out / name / "capacity" / f"r{r}"
         tol = self.lt.study.headline_tolerance if name == self.headline else None
         cfg = dataclasses.replace(
             self.lt.capacity,
-            start_rate=self.start_rate(name, slo),
+            start_rate=self.start_rate(name, slo) if start is None else start,
             tolerance=self.lt.capacity.tolerance if tol is None else tol,
         )
         hint = self.expect_fail(name)
@@ -448,7 +457,7 @@ class _Study:
 
             def deadline(lowest: float) -> float:
                 end = self.budget.deadline - (reserve_at(lowest) if reserve_at else reserve_s) - leave_s
-                return min(end, t0 + (end - t0) / share)
+                return min(end, t0 + max((end - t0) / share, own_s))
 
             _say(f"    {name} capacity r{r}: starts at {cfg.start_rate:.3g} req/s")
             return find_capacity(
@@ -714,7 +723,7 @@ def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str], he
     _unloaded_rounds(s, plan.slots, points, 1)
     _common_phase(s, result, plan)
     if slo is not None:
-        _more_searches(s, slo, plan)
+        _more_searches(s, slo, plan, result.common_rate_qps)
     _equal_util_phase(s, plan)
     _unloaded_rounds(s, plan.slots, points, len(points) - 1)
 
@@ -770,17 +779,31 @@ def _first_searches(s: _Study, slo: float, plan: _Schedule) -> None:
         s.capacity(n, 0, slo, reserve, leave_s=leave, share=len(names) - i, reserve_at=at)
 
 
-def _more_searches(s: _Study, slo: float, plan: _Schedule) -> None:
+def _more_searches(s: _Study, slo: float, plan: _Schedule, common: float | None) -> None:
     """The other variants' first searches, then every variant's repeats (a round at a time), in what the
-    budget leaves before the last unloaded blocks; within a round each search may use an equal share."""
+    budget leaves before the last unloaded blocks; within a round each search may use an equal share.
+
+    With study.gate_start_fraction the first searches start at that fraction of their predicted capacity
+    (and at no less than the `common` load), where their first step should PASS: a PASS at or above the
+    common load decides a variant's latency gate where its p99 at the common load cannot (reco.report.gate),
+    and such a step far below the SLO needs EXCEEDANCE_MIN_N requests (reco.loadtest.capacity.pass_s).
+    Those steps run cheapest first, each with at least its own time, then the search climbs on its share
+    (started above the prediction, these searches spent their time on undecided steps near capacity and
+    ended before any rate passed: experiments/ecommerce_case_study/README.md#capacity-time)."""
     first = {plan.ref} | ({plan.headline} if plan.headline else set())
     reserve = _unloaded_left(s, plan.slots, len(plan.points) - 1)
+    frac = s.lt.study.gate_start_fraction
     for r in range(s.lt.study.repeats):
         names = [n for n in s.alive() if r > 0 or n not in first]
+        gate = r == 0 and frac is not None
+        start = {n: s.start_rate(n, slo, frac, common or 0.0) for n in names} if gate else {}
+        need = {n: pass_s(start[n], s.lt.capacity) if gate else 1.0 for n in names}
+        names.sort(key=need.__getitem__)
         if names:
             _say(f"\n[load] capacity round {r}: {', '.join(names)}")
         for i, n in enumerate(names):
-            s.capacity(n, r, slo, reserve, share=len(names) - i)
+            share = sum(need[m] for m in names[i:]) / need[n]
+            s.capacity(n, r, slo, reserve, share=share, start=start.get(n), own_s=need[n] if gate else 0.0)
 
 
 def _common_phase(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
