@@ -489,6 +489,30 @@ def test_capacity_bracket_counts_an_open_search_as_failing_at_inf():
     assert bracket([cap(10, 20), cap(100, None), cap(100, None)]).lowest_fail is None  # mostly open
 
 
+def test_a_repeat_the_budget_stopped_before_any_rate_failed_leaves_the_upper_side_to_the_others():
+    """Issue 43 (case study run 49): the headline's first search bracketed [400, 480); its repeat passed
+    400 and had no time for 480. Its missing fail was never looked for, so it does not open the bracket or
+    the QPS gain while another search measured that side; a search that ended on its own with every rate
+    passing does, and so do budget-stopped repeats when no search measured the side."""
+    results, ctx = make_study()
+    figs = {f.name: f for f in study_figures(results, ctx)}
+    name = next(n for n, f in figs.items() if not f.is_baseline and f.bracket and f.bracket.lowest_fail)
+    caps = next(r for r in results if r.variant.name == name).load.capacity
+    before = figs[name]
+    cut = Capacity(SLO, before.bracket.highest_pass, None, [], stopped_by_budget=True)
+    caps += [cut] * len(caps)  # as many budget-stopped repeats as measured ones: their median would be inf
+    after = next(f for f in study_figures(results, ctx) if f.name == name)
+    assert after.bracket.lowest_fail == before.bracket.lowest_fail
+    assert after.qps_gain.hi == before.qps_gain.hi and math.isfinite(after.qps_gain.hi)
+    cut.stopped_by_budget = False  # every rate up to max_rate passed: the capacity lies above, open
+    after = next(f for f in study_figures(results, ctx) if f.name == name)
+    assert after.bracket.lowest_fail is None and after.qps_gain.hi == math.inf
+    cut.stopped_by_budget = True
+    del caps[: len(caps) // 2]  # only budget-stopped searches: nobody looked above, the side is open
+    after = next(f for f in study_figures(results, ctx) if f.name == name)
+    assert after.bracket.lowest_fail is None and after.qps_gain.hi == math.inf
+
+
 def test_a_search_the_budget_stopped_before_any_pass_enters_no_median():
     """Such a search located nothing (with more time it might have passed): counted as a capacity of 0 it
     would drag the median and the gain's lower end to 0. Shown as undecided; every figure as without it."""

@@ -94,6 +94,14 @@ def decided_searches(caps: list[Capacity]) -> list[Capacity]:
     return [c for c in caps if c.decided]
 
 
+def searched_above(caps: list[Capacity]) -> list[Capacity]:
+    """The searches whose upper side counts: each that found a failing rate or ended on its own. A search
+    the budget stopped before any rate failed (a repeat that passed where the first search did and had no
+    time for the next rate) did not look there, so while another search did its missing fail says
+    nothing; when none did, that side is open (all of them are returned)."""
+    return [c for c in caps if c.lowest_fail is not None or not c.stopped_by_budget] or caps
+
+
 # allowed |served - offline| of a runtime that is not batch-invariant = max(tolerance, BATCH_MARGIN x
 # batch_spread): reco.loadtest.correctness says why
 BATCH_MARGIN = 2.0

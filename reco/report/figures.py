@@ -31,7 +31,7 @@ from statistics import median
 import numpy as np
 
 from reco.loadtest.capacity import step_verdict
-from reco.loadtest.outcome import QUANTILES, Capacity, LoadRun, decided_searches
+from reco.loadtest.outcome import QUANTILES, Capacity, LoadRun, decided_searches, searched_above
 from reco.report.context import StudyContext, VariantResult
 from reco.stats import Estimate, Verdict, ratio_range
 from reco.stats.dependent import dependent_quantile_ci, ratio_ci
@@ -215,7 +215,7 @@ def bracket(caps: list[Capacity]) -> Bracket | None:
     caps = decided_searches(caps)
     if not caps:
         return None
-    fail = median(math.inf if c.lowest_fail is None else c.lowest_fail for c in caps)
+    fail = median(math.inf if c.lowest_fail is None else c.lowest_fail for c in searched_above(caps))
     return Bracket(median(c.highest_pass for c in caps), fail if math.isfinite(fail) else None, len(caps))
 
 
@@ -282,24 +282,39 @@ def _spans(caps: list[Capacity]) -> list[Span]:
     return [(c.highest_pass, c.lowest_fail) for c in caps]
 
 
+def _gain(caps: list[Capacity], base_caps: list[Capacity]) -> Estimate | None:
+    """_bracket_gain of two rows' decided searches, each row's upper ends from searched_above."""
+    return _bracket_gain(
+        _spans(caps), _spans(base_caps), _spans(searched_above(caps)), _spans(searched_above(base_caps))
+    )
+
+
 def _spans_at(caps: list[Capacity], factor: float, max_error_rate: float) -> list[Span]:
     return [bracket_at(c, factor * c.slo_p99_ms, max_error_rate) for c in caps]
 
 
-def _bracket_gain(spans: list[Span], base_spans: list[Span]) -> Estimate | None:
+def _bracket_gain(
+    spans: list[Span],
+    base_spans: list[Span],
+    above: list[Span] | None = None,
+    base_above: list[Span] | None = None,
+) -> Estimate | None:
     """QPS gain = median highest pass / the baseline's, with an interval that spans every pair of repeats'
     brackets: from (highest pass / the baseline's lowest non-pass) to (lowest non-pass / the baseline's
     highest pass). An open bracket opens that side: a variant whose top rate passed has a gain [x, +inf),
     a baseline that never failed one of [0, x]. A range over the repeats' brackets, not a confidence
-    interval (3 repeats cannot give a 95 % one); n = the variant's repeats. None when the baseline passed
-    no rate (no finite gain to state)."""
+    interval (3 repeats cannot give a 95 % one); n = the variant's repeats. `above`, `base_above`: the
+    spans whose lowest non-pass counts (searched_above; default: all). None when the baseline passed no
+    rate (no finite gain to state)."""
     base = median(b[0] for b in base_spans) if base_spans else 0.0
     if not spans or base <= 0:
         return None
     point = median(c[0] for c in spans) / base
-    pairs = [(c, b) for c in spans for b in base_spans if b[0] > 0]
-    lo = min(0.0 if b[1] is None else c[0] / b[1] for c, b in pairs)
-    hi = max(math.inf if c[1] is None else c[1] / b[0] for c, b in pairs)
+    above, base_above = above or spans, base_above or base_spans
+    lo = min(
+        (0.0 if b[1] is None else c[0] / b[1] for c in spans for b in base_above if b[0] > 0), default=0.0
+    )
+    hi = max(math.inf if c[1] is None else c[1] / b[0] for c in above for b in base_spans if b[0] > 0)
     return Estimate(point, min(lo, point), max(hi, point), len(spans))
 
 
@@ -307,7 +322,7 @@ def capacity_gain(f: VariantFigures, ref: VariantFigures) -> Estimate | None:
     """f's max QPS at the SLO over ref's, as the QPS gain vs the baseline is (_bracket_gain: the median
     highest passes, with the range over every pair of the two rows' decided brackets); None when either
     has no decided search."""
-    return _bracket_gain(_spans(decided_searches(f.capacity)), _spans(decided_searches(ref.capacity)))
+    return _gain(decided_searches(f.capacity), decided_searches(ref.capacity))
 
 
 def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[VariantFigures]:
@@ -345,7 +360,7 @@ def study_figures(results: list[VariantResult], ctx: StudyContext) -> list[Varia
                 capacity=searched,
                 max_qps=range_estimate(highest),
                 speedup=speedup,
-                qps_gain=None if is_base else _bracket_gain(_spans(caps), _spans(base_caps)),
+                qps_gain=None if is_base else _gain(caps, base_caps),
                 max_qps_at={f: range_estimate([hp for hp, _ in at[f]]) for f in SLO_FACTORS},
                 qps_gain_at={f: None if is_base else _bracket_gain(at[f], base_at[f]) for f in SLO_FACTORS},
             )
