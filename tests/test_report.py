@@ -507,6 +507,7 @@ def test_a_repeat_the_budget_stopped_before_any_rate_failed_leaves_the_upper_sid
     cut.stopped_by_budget = False  # every rate up to max_rate passed: the capacity lies above, open
     after = next(f for f in study_figures(results, ctx) if f.name == name)
     assert after.bracket.lowest_fail is None and after.qps_gain.hi == math.inf
+    assert "lowest_fail_qps" not in study_metrics(results, ctx)[name]  # MLflow logs the report's bracket
     cut.stopped_by_budget = True
     del caps[: len(caps) // 2]  # only budget-stopped searches: nobody looked above, the side is open
     after = next(f for f in study_figures(results, ctx) if f.name == name)
@@ -658,6 +659,10 @@ def test_variant_metrics(study, figs):
         (18, 15, 22)
     )
     assert not {k for k in base if k.startswith("max_qps_at_slo") and k.endswith(("_lo", "_hi"))}
+    # the lowest fail MLflow logs is the report's bracket (one name, one meaning)
+    for name, f in figs.items():
+        b = f.bracket
+        assert m[name].get("lowest_fail_qps") == (b.lowest_fail if b else None), name
     un = figs["base"].latency["unloaded"].quantiles["p99"]
     assert (base["unloaded_e2e_p99_ms"], base["unloaded_e2e_p99_ms_lo"]) == (un.value, un.lo)
     assert pruned["n_requests"] == 3600 and pruned["n_invalid_runs"] == 1 and pruned["valid"] == 1.0

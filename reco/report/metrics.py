@@ -10,8 +10,6 @@ FAIL 0, INVALID -1 (VERDICT_CODE).
 
 from __future__ import annotations
 
-from statistics import median
-
 from reco.loadtest.outcome import QUANTILES
 from reco.report.context import StudyContext, VariantResult
 from reco.report.figures import SLO_FACTORS, Latency, VariantFigures, study_figures
@@ -162,9 +160,9 @@ def _quality_metrics(f: VariantFigures) -> dict[str, float]:
 
 def _capacity_metrics(f: VariantFigures) -> dict[str, float]:
     m = with_range("max_qps_at_slo", f.max_qps) | with_ci("qps_gain", f.qps_gain)
-    fails = [c.lowest_fail for c in f.capacity if c.lowest_fail is not None]
-    if fails:
-        m["lowest_fail_qps"] = median(fails)
+    b = f.bracket  # the report's bracket, so MLflow's figure and the report's are one
+    if b is not None and b.lowest_fail is not None:
+        m["lowest_fail_qps"] = b.lowest_fail
     for factor in SLO_FACTORS:
         if factor != 1.0:
             m |= with_range(f"max_qps_at_slo_x{factor:g}", f.max_qps_at[factor])
