@@ -381,14 +381,16 @@ class _Study:
         p50 = self.rank_p50_ms.get(name)
         return 0.6 * 1000.0 / p50 if p50 else float(self.lt.capacity.min_rate)
 
-    def search_s(self, name: str, slo: float | None) -> float:
+    def search_s(self, name: str, slo: float | None, start: float | None = None) -> float:
         """Seconds a capacity search of this variant should take: its earlier searches' mean, else
-        SEARCH_STEPS steps of step_requests at its start rate (with each step's warm-up and start/stop)."""
+        SEARCH_STEPS steps of step_requests at its start rate (`start`, else start_rate), with each step's
+        warm-up and start/stop."""
         done = self.per_window_s(name, "capacity")
         if done is not None:
             return done
         c = self.lt.capacity
-        return SEARCH_STEPS * (window_s(self.start_rate(name, slo), c.step_requests, c.step_warmup_s))
+        rate = self.start_rate(name, slo) if start is None else start
+        return SEARCH_STEPS * (window_s(rate, c.step_requests, c.step_warmup_s))
 
     def expect_fail(self, name: str) -> float | None:
         """Median lowest fail of the earlier repeats: tried second, so an unmoved bracket takes two steps."""
@@ -464,7 +466,7 @@ class _Study:
                 measure, slo, cfg, d, expect_fail=hint, say=say, deadline=deadline, clock=self.budget.clock
             )
 
-        est_s = self.search_s(name, slo)
+        est_s = self.search_s(name, slo, cfg.start_rate)
         cap = self.measure(name, "capacity", f"capacity search {r}", go, est_s, reserve_s)
         if cap is not None and not cap.steps:  # the deadline stopped it before its first step: no repeat
             self.budget.skipped.append(Skipped(name, "capacity", f"capacity search {r}", est_s))
