@@ -32,7 +32,7 @@ from reco.loadtest.outcome import (
 )
 from reco.pipeline import _log_variant, log_report_metrics
 from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
-from reco.report.figures import bracket, bracket_at, capacity_gain, highest_pass_at, study_figures
+from reco.report.figures import bracket, bracket_at, capacity_gain, highest_pass_at, pool, study_figures
 from reco.report.gate import gate, worst
 from reco.report.plots import (
     _colors,
@@ -42,6 +42,7 @@ from reco.report.plots import (
     pareto_front,
     qps_vs_p99,
 )
+from reco.report.table import open_p99_note
 from reco.report.targets import Basis, Outcome, evaluate, target_line
 from reco.stats import Estimate, Verdict, verdict_at_least, verdict_at_most
 from reco.stats.dependent import dependent_quantile_ci
@@ -343,6 +344,38 @@ def one_variant_study(common: list[LoadRun], max_error_rate: float = 0.01, searc
     ctx = StudyContext("s", "base", 0.005, max_error_rate, study)
     (f,) = study_figures([base], ctx)
     return f, gate(f, ctx)
+
+
+def test_an_open_common_load_p99_is_priced_in_requests_of_the_right_order():
+    """3 repeats of 130 requests (the case study's common load) leave a p99 open above; the note names the
+    requests it would need. An estimate from 3 repeats (the drift term's own spread is wide): of 20 draws
+    from the same service, 3 repeats of that many close it in most, of a third as many in few."""
+
+    def common(n, seed):
+        return pool(
+            "common", [load_run("common", lognormal(10.0, n, seed + i), offered=20.0) for i in range(3)]
+        )
+
+    short = common(130, 0)
+    assert math.isinf(short.quantiles["p99"].hi)
+    need = short.requests_to_close("p99")
+    assert need is not None and need > 3 * 130
+    fig = dataclasses.replace(study_figures(*make_study())[0], latency={"common": short})
+    (note,) = [ln for ln in open_p99_note([fig]) if ln]
+    assert f"`{fig.name}` ~{need:,} (has 390)" in note and "loadtest.study.load_requests" in note
+
+    def draws(n):
+        return [common(math.ceil(n / 3), 1000 + 10 * s) for s in range(20)]
+
+    at_need = draws(need)
+    assert sum(math.isfinite(p.quantiles["p99"].hi) for p in at_need) >= 10
+    assert sum(math.isfinite(p.quantiles["p99"].hi) for p in draws(need / 3)) <= 4
+    long = next(p for p in at_need if math.isfinite(p.quantiles["p99"].hi))
+    assert long.requests_to_close("p99") is None
+    assert open_p99_note([dataclasses.replace(fig, latency={"common": long})]) == []
+    # open because of failures: more requests would not close it, so none is priced
+    failing = pool("common", [load_run("common", lognormal(10.0, 130, 0), n_failed=3, offered=20.0)] * 3)
+    assert math.isinf(failing.quantiles["p99"].hi) and failing.requests_to_close("p99") is None
 
 
 def test_a_capacity_step_that_passed_above_the_common_load_decides_an_open_p99():

@@ -34,7 +34,7 @@ from reco.loadtest.capacity import step_verdict
 from reco.loadtest.outcome import QUANTILES, Capacity, LoadRun, decided_searches, searched_above
 from reco.report.context import StudyContext, VariantResult
 from reco.stats import Estimate, Verdict, ratio_range
-from reco.stats.dependent import dependent_quantile_ci, ratio_ci
+from reco.stats.dependent import dependent_quantile_ci, ratio_ci, requests_to_close
 from reco.stats.paired import SIGN_MIN_BLOCKS, median_block_ratio, paired_ratio
 
 KINDS = ("unloaded", "common", "equal_util")  # LoadOutcome fields holding repeats of LoadRun
@@ -67,6 +67,18 @@ class Latency:
     @property
     def n_invalid(self) -> int:
         return sum(not r.valid for r in self.runs)
+
+    def requests_to_close(self, key: str) -> int | None:
+        """Requests the pooled `key` quantile's interval would need before it closes above, over as many
+        repeats, at the dependence and the drift between repeats its windows show
+        (reco.stats.dependent.requests_to_close); None when it is closed, or open for failed requests
+        (more of them do not close it)."""
+        e = self.quantiles[key]
+        if self.n_failed or (e.supported and math.isfinite(e.hi)):
+            return None
+        return requests_to_close(
+            [np.asarray(r.latencies_ms, np.float64).ravel() for r in self.used], QUANTILES[key]
+        )
 
     @property
     def error_rate(self) -> float:

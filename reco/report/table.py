@@ -186,4 +186,24 @@ def markdown_table(figs: list[VariantFigures], gates: dict[str, Gate]) -> str:
         "highest passing rate over the capacity repeats (range in brackets); speed-up = baseline p99 / "
         "variant p99 (95 % CI from the blocks both ran in, paired: see Statistics). The in-process rank p50 (one thread, after warm-up) is a point figure.",
     ]
-    return "\n".join(variant_table(figs, gates, COLUMNS) + notes)
+    return "\n".join(variant_table(figs, gates, COLUMNS) + notes + open_p99_note(figs))
+
+
+def open_p99_note(figs: list[VariantFigures]) -> list[str]:
+    """What the common-load p99s left open above would need (the budget's undecided figures, priced)."""
+    need = [
+        (f.name, lat.n, k)
+        for f in figs
+        if (lat := f.latency.get("common")) is not None and (k := lat.requests_to_close("p99")) is not None
+    ]
+    if not need:
+        return []
+    each = "; ".join(f"`{name}` ~{k:,} (has {n:,})" for name, n, k in need)
+    return [
+        "",
+        f"Open above at the common load, the p99 would need about this many requests to close: {each}, at "
+        "the dependence and drift between repeats their windows show, over as many repeats "
+        "(reco.stats.dependent.requests_to_close; `loadtest.study.load_requests` x `repeats` sets n). An "
+        "order of magnitude: the drift is judged by Student t on repeats - 1 df, whose own spread is wide "
+        "with few repeats, and more, shorter repeats need fewer.",
+    ]
