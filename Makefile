@@ -59,9 +59,11 @@ serving-backends: $(STAMP) $(TSTAMP)
 smoke: $(STAMP)
 	$(PY) run.py experiment=smoke
 
-# Two xdist workers, whole modules each, end-to-end modules first (tests/conftest.py): most tests wait on
-# servers and subprocesses, so two at once fit on two cores; `make test PYTEST_WORKERS=0` runs serially.
-PYTEST_WORKERS ?= 2
+# Three xdist workers on two cores, whole modules each, end-to-end modules first (tests/conftest.py): with
+# two, the cores sat idle 12 % of the run (tests waiting on fixed-rate windows, servers and subprocesses),
+# with three 3 %, and the suite took 452 s instead of 490 s (experiments/test_suite/README.md#2026-12-06-issue-46-fifth-pass);
+# `make test PYTEST_WORKERS=0` runs serially.
+PYTEST_WORKERS ?= 3
 PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
 test: $(STAMP)

@@ -41,7 +41,7 @@ TINY = SyntheticConfig(
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
-    """Modules holding an end-to-end (`slow`) test run first: `make test` hands whole modules to two
+    """Modules holding an end-to-end (`slow`) test run first: `make test` hands whole modules to its
     xdist workers in this order (--dist loadfile --no-loadscope-reorder), so the ~1-2 min modules start
     at once instead of leaving one worker alone with them at the end."""
     heavy = {item.module.__name__ for item in items if item.get_closest_marker("slow")}
