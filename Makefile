@@ -59,10 +59,9 @@ serving-backends: $(STAMP) $(TSTAMP)
 smoke: $(STAMP)
 	$(PY) run.py experiment=smoke
 
-# Three xdist workers on two cores, whole modules each, end-to-end modules first (tests/conftest.py): with
-# two, the cores sat idle 12 % of the run (tests waiting on fixed-rate windows, servers and subprocesses),
-# with three 3 %, and the suite took 452 s instead of 490 s (experiments/test_suite/README.md#2026-12-06-issue-46-fifth-pass);
-# `make test PYTEST_WORKERS=0` runs serially.
+# Three xdist workers on two cores, whole modules each, end-to-end modules first (tests/conftest.py): two
+# left the cores idle part of the run (tests wait on fixed-rate windows, servers and subprocesses), which a
+# third fills (experiments/test_suite/README.md#2026-12-06-issue-46-fifth-pass); PYTEST_WORKERS=0: serially.
 PYTEST_WORKERS ?= 3
 PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
