@@ -76,9 +76,7 @@ class Latency:
         e = self.quantiles[key]
         if self.n_failed or (e.supported and math.isfinite(e.hi)):
             return None
-        return requests_to_close(
-            [np.asarray(r.latencies_ms, np.float64).ravel() for r in self.used], QUANTILES[key]
-        )
+        return requests_to_close(windows_of(self.used), QUANTILES[key])
 
     @property
     def error_rate(self) -> float:
@@ -124,6 +122,12 @@ class Latency:
         return [r.invalid_reason or "no reason recorded" for r in self.runs if not r.valid]
 
 
+def windows_of(runs: list[LoadRun]) -> list[np.ndarray]:
+    """Each run's latencies in send order (+inf = failed): the time-ordered windows reco.stats.dependent
+    reads."""
+    return [np.asarray(r.latencies_ms, np.float64).ravel() for r in runs]
+
+
 def pool(kind: str, runs: list[LoadRun]) -> Latency | None:
     """Pool the repeats of one kind of run.
 
@@ -136,8 +140,8 @@ def pool(kind: str, runs: list[LoadRun]) -> Latency | None:
     if not runs:
         return None
     used = [r for r in runs if r.valid] or list(runs)
-    lat = np.concatenate([np.asarray(r.latencies_ms, np.float64).ravel() for r in used])
-    windows = [np.asarray(r.latencies_ms, np.float64).ravel() for r in used]
+    windows = windows_of(used)
+    lat = np.concatenate(windows)
     quantiles = {k: dependent_quantile_ci(windows, q) for k, q in QUANTILES.items()}
     return Latency(kind, list(runs), used, quantiles, lat)
 
