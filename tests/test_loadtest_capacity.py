@@ -7,6 +7,7 @@ find_capacity against a measure callable whose latency distribution is a known f
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 from pathlib import Path
 
@@ -130,9 +131,12 @@ def test_find_capacity_brackets_then_bisects_to_the_resolution(lt, tmp_path):
     cap = find_capacity(fake, 100.0, c, tmp_path)
     rates = [s.rate for s in cap.steps]
     assert rates[:4] == [50.0, 100.0, 200.0, 400.0]
-    assert 0 < cap.highest_pass <= 300.0 < 400.0 and cap.lowest_fail is not None
-    assert cap.resolution is not None and cap.resolution <= 0.05
-    assert len(cap.steps) < c.steps  # early stop once the bracket is narrow enough
+    assert 0 < cap.highest_pass <= 300.0 < cap.lowest_fail <= 400.0
+    # Near the true capacity steps neither pass nor fail: the bracket keeps them inside, undecided (its
+    # ends are a PASS and a FAIL), and the search stops once no gap between tried rates exceeds tolerance.
+    tried = [cap.highest_pass, *cap.undecided, cap.lowest_fail]
+    assert cap.undecided and all((b - a) / b <= 0.05 for a, b in itertools.pairwise(tried)), tried
+    assert len(cap.steps) < c.steps  # early stop once the bracket is resolved as far as steps can
     for s in cap.steps:
         p99 = s.run.quantiles["p99"]
         if s.verdict == Verdict.PASS:
@@ -176,7 +180,8 @@ def test_a_close_step_is_extended_to_the_cap_then_inconclusive(lt, tmp_path):
     assert s.verdict == Verdict.INCONCLUSIVE and "straddles" in s.reason
     assert fake.calls == [(300.0, 500), (300.0, 500), (300.0, 1000)]  # doubled, pooled, up to the cap
     assert s.run.n == 2000 and s.run.windows == 3
-    assert cap.highest_pass == 0.0 and cap.lowest_fail == 300.0  # counted as a non-pass, reported as such
+    # neither end of the bracket: not claimed as capacity, nor a rate shown past it
+    assert cap.highest_pass == 0.0 and cap.lowest_fail is None and cap.undecided == [300.0]
     # max_step_s caps a step in time too: 4 s at 300 req/s are 1,200 requests, the last window tops it up
     fake.calls.clear()
     cap = find_capacity(fake, 100.0, dataclasses.replace(c, max_step_s=4.0), tmp_path / "timed")
@@ -257,7 +262,25 @@ def test_inconclusive_bounds_the_bracket_but_is_not_a_pass(lt, tmp_path):
     cap = find_capacity(FakeServer(100.0, 300.0), 100.0, c, tmp_path)
     inconclusive = [s.rate for s in cap.steps if s.verdict == Verdict.INCONCLUSIVE]
     assert inconclusive and cap.highest_pass < min(inconclusive)
-    assert cap.lowest_fail == min(s.rate for s in cap.steps if s.verdict != Verdict.PASS)
+    # the bracket's upper end is a rate that FAILed: the undecided ones lie inside it, listed
+    assert cap.lowest_fail == min(s.rate for s in cap.steps if s.verdict == Verdict.FAIL) > max(inconclusive)
+    assert cap.undecided == sorted(inconclusive)
+
+
+def test_above_undecided_rates_the_search_looks_for_one_that_fails(lt, tmp_path):
+    """A step that neither passes nor fails is no upper end: the capacity may lie past it (a fast
+    variant's step at a tenth of the SLO whose bursts keep its bound open). With only such rates above
+    the highest pass, the search steps up until a rate FAILs, and reports the undecided one inside."""
+    c = cap_cfg(lt, start_rate=150, growth=2.0, min_rate=5, tolerance=0.6, steps=8, max_step_requests=1000)
+    fake = FakeServer(slo=100.0, capacity=150.0, fail_above=200.0)  # 150: true p99 at the SLO
+    cap = find_capacity(fake, 100.0, c, tmp_path)
+    assert [(s.rate, s.verdict) for s in cap.steps] == [
+        (150.0, Verdict.INCONCLUSIVE),
+        (75.0, Verdict.PASS),
+        (300.0, Verdict.FAIL),
+    ]
+    assert (cap.highest_pass, cap.lowest_fail, cap.undecided) == (75.0, 300.0, [150.0])
+    assert "capacity bracket [75, 300) req/s (150 undecided)" in capacity_table(cap)
 
 
 def test_invalid_steps_are_excluded_and_cap_the_search(lt, tmp_path):
@@ -364,20 +387,23 @@ def test_screen_requests_only_where_a_full_window_is_long(lt):
     assert screen_requests(50.0, c) == 0 and screen_requests(8.0, dataclasses.replace(c, screen_s=0)) == 0
 
 
-def test_a_prior_bracket_is_confirmed_in_two_steps(lt, tmp_path):
-    c = cap_cfg(lt, growth=1.5, min_rate=1, tolerance=0.05, screen_s=0, steps=12)
+def test_a_prior_bracket_is_tried_at_its_ends_first(lt, tmp_path):
+    c = cap_cfg(lt, growth=1.5, min_rate=1, tolerance=0.2, screen_s=0, steps=12)
     first = find_capacity(FakeServer(100.0, 300.0), 100.0, dataclasses.replace(c, start_rate=200), tmp_path)
+    assert first.undecided  # the true capacity's rate neither passes nor fails
 
     def repeat(capacity: float, out: str):  # a later repeat: starts at the pass, tries the fail second
         start = dataclasses.replace(c, start_rate=first.highest_pass)
         return find_capacity(FakeServer(100.0, capacity), 100.0, start, tmp_path / out, first.lowest_fail)
 
     again = repeat(300.0, "r1")
-    assert len(again.steps) == 2 < len(first.steps)
+    # the bracket's ends in its first two steps; the third tries the undecided middle again
+    assert [s.rate for s in again.steps[:2]] == [first.highest_pass, first.lowest_fail]
+    assert len(again.steps) == 3 < len(first.steps)
     assert (again.highest_pass, again.lowest_fail) == (first.highest_pass, first.lowest_fail)
     # A bracket that moved is still found: the hint only orders the steps.
     moved = repeat(400.0, "r2")
-    assert first.lowest_fail < moved.highest_pass <= 400.0
+    assert first.highest_pass < moved.highest_pass <= 400.0 < moved.lowest_fail
 
 
 def _bursty(n: int, seed: int = 0, starts: list[int] | None = None) -> np.ndarray:

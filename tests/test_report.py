@@ -1351,8 +1351,8 @@ def test_slo_sensitivity_rejudges_each_step_at_the_searchs_own_confidence():
     slo = (lo95.hi + lo983.hi) / 2  # within the 95 % bound, not the 98.3 % one
     v = step_verdict(run, slo, 0.01, 1 - 0.05 / 3)[0]
     assert v == Verdict.INCONCLUSIVE
-    cap = Capacity(slo, 0.0, 10.0, [CapacityStep(10.0, run, v, "straddles")], conf=1 - 0.05 / 3)
-    assert bracket_at(cap, slo, 0.01) == (0.0, 10.0)
+    cap = Capacity(slo, 0.0, None, [CapacityStep(10.0, run, v, "straddles")], conf=1 - 0.05 / 3)
+    assert bracket_at(cap, slo, 0.01) == (0.0, None)  # undecided: neither end
     loose = dataclasses.replace(cap, conf=0.95)  # judged at 95 %, the same step passes
     assert bracket_at(loose, slo, 0.01) == (10.0, None)
 

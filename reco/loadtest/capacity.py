@@ -39,10 +39,14 @@ rests on >= 368 requests.
 
 **The search** (as MLPerf's FindPeakPerformance): from `start_rate`, multiply by `growth` until a step
 does not pass (or `max_rate` passes), or divide until one passes (or `min_rate` does not); then bisect
-between the highest PASS and the lowest non-pass until (lowest non-pass - highest pass) / lowest non-pass
-<= `tolerance`, or `steps` rates were tried. INCONCLUSIVE counts as a non-pass for bracketing (we cannot
-claim it) and INVALID caps the search (the generator, not the server, is the limit there); neither is
-reported as a FAIL. Result: Capacity(highest_pass, lowest_fail, lowest_invalid, steps).
+until (lowest FAIL - highest PASS) / lowest FAIL <= `tolerance`, or no gap between the rates tried in that
+bracket is wider than `tolerance`, or `steps` rates were tried. An INCONCLUSIVE step is neither end of the
+bracket: it was not shown to pass, so the search cannot claim it, nor shown to fail, so the capacity may
+lie above it (a step at a tenth of the SLO whose bursts keep its bound open is not a rate past capacity).
+The search bisects around it, and where only undecided rates lie above the highest PASS it steps up by
+`growth` until one FAILs (a rate past capacity fails fast, often on its screening window). INVALID caps
+the search (the generator, not the server, is the limit there) and is no FAIL either. Result:
+Capacity(highest_pass, lowest_fail, lowest_invalid, steps), the undecided rates among the steps.
 
 `find_capacity` takes the measurement as a callable (rate, n_requests, out_dir) -> LoadRun, so the
 search can be driven by a real server (`open_loop_measure`) or by a deterministic fake in tests.
@@ -54,6 +58,7 @@ The SLO is fixed before measuring (capacity.slo_p99_ms), or slo_factor x the MED
 from __future__ import annotations
 
 import csv
+import itertools
 import math
 import statistics
 import time
@@ -298,7 +303,8 @@ def find_capacity(
         out_dir: step k's windows go to out_dir/step_KK_<rate>qps/wNN/.
         expect_fail: a rate expected not to pass (an earlier repeat's lowest fail): tried right after a
             passing first step instead of start_rate x growth, so a repeat whose bracket has not moved
-            is confirmed in two steps. Each step is still measured and judged on its own.
+            is confirmed at both ends in two steps (undecided rates inside are tried again only where a
+            gap is wider than the tolerance). Each step is still measured and judged on its own.
         say: progress, one line per window.
         deadline: epoch seconds (the study's time budget): no step or extension starts that would end
             after it (expected duration: requests / rate + warm-up); the bracket stays open on the side
@@ -313,7 +319,7 @@ def find_capacity(
     c.check("loadtest.capacity")  # also at compose time; here for a config built by hand (bench, tests)
     lo, hi, growth, tol = float(c.min_rate), float(c.max_rate), float(c.growth), float(c.tolerance)
     rate = min(max(float(c.start_rate if c.start_rate is not None else lo), lo), hi)
-    best, fail, invalid = 0.0, math.inf, math.inf
+    best, invalid = 0.0, math.inf
     steps: list[CapacityStep] = []
     stopped = False
     for i in range(int(c.steps)):
@@ -335,21 +341,16 @@ def find_capacity(
             best = max(best, rate)
         elif step.verdict == Verdict.INVALID:
             invalid = min(invalid, rate)
-        else:  # FAIL, or INCONCLUSIVE: not a rate we can claim
-            fail = min(fail, rate)
         if i == 0 and step.verdict == Verdict.PASS and expect_fail and rate < expect_fail <= hi:
             rate = expect_fail
             continue
-        rate = _next_rate(rate, best, min(fail, invalid), growth, lo, hi, tol)
+        rate = _next_rate(steps, growth, lo, hi, tol)
         if rate is None:
             break
-    lowest_fail = min(
-        (s.rate for s in steps if s.verdict in (Verdict.FAIL, Verdict.INCONCLUSIVE)), default=None
-    )
     return Capacity(
         slo_p99_ms=float(slo_p99_ms),
         highest_pass=best,
-        lowest_fail=lowest_fail,
+        lowest_fail=_lowest(steps, best, (Verdict.FAIL,)),
         steps=steps,
         lowest_invalid=None if math.isinf(invalid) else invalid,
         conf=c.step_conf,
@@ -357,17 +358,29 @@ def find_capacity(
     )
 
 
-def _next_rate(
-    rate: float, best: float, ceiling: float, growth: float, lo: float, hi: float, tol: float
-) -> float | None:
-    """Next rate to try, or None when the search is done. `ceiling`: lowest rate that did not pass."""
-    if math.isinf(ceiling):  # bracketing upwards
+def _lowest(steps: list[CapacityStep], above: float, verdicts: tuple[Verdict, ...]) -> float | None:
+    """The lowest rate above `above` whose step has one of `verdicts`; None when none has."""
+    return min((s.rate for s in steps if s.verdict in verdicts and s.rate > above), default=None)
+
+
+def _next_rate(steps: list[CapacityStep], growth: float, lo: float, hi: float, tol: float) -> float | None:
+    """Next rate to try after `steps` (in run order), or None when the search is done (module doc)."""
+    rate = steps[-1].rate
+    best = max((s.rate for s in steps if s.verdict == Verdict.PASS), default=0.0)
+    above = [s.rate for s in steps if s.verdict != Verdict.PASS and s.rate > best]
+    if not above:  # bracketing upwards
         return None if rate >= hi else min(rate * growth, hi)
     if best == 0.0:  # bracketing downwards
         return None if rate <= lo else max(rate / growth, lo)
+    ceiling = _lowest(steps, best, (Verdict.FAIL, Verdict.INVALID))
+    if ceiling is None:  # only undecided rates above the highest pass: look higher for one that fails
+        top = max(above)
+        return None if top >= hi else min(top * growth, hi)
     if (ceiling - best) / ceiling <= tol:
         return None
-    return (best + ceiling) / 2
+    tried = sorted({best, ceiling, *(r for r in above if r < ceiling)})
+    a, b = max(itertools.pairwise(tried), key=lambda gap: (gap[1] - gap[0]) / gap[1])
+    return None if (b - a) / b <= tol else (a + b) / 2
 
 
 def open_loop_measure(
@@ -406,7 +419,8 @@ def capacity_table(cap: Capacity) -> str:
     """Markdown table of the steps: rate, n, p99 with CI, errors, generator CPU, valid, verdict."""
     rows = [
         f"SLO p99 {cap.slo_p99_ms:.2f} ms; capacity bracket [{cap.highest_pass:g}, "
-        f"{'open' if cap.lowest_fail is None else format(cap.lowest_fail, 'g')}] req/s"
+        f"{'open' if cap.lowest_fail is None else format(cap.lowest_fail, 'g')}) req/s"
+        + (f" ({', '.join(f'{r:g}' for r in cap.undecided)} undecided)" if cap.undecided else "")
         + (f"; generator limit from {cap.lowest_invalid:g} req/s" if cap.lowest_invalid else "")
         + (f"; {cap.budget_note()}" if cap.stopped_by_budget else ""),
         "",

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -61,7 +62,9 @@ class CapacityStep:
 class Capacity:
     slo_p99_ms: float
     highest_pass: float  # req/s; 0.0 when no rate passed
-    lowest_fail: float | None  # req/s; None when no rate failed (max_rate passed)
+    # req/s: the lowest rate above the highest pass that FAILed; None when none did (max_rate passed, or
+    # only undecided rates lie above: the capacity may be past them)
+    lowest_fail: float | None
     steps: list[CapacityStep]
     lowest_invalid: float | None = None  # req/s; lowest rate the generator could not vouch for (INVALID)
     conf: float = 0.95  # the confidence each step's p99 interval was judged at (Bonferroni over its looks)
@@ -80,6 +83,17 @@ class Capacity:
         if not self.stopped_by_budget:
             return ""
         return "stopped by the time budget" + ("" if self.decided else " before any rate passed: no capacity")
+
+    @property
+    def undecided(self) -> list[float]:
+        """Rates inside the bracket (above the highest pass, below the lowest fail) whose step stayed
+        INCONCLUSIVE: the capacity may lie on either side of them."""
+        top = math.inf if self.lowest_fail is None else self.lowest_fail
+        return sorted(
+            s.rate
+            for s in self.steps
+            if s.verdict == Verdict.INCONCLUSIVE and self.highest_pass < s.rate < top
+        )
 
     @property
     def resolution(self) -> float | None:

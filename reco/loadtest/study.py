@@ -477,7 +477,8 @@ class _Study:
             self.outcomes[name].capacity.append(cap)
             self.emit(name, write_capacity(cap, d), f"loadtest/capacity/r{r}")
             _say(
-                f"  {name} capacity r{r}: [{cap.highest_pass:g}, {cap.lowest_fail}] req/s, {len(cap.steps)} steps"
+                f"  {name} capacity r{r}: [{cap.highest_pass:g}, {cap.lowest_fail}) req/s, {len(cap.steps)} steps"
+                + (f", undecided at {', '.join(f'{u:.1f}' for u in cap.undecided)}" if cap.undecided else "")
                 + (f" ({cap.budget_note()})" if cap.stopped_by_budget else "")
             )
 

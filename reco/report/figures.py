@@ -192,22 +192,18 @@ def latency_ratio(num: Latency, den: Latency, key: str) -> Ratio:
     return Ratio(ratio_ci(num.quantiles[key], den.quantiles[key]), reps_)
 
 
-Span = tuple[float, float | None]  # one search's (highest pass, lowest non-pass; None: no rate failed)
+Span = tuple[float, float | None]  # one search's (highest pass, lowest fail; None: no rate above failed)
 
 
 def bracket_at(cap: Capacity, slo_ms: float, max_error_rate: float) -> Span:
-    """One capacity search's bracket re-judged against another SLO: (highest measured rate whose p99 CI is
-    within `slo_ms` and errors within the limit, 0.0 when none; lowest valid rate that is not, None when
-    none). Each step is re-judged as the search judged it (reco.loadtest.capacity.step_verdict, at the
-    search's own confidence), so at the search's SLO the bracket is the search's. Limited to the rates
-    the search happened to measure: None means open, not unbounded."""
-    passed, failed = [], []
-    for s in cap.steps:
-        if not s.run.valid:
-            continue
-        ok = step_verdict(s.run, slo_ms, max_error_rate, cap.conf)[0] == Verdict.PASS
-        (passed if ok else failed).append(s.rate)
-    return max(passed, default=0.0), min(failed, default=None)
+    """One capacity search's bracket re-judged against another SLO: (highest measured rate whose step
+    passes `slo_ms`, 0.0 when none; lowest rate above it whose step fails it, None when none). Each step
+    is re-judged as the search judged it (reco.loadtest.capacity.step_verdict, at the search's own
+    confidence), so at the search's SLO the bracket is the search's; an undecided step is neither end.
+    Limited to the rates the search happened to measure: None means open, not unbounded."""
+    verdicts = [(s.rate, step_verdict(s.run, slo_ms, max_error_rate, cap.conf)[0]) for s in cap.steps]
+    best = max((r for r, v in verdicts if v == Verdict.PASS), default=0.0)
+    return best, min((r for r, v in verdicts if v == Verdict.FAIL and r > best), default=None)
 
 
 def highest_pass_at(cap: Capacity, slo_ms: float, max_error_rate: float) -> float:
@@ -316,11 +312,11 @@ def _bracket_gain(
     base_above: list[Span] | None = None,
 ) -> Estimate | None:
     """QPS gain = median highest pass / the baseline's, with an interval that spans every pair of repeats'
-    brackets: from (highest pass / the baseline's lowest non-pass) to (lowest non-pass / the baseline's
+    brackets: from (highest pass / the baseline's lowest fail) to (lowest fail / the baseline's
     highest pass). An open bracket opens that side: a variant whose top rate passed has a gain [x, +inf),
     a baseline that never failed one of [0, x]. A range over the repeats' brackets, not a confidence
     interval (3 repeats cannot give a 95 % one); n = the variant's repeats. `above`, `base_above`: the
-    spans whose lowest non-pass counts (searched_above; default: all). None when the baseline passed no
+    spans whose lowest fail counts (searched_above; default: all). None when the baseline passed no
     rate (no finite gain to state)."""
     base = median(b[0] for b in base_spans) if base_spans else 0.0
     if not spans or base <= 0:

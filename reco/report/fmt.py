@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
 from reco.stats import Estimate
 
@@ -64,12 +65,16 @@ def spread(e: Estimate | None, spec: str | None = None, unit: str = "") -> str:
     return f"{num(e.value, s)}{unit} ({num(e.lo, s)}–{num(e.hi, s)}, {e.n} run{'s' * (e.n != 1)})"
 
 
-def bracket(lo: float | None, hi: float | None, spec: str = ".0f", unit: str = "") -> str:
+def bracket(
+    lo: float | None, hi: float | None, spec: str = ".0f", unit: str = "", undecided: Sequence[float] = ()
+) -> str:
     """A capacity bracket '[18, 22)': the highest rate that passed, the lowest that failed (excluded);
-    '[18, open)' when no rate failed, '–' when no search ran."""
+    '[18, open)' when no rate failed, '–' when no search ran; rates tried inside it that neither passed
+    nor failed follow: '[18, 27) (22 undecided)'."""
     if lo is None:
         return DASH
-    return f"[{num(lo, spec)}, {'open' if hi is None else num(hi, spec)}){unit}"
+    inside = f" ({', '.join(num(r, spec) for r in undecided)} undecided)" if undecided else ""
+    return f"[{num(lo, spec)}, {'open' if hi is None else num(hi, spec)}){unit}{inside}"
 
 
 def vs_base(

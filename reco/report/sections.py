@@ -115,7 +115,9 @@ def throughput(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
     rows = []
     for f in caps:
         brackets = ", ".join(
-            bracket(c.highest_pass, c.lowest_fail) if c.decided else "undecided (time budget)"
+            bracket(c.highest_pass, c.lowest_fail, undecided=c.undecided)
+            if c.decided
+            else "undecided (time budget)"
             for c in f.capacity
         )
         rows.append([f"`{f.name}`", spread(f.max_qps, ".0f"), brackets, vs_base(f.is_baseline, f.qps_gain)])
@@ -132,7 +134,8 @@ def throughput(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         "Max QPS at the SLO = the highest rate whose p99 CI lies within the SLO, or, where that CI is open "
         "far below it, whose bound on the share of requests past the SLO is <= 0.1 % (the appendix says "
         "which: reco/loadtest/capacity.py) (median over repeats, range "
-        "in parentheses); each repeat's bracket is [highest pass, lowest fail) in req/s; a repeat the study's "
+        "in parentheses); each repeat's bracket is [highest pass, lowest fail) in req/s, with the rates tried inside it "
+        "that neither passed nor failed (*undecided*: the capacity may lie on either side); a repeat the study's "
         "time budget stopped before any rate passed is *undecided* and enters no median. The gain's interval "
         "covers every pair of repeats and each search's resolution: from highest pass / the baseline's lowest "
         "fail to lowest fail / the baseline's highest pass.",
