@@ -415,12 +415,17 @@ def open_loop_measure(
     return measure
 
 
+def bracket_text(cap: Capacity) -> str:
+    """'[75, 300) req/s (150 undecided)': highest pass, lowest fail ('open': none), the undecided rates."""
+    fail = "open" if cap.lowest_fail is None else f"{cap.lowest_fail:.4g}"
+    inside = f" ({', '.join(f'{r:.4g}' for r in cap.undecided)} undecided)" if cap.undecided else ""
+    return f"[{cap.highest_pass:.4g}, {fail}) req/s{inside}"
+
+
 def capacity_table(cap: Capacity) -> str:
     """Markdown table of the steps: rate, n, p99 with CI, errors, generator CPU, valid, verdict."""
     rows = [
-        f"SLO p99 {cap.slo_p99_ms:.2f} ms; capacity bracket [{cap.highest_pass:g}, "
-        f"{'open' if cap.lowest_fail is None else format(cap.lowest_fail, 'g')}) req/s"
-        + (f" ({', '.join(f'{r:g}' for r in cap.undecided)} undecided)" if cap.undecided else "")
+        f"SLO p99 {cap.slo_p99_ms:.2f} ms; capacity bracket {bracket_text(cap)}"
         + (f"; generator limit from {cap.lowest_invalid:g} req/s" if cap.lowest_invalid else "")
         + (f"; {cap.budget_note()}" if cap.stopped_by_budget else ""),
         "",

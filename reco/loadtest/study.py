@@ -73,6 +73,7 @@ from reco.data.schema import Dataset
 from reco.loadtest.budget import Budget, Skipped, check_budget, summary
 from reco.loadtest.capacity import (
     WINDOW_OVERHEAD_S,
+    bracket_text,
     find_capacity,
     open_loop_measure,
     pass_s,
@@ -477,8 +478,7 @@ class _Study:
             self.outcomes[name].capacity.append(cap)
             self.emit(name, write_capacity(cap, d), f"loadtest/capacity/r{r}")
             _say(
-                f"  {name} capacity r{r}: [{cap.highest_pass:g}, {cap.lowest_fail}) req/s, {len(cap.steps)} steps"
-                + (f", undecided at {', '.join(f'{u:.1f}' for u in cap.undecided)}" if cap.undecided else "")
+                f"  {name} capacity r{r}: {bracket_text(cap)}, {len(cap.steps)} steps"
                 + (f" ({cap.budget_note()})" if cap.stopped_by_budget else "")
             )
 
