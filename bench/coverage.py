@@ -17,7 +17,9 @@ before) and of reco's dependent-data interval (reco.stats.dependent) for the p50
 n requests, with the number of simulated runs; and the capacity search's false-PASS rate: one step
 (reco.loadtest.capacity.run_step, with its screening and extensions) run at the rate whose true p99
 equals the SLO, where a valid 95 % interval passes at most ~2.5 % of the time. Impossible settings
-(utilisation >= 1, drift < 0) stop with the flag to change.
+(utilisation >= 1, drift < 0) stop with the flag to change. Other tables instead: --tau (what a step
+costs), --paired (speed-ups of the study's blocks), --step-power (steps below the SLO), --brackets
+(whole capacity searches: does the bracket hold the true capacity?).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from pathlib import Path
 
 import numpy as np
 
-from reco.loadtest.capacity import FUTILE_LOOKS, futility, run_step, step_verdict
+from reco.loadtest.capacity import FUTILE_LOOKS, find_capacity, futility, run_step, step_verdict
 from reco.loadtest.config import CapacityConfig
 from reco.loadtest.runs import make_run
 from reco.stats import Verdict, quantile_ci
@@ -415,6 +417,69 @@ def step_power_table(
     return lines
 
 
+# -- where whole capacity searches put the true capacity ---------------------------------------------------
+def _window(model: str, u: float, drift: float, n: int, rng: np.random.Generator) -> np.ndarray:
+    """n latencies of one window at utilisation u (mean service 1: the rate is the utilisation), warmed
+    up first, the speed moving every 600 requests as in _step_chains; past u = 1 the queue grows."""
+    total = WARMUP + n
+    scale = np.repeat(_drift(drift, total // 600 + 1, rng), 600)[:total]
+    serve = _step_service(model, rng, (1, total))[0] * scale
+    return sojourn(serve, rng.exponential(1.0 / u, total))[WARMUP:]
+
+
+def bracket_coverage(model: str, capacity: float, drift: float, runs: int, rng: np.random.Generator) -> dict:
+    """Whole capacity searches (reco.loadtest.capacity.find_capacity, the case study's growth 1.5,
+    tolerance 0.35 and 600-8,000-request steps) on a queue whose true p99 meets the SLO at utilisation
+    `capacity`, each started log-uniformly within 1.5x of it. Returns the share of searches whose bracket
+    [highest PASS, lowest FAIL) holds the true capacity ('covered'), the same for the rule before it, whose
+    upper end was the lowest rate that did not pass, undecided ones included ('covered_old'), the median
+    hi/lo of the closed brackets both ways, and the share with undecided rates inside ('undecided')."""
+    slo = float(np.quantile(_step_chains(model, capacity, drift, 400, rng), 0.99))
+    c = dataclasses.replace(
+        step_config(), growth=1.5, tolerance=0.35, steps=8, min_rate=0.02, max_rate=5.0,
+        step_requests=STEP_LOOKS[0], max_step_requests=STEP_LOOKS[-1],
+    )  # fmt: skip
+
+    def measure(rate: float, n: int, out_dir: Path) -> object:
+        return make_run(
+            _window(model, rate, drift, n, rng), kind="capacity", offered_qps=rate, window_s=n / rate
+        )
+
+    hits = {"covered": 0, "covered_old": 0, "undecided": 0}
+    widths: dict[str, list[float]] = {"width": [], "width_old": []}
+    for _ in range(runs):
+        start = capacity * 1.5 ** rng.uniform(-1.0, 1.0)
+        cap = find_capacity(measure, slo, dataclasses.replace(c, start_rate=start), Path("/nonexistent"))
+        best = cap.highest_pass
+        old = min((s.rate for s in cap.steps if s.verdict != Verdict.PASS and s.rate > best), default=None)
+        for key, end in (("", cap.lowest_fail), ("_old", old)):
+            hits[f"covered{key}"] += best <= capacity < (math.inf if end is None else end)
+            if end is not None and best > 0:
+                widths[f"width{key}"].append(end / best)
+        hits["undecided"] += bool(cap.undecided)
+    out: dict = {k: v / runs for k, v in hits.items()}
+    out |= {k: float(np.median(v)) if v else math.inf for k, v in widths.items()}
+    return out
+
+
+def bracket_table(models: list[str], drifts: list[float], capacity: float, runs: int, seed: int) -> list[str]:
+    rng = np.random.default_rng(seed)
+    lines = [
+        "| service | drift in step | searches | true capacity in [pass, fail) | in [pass, lowest non-pass) (before) "
+        "| median hi/lo | before | searches with undecided rates |",
+        "|---" * 8 + "|",
+    ]
+    for m in models:
+        for d in drifts:
+            r = bracket_coverage(m, capacity, d, runs, rng)
+            lines.append(
+                f"| {m} | {d:.0%} | {runs} | {r['covered']:.2f} | {r['covered_old']:.2f} | {r['width']:.2f} "
+                f"| {r['width_old']:.2f} | {r['undecided']:.2f} |"
+            )
+            print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
 # -- how many requests a capacity step needs (issue 43, finding 4) ---------------------------------------
 def tau_table(models: list[str], utilisations: list[float], n: int, seed: int) -> list[str]:
     """The dependence factor tau of the indicator 1{latency > its q-quantile} (its variance over the
@@ -482,8 +547,21 @@ def main(argv: list[str] | None = None) -> None:
         help="instead: how often one capacity step as the case study runs it PASSes at the true capacity and "
         "below it, with and without the exceedance bound (--models may add 'stall')",
     )
+    ap.add_argument(
+        "--brackets",
+        type=float,
+        default=None,
+        metavar="UTILISATION",
+        help="instead: whole capacity searches on a queue whose true capacity is at this utilisation: how "
+        "often their bracket holds it, now and with undecided rates as the upper end (--models may add "
+        "'stall')",
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
+    if a.brackets is not None:
+        check([a.brackets], [0.0], [m for m in a.models if m != "stall"])
+        print("\n".join(bracket_table(a.models, a.drifts, a.brackets, a.runs, a.seed)))
+        return
     if a.step_power:
         check(a.utilisations, [0.0], [m for m in a.models if m != "stall"])
         print("\n".join(step_power_table(a.models, a.utilisations, a.drifts, a.runs, a.seed)))

@@ -17,6 +17,7 @@ import pytest
 from bench.coverage import (
     PairSetting,
     Setting,
+    bracket_coverage,
     coverage,
     false_pass,
     paired_coverage,
@@ -259,6 +260,15 @@ def test_a_step_far_below_the_slo_passes_and_one_at_capacity_still_rarely_does()
     p = step_power("stall", 0.7, 0.0, (1.0, 6.0), (0, EXCEEDANCE_POWER), 40, np.random.default_rng(5))
     assert p[1.0, EXCEEDANCE_POWER] <= 0.15, p
     assert p[6.0, EXCEEDANCE_POWER] >= 0.75 and p[6.0, EXCEEDANCE_POWER] >= p[6.0, 0] + 0.5, p
+
+
+def test_a_capacity_bracket_ends_on_a_fail_and_so_holds_the_true_capacity():
+    """Whole capacity searches on a queue with bursts of slow requests: a step near the true capacity often
+    neither passes nor fails. With such a rate as the bracket's upper end (the rule before) the true
+    capacity lay above the bracket in most searches; ending it on a FAIL, with the undecided rates inside,
+    the bracket holds it (experiments/interval_coverage/README.md#capacity-brackets)."""
+    r = bracket_coverage("stall", 0.6, 0.0, 30, np.random.default_rng(2))
+    assert r["covered"] >= 0.85 and r["covered_old"] <= 0.5 and r["undecided"] >= 0.5, r
 
 
 def test_a_request_interleaved_block_puts_a_stretch_on_both_variants():
