@@ -319,7 +319,6 @@ def find_capacity(
     c.check("loadtest.capacity")  # also at compose time; here for a config built by hand (bench, tests)
     lo, hi, growth, tol = float(c.min_rate), float(c.max_rate), float(c.growth), float(c.tolerance)
     rate = min(max(float(c.start_rate if c.start_rate is not None else lo), lo), hi)
-    best, invalid = 0.0, math.inf
     steps: list[CapacityStep] = []
     stopped = False
     for i in range(int(c.steps)):
@@ -337,25 +336,26 @@ def find_capacity(
         )
         steps.append(step)
         stopped |= step.budget_cut
-        if step.verdict == Verdict.PASS:
-            best = max(best, rate)
-        elif step.verdict == Verdict.INVALID:
-            invalid = min(invalid, rate)
         if i == 0 and step.verdict == Verdict.PASS and expect_fail and rate < expect_fail <= hi:
             rate = expect_fail
             continue
         rate = _next_rate(steps, growth, lo, hi, tol)
         if rate is None:
             break
+    best = _highest_pass(steps)
     return Capacity(
         slo_p99_ms=float(slo_p99_ms),
         highest_pass=best,
         lowest_fail=_lowest(steps, best, (Verdict.FAIL,)),
         steps=steps,
-        lowest_invalid=None if math.isinf(invalid) else invalid,
+        lowest_invalid=_lowest(steps, 0.0, (Verdict.INVALID,)),
         conf=c.step_conf,
         stopped_by_budget=stopped,
     )
+
+
+def _highest_pass(steps: list[CapacityStep]) -> float:
+    return max((s.rate for s in steps if s.verdict == Verdict.PASS), default=0.0)
 
 
 def _lowest(steps: list[CapacityStep], above: float, verdicts: tuple[Verdict, ...]) -> float | None:
@@ -365,8 +365,7 @@ def _lowest(steps: list[CapacityStep], above: float, verdicts: tuple[Verdict, ..
 
 def _next_rate(steps: list[CapacityStep], growth: float, lo: float, hi: float, tol: float) -> float | None:
     """Next rate to try after `steps` (in run order), or None when the search is done (module doc)."""
-    rate = steps[-1].rate
-    best = max((s.rate for s in steps if s.verdict == Verdict.PASS), default=0.0)
+    rate, best = steps[-1].rate, _highest_pass(steps)
     above = [s.rate for s in steps if s.verdict != Verdict.PASS and s.rate > best]
     if not above:  # bracketing upwards
         return None if rate >= hi else min(rate * growth, hi)
