@@ -345,6 +345,7 @@ def test_capacity_ranges_fail_at_compose_time_before_any_server_starts(lt):
         ("unloaded_warmup_s", -1.0, ">= 0 s"),
         ("headline_tolerance", 1.0, "0 < tolerance < 1"),
         ("gate_start_fraction", 0.0, "0 < fraction <= 1"),
+        ("common_repeats", 0, ">= 1 round"),
     ):
         bad = {**dataclasses.asdict(lt), "study": {**dataclasses.asdict(lt.study), key: value}}
         with pytest.raises(ConfigError, match=rf"loadtest\.study\.{key}: expected {expected}"):

@@ -225,18 +225,25 @@ def test_relative_slo_takes_the_median_of_reference_repeats_run_first(tiny_data,
 
 def test_a_reference_with_no_passing_rate_still_gets_the_others_a_common_load(tiny_data, built, tmp_path):
     """An SLO no server can meet: the reference's search passes nothing, yet every variant is measured at
-    65 % of the lowest rate the reference was tried at, and the outcome says so."""
+    65 % of the lowest rate the reference was tried at, and the outcome says so; in common_repeats rounds,
+    not the capacity's repeats."""
     variant, dpath = built
     # No latency is under 0.01 ms: any window with a p99 (368 requests, not the 1,000 a PASS may need) FAILs.
     # No unloaded runs: nothing here reads them (the fixed SLO does not), and the other tests check them.
     cfg = study_cfg(
         capacity={"slo_p99_ms": 0.01, "step_requests": 368, "max_step_requests": 368},
-        study={"repeats": 1, "common_rate": None, "equal_util_fraction": 0, "unloaded_repeats": 0},
+        study={
+            "repeats": 1,
+            "common_repeats": 2,
+            "common_rate": None,
+            "equal_util_fraction": 0,
+            "unloaded_repeats": 0,
+        },
     )
     out = run_study_logged([("baseline", variant), ("student", variant)], tiny_data, dpath, cfg, tmp_path, [])
     assert [c.highest_pass for c in out.outcomes["baseline"].capacity] == [0.0]
     assert out.common_rate_qps == pytest.approx(0.65 * 150) and "lowest rate" in out.common_source
-    assert all(len(o.common) == 1 and not o.error and not o.unloaded for o in out.outcomes.values())
+    assert all(len(o.common) == 2 and not o.error and not o.unloaded for o in out.outcomes.values())
 
 
 def test_failed_reference_without_a_slo_is_a_clear_error(tiny_data, built, tmp_path):
@@ -388,6 +395,22 @@ def test_a_low_priority_window_must_end_before_the_reserve(tmp_path):
     s.servers = {"baseline": SimpleNamespace(proc=SimpleNamespace(poll=lambda: None))}  # a live server
     s.measure("baseline", "equal_util", "equal_util run 1", lambda h: ran.append("fits"), 5.0, reserve)
     assert ran == ["fits"]
+
+
+@pytest.mark.parametrize(("common_repeats", "reserved"), [(None, 2), (1, 1), (10, 2)])
+def test_the_first_searches_reserve_no_more_common_rounds_than_repeats(tmp_path, common_repeats, reserved):
+    """Issue 43: the QPS gain's searches come before the common load, so they leave it at most `repeats`
+    rounds; common_repeats past them run on what is left (all 10 reserved stopped a slow reference's
+    search before any rate passed)."""
+    from reco.loadtest.capacity import window_s
+    from reco.loadtest.study import _reserve, _Study
+
+    cfg = study_cfg(study={"repeats": 2, "common_repeats": common_repeats, "common_rate": 10.0})
+    s = _Study(cfg["loadtest"], cfg["serve"], tmp_path, None)
+    s.outcomes = {n: LoadOutcome(n) for n in ("baseline", "student")}
+    s.servers = dict.fromkeys(s.outcomes)
+    window = window_s(10.0, cfg["loadtest"].study.load_requests, cfg["loadtest"].warmup_s)
+    assert _reserve(s, "baseline", [], 200.0) == pytest.approx(reserved * 2 * window)
 
 
 def test_gate_first_searches_start_below_the_prediction_cheapest_first():

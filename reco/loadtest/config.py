@@ -175,6 +175,9 @@ class StudyConfig:
     # least unloaded_requests), so a fast variant's tail rests on as much of the host's time as a slow one's
     unloaded_window_s: float | None = MISSING
     load_requests: int = MISSING  # requests of a common-load window
+    # common-load rounds per variant (null: repeats): the rounds are the clusters of the pooled interval
+    # (Student t on rounds - 1 df), so more, shorter rounds close a p99 with fewer requests
+    common_repeats: int | None = MISSING
     equal_util_requests: int = MISSING  # requests of an equal-utilisation window
     # wall-time limit of the load test in minutes (null: none); windows past it are skipped and listed,
     # never guessed (reco.loadtest.budget)
@@ -207,6 +210,9 @@ class StudyConfig:
                 f"{where}.unloaded_window_s: sizes each variant's own unloaded window, so it needs "
                 f"{where}.unloaded_interleave=window (got {self.unloaded_interleave.value}); set it to null"
             )
+        for key in ("repeats", "common_repeats"):
+            if (rounds := getattr(self, key)) is not None and rounds < 1:
+                raise ConfigError(f"{where}.{key}: expected >= 1 round, got {rounds}")
         if self.headline_tolerance is not None and not 0 < self.headline_tolerance < 1:
             raise ConfigError(
                 f"{where}.headline_tolerance: expected 0 < tolerance < 1 or null, got {self.headline_tolerance}"

@@ -30,7 +30,8 @@ reco.stats.paired; each run carries its block):
    brackets, the common load the reference's); the other variants' after the common load (with
    `study.gate_start_fraction`, from below: their first step decides their latency gate), then every
    variant's repeats, a round at a time.
-5. **Common load**: `study.common_rate`, else `common_load_fraction` x the reference's median capacity;
+5. **Common load** (`study.common_repeats` rounds): `study.common_rate`, else `common_load_fraction` x
+   the reference's median capacity;
    the scores of every `correctness.every`-th request are recorded for step 7.
 6. **Equal utilisation**: each variant at `equal_util_fraction` x its OWN median capacity (so the report
    can give the unloaded, common-load and equal-utilisation ratios side by side); 0 skips it.
@@ -715,7 +716,7 @@ class _Schedule:
 def _measure_all(s: _Study, result: StudyOutcome, ref: str, order: list[str], headline: str | None) -> None:
     """The study's phases in their order (module docstring), each spending the budget as its kind allows."""
     st = s.lt.study
-    points = checkpoints(st.repeats)
+    points = checkpoints(common_repeats(st))
     plan = _Schedule(ref, order, headline, points, unloaded_slots(unloaded_repeats(st), len(points)))
     _settle_all(s)
     _unloaded_rounds(s, plan.slots, points, 0)
@@ -762,9 +763,9 @@ def _slo(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
 def _first_searches(s: _Study, slo: float, plan: _Schedule) -> None:
     """The searches the study's own question needs, before the common load: the declared headline's first
     search, then the reference's (every QPS gain divides by its capacity, and it sets the common load).
-    Each leaves the unloaded blocks and every common-load round their time (_reserve); the headline may
-    use half of the rest and leaves the reference its estimate, the reference gets all that is left (a
-    slow reference with one share among seven got no passing rate:
+    Each leaves the unloaded blocks and the common load's first rounds their time (_reserve); the
+    headline may use half of the rest and leaves the reference its estimate, the reference gets all that
+    is left (a slow reference with one share among seven got no passing rate:
     experiments/ecommerce_case_study/README.md#capacity-time). The other variants' searches come after
     the common load (_more_searches): in a budget that cannot hold every search, a search that stops
     before its bracket closes decides nothing, and the common load decides the like-for-like p99s."""
@@ -810,15 +811,15 @@ def _more_searches(s: _Study, slo: float, plan: _Schedule, common: float | None)
 
 
 def _common_phase(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
-    """study.repeats blocks at the common load, each followed by the unloaded blocks of its checkpoint; a
+    """common_repeats blocks at the common load, each followed by the unloaded blocks of its checkpoint; a
     common window yields to the unloaded blocks still to come (they decide the like-for-like ratios)."""
-    st = s.lt.study
+    rounds = common_repeats(s.lt.study)
     result.common_rate_qps = _common_rate(s, plan.ref, result)
     if result.common_rate_qps is not None:
         _say(
-            f"\n[load] common load {result.common_rate_qps:.1f} req/s: {st.repeats} x {len(plan.order)}, interleaved"
+            f"\n[load] common load {result.common_rate_qps:.1f} req/s: {rounds} x {len(plan.order)}, interleaved"
         )
-    for r in range(st.repeats):
+    for r in range(rounds):
         reserve = _unloaded_left(s, plan.slots, 2 + r)
         if result.common_rate_qps is not None:
             for n in s.block_order("common", r):
@@ -860,6 +861,10 @@ def unloaded_warmup_s(lt: LoadtestConfig) -> float:
 
 def unloaded_repeats(st: StudyConfig) -> int:
     return st.repeats if st.unloaded_repeats is None else st.unloaded_repeats
+
+
+def common_repeats(st: StudyConfig) -> int:
+    return st.repeats if st.common_repeats is None else st.common_repeats
 
 
 def unloaded_slots(rounds: int, points: int) -> list[int]:
@@ -955,17 +960,17 @@ def _unloaded_left(s: _Study, slots: list[int], at: int) -> float:
     return sum(p >= at for p in slots) * sum(s.per_window_s(n, "unloaded") or 0.0 for n in s.alive())
 
 
-def _reserve(
-    s: _Study, ref: str, slots: list[int], slo: float, rounds: int | None = None, lowest: float | None = None
-) -> float:
-    """Seconds the unloaded rounds left and `rounds` (default study.repeats) rounds of common-load windows
-    will need, each window priced at the rate it will run at as things stand (_common_plan), which a
-    capacity search leaves them. Equal utilisation is not reserved: it is the study's lowest priority and
-    runs on what is left."""
+def _reserve(s: _Study, ref: str, slots: list[int], slo: float, lowest: float | None = None) -> float:
+    """Seconds the unloaded rounds left and the common load's first rounds will need, each window priced at
+    the rate it will run at as things stand (_common_plan), which the first capacity searches leave them.
+    At most `repeats` rounds: the QPS gain comes before the common load, so common_repeats past them run
+    on what the searches leave (reserved, 10 rounds at the rate a slow reference's search would end at
+    stopped that search before any rate passed: experiments/ecommerce_case_study/README.md#common-load-rounds).
+    Equal utilisation is not reserved: it is the study's lowest priority and runs on what is left."""
     st = s.lt.study
     common = _common_plan(s, ref, slo, lowest)[0] or 0.0
     window = window_s(common, st.load_requests, s.lt.warmup_s) if common > 0 else 0.0
-    return _unloaded_left(s, slots, 1) + (st.repeats if rounds is None else rounds) * len(s.alive()) * window
+    return _unloaded_left(s, slots, 1) + min(common_repeats(st), st.repeats) * len(s.alive()) * window
 
 
 def median_capacity(o: LoadOutcome) -> float | None:

@@ -203,7 +203,7 @@ def open_p99_note(figs: list[VariantFigures]) -> list[str]:
         "",
         f"Open above at the common load, the p99 would need about this many requests to close: {each}, at "
         "the dependence and drift between repeats their windows show, over as many repeats "
-        "(reco.stats.dependent.requests_to_close; `loadtest.study.load_requests` x `repeats` sets n). An "
-        "order of magnitude: the drift is judged by Student t on repeats - 1 df, whose own spread is wide "
-        "with few repeats, and more, shorter repeats need fewer.",
+        "(reco.stats.dependent.requests_to_close; `loadtest.study.load_requests` x `common_repeats` sets n). An "
+        "order of magnitude: the drift is judged by Student t on rounds - 1 df, whose own spread is wide "
+        "with few rounds, and more, shorter rounds need fewer (experiment=ecommerce_case_study_long).",
     ]
