@@ -160,7 +160,7 @@ def step_config() -> CapacityConfig:
     screening: a simulated rate is in requests per time unit)."""
     return CapacityConfig(
         enabled=True, slo_p99_ms=None, slo_factor=2.0, reference_repeats=5, max_error_rate=0.01,
-        start_rate=None, growth=2.0, min_rate=0.01, max_rate=1.0, steps=12, tolerance=0.05, gap_tolerance=None,
+        start_rate=None, growth=2.0, min_rate=0.01, max_rate=1.0, steps=12, tolerance=0.05,
         step_requests=500, max_step_requests=2000, max_step_s=None, step_warmup_s=0.0, screen_s=0.0,
     )  # fmt: skip
 
@@ -427,21 +427,17 @@ def _window(model: str, u: float, drift: float, n: int, rng: np.random.Generator
     return sojourn(serve, rng.exponential(1.0 / u, total))[WARMUP:]
 
 
-def bracket_coverage(
-    model: str, capacity: float, drift: float, runs: int, rng: np.random.Generator, gap: float | None = None
-) -> dict:
+def bracket_coverage(model: str, capacity: float, drift: float, runs: int, rng: np.random.Generator) -> dict:
     """Whole capacity searches (reco.loadtest.capacity.find_capacity, the case study's growth 1.5,
-    tolerance 0.35 and 600-8,000-request steps; `gap`: capacity.gap_tolerance) on a queue whose true p99
-    meets the SLO at utilisation `capacity`, each started log-uniformly within 1.5x of it. Returns the
-    share of searches whose bracket [highest PASS, lowest FAIL) holds the true capacity ('covered'), the
-    same for the rule before it, whose upper end was the lowest rate that did not pass, undecided ones
-    included ('covered_old'), the median hi/lo of the closed brackets both ways, the share with undecided
-    rates inside ('undecided'), and the requests a search measured, in units of the true capacity's
-    rate x 1 time unit ('requests': its mean; 'time': the mean of requests / rate over its windows)."""
+    tolerance 0.35 and 600-8,000-request steps) on a queue whose true p99 meets the SLO at utilisation
+    `capacity`, each started log-uniformly within 1.5x of it. Returns the share of searches whose bracket
+    [highest PASS, lowest FAIL) holds the true capacity ('covered'), the same for the rule before it, whose
+    upper end was the lowest rate that did not pass, undecided ones included ('covered_old'), the median
+    hi/lo of the closed brackets both ways, and the share with undecided rates inside ('undecided')."""
     slo = float(np.quantile(_step_chains(model, capacity, drift, 400, rng), 0.99))
     c = dataclasses.replace(
         step_config(), growth=1.5, tolerance=0.35, steps=8, min_rate=0.02, max_rate=5.0,
-        step_requests=STEP_LOOKS[0], max_step_requests=STEP_LOOKS[-1], gap_tolerance=gap,
+        step_requests=STEP_LOOKS[0], max_step_requests=STEP_LOOKS[-1],
     )  # fmt: skip
 
     def measure(rate: float, n: int, out_dir: Path) -> object:
@@ -450,7 +446,6 @@ def bracket_coverage(
         )
 
     hits = {"covered": 0, "covered_old": 0, "undecided": 0}
-    requests, time_units = [], []
     widths: dict[str, list[float]] = {"width": [], "width_old": []}
     for _ in range(runs):
         start = capacity * 1.5 ** rng.uniform(-1.0, 1.0)
@@ -462,33 +457,26 @@ def bracket_coverage(
             if end is not None and best > 0:
                 widths[f"width{key}"].append(end / best)
         hits["undecided"] += bool(cap.undecided)
-        requests.append(sum(s.run.n for s in cap.steps))
-        time_units.append(sum(s.run.n / s.rate for s in cap.steps))
     out: dict = {k: v / runs for k, v in hits.items()}
-    out |= {"requests": float(np.mean(requests)), "time": float(np.mean(time_units))}
     out |= {k: float(np.median(v)) if v else math.inf for k, v in widths.items()}
     return out
 
 
-def bracket_table(
-    models: list[str], drifts: list[float], capacity: float, runs: int, seed: int, gaps: list[float | None]
-) -> list[str]:
+def bracket_table(models: list[str], drifts: list[float], capacity: float, runs: int, seed: int) -> list[str]:
     rng = np.random.default_rng(seed)
     lines = [
-        "| service | drift in step | gap_tolerance | searches | true capacity in [pass, fail) | in [pass, lowest "
-        "non-pass) (before) | median hi/lo | before | searches with undecided rates | time per search (mean services) |",
-        "|---" * 10 + "|",
+        "| service | drift in step | searches | true capacity in [pass, fail) | in [pass, lowest non-pass) (before) "
+        "| median hi/lo | before | searches with undecided rates |",
+        "|---" * 8 + "|",
     ]
     for m in models:
         for d in drifts:
-            for g in gaps:
-                r = bracket_coverage(m, capacity, d, runs, rng, g)
-                lines.append(
-                    f"| {m} | {d:.0%} | {'null' if g is None else g} | {runs} | {r['covered']:.2f} "
-                    f"| {r['covered_old']:.2f} | {r['width']:.2f} | {r['width_old']:.2f} | {r['undecided']:.2f} "
-                    f"| {r['time']:,.0f} |"
-                )
-                print(lines[-1], file=sys.stderr, flush=True)
+            r = bracket_coverage(m, capacity, d, runs, rng)
+            lines.append(
+                f"| {m} | {d:.0%} | {runs} | {r['covered']:.2f} | {r['covered_old']:.2f} | {r['width']:.2f} "
+                f"| {r['width_old']:.2f} | {r['undecided']:.2f} |"
+            )
+            print(lines[-1], file=sys.stderr, flush=True)
     return lines
 
 
@@ -568,19 +556,11 @@ def main(argv: list[str] | None = None) -> None:
         "often their bracket holds it, now and with undecided rates as the upper end (--models may add "
         "'stall')",
     )
-    ap.add_argument(
-        "--gap-tolerance",
-        type=float,
-        nargs="+",
-        default=[],
-        help="with --brackets: searches also with these capacity.gap_tolerance values (null: always)",
-    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.brackets is not None:
         check([a.brackets], [0.0], [m for m in a.models if m != "stall"])
-        gaps = [None, *a.gap_tolerance]
-        print("\n".join(bracket_table(a.models, a.drifts, a.brackets, a.runs, a.seed, gaps)))
+        print("\n".join(bracket_table(a.models, a.drifts, a.brackets, a.runs, a.seed)))
         return
     if a.step_power:
         check(a.utilisations, [0.0], [m for m in a.models if m != "stall"])

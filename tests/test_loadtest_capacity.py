@@ -283,30 +283,6 @@ def test_above_undecided_rates_the_search_looks_for_one_that_fails(lt, tmp_path)
     assert "capacity bracket [75, 300) req/s (150 undecided)" in capacity_table(cap)
 
 
-def test_gap_tolerance_narrows_a_bracket_an_undecided_rate_left_wide(lt, tmp_path):
-    """capacity.gap_tolerance: the gap above an undecided rate is bisected further, so a FAIL there
-    narrows the bracket that stopped at [75, 300) with both gaps within tolerance; the gap below it (a
-    PASS there is dear) is left at tolerance."""
-    c = cap_cfg(
-        lt,
-        start_rate=150,
-        growth=2.0,
-        min_rate=5,
-        tolerance=0.6,
-        gap_tolerance=0.3,
-        steps=8,
-        max_step_requests=1000,
-    )
-    cap = find_capacity(FakeServer(slo=100.0, capacity=150.0, fail_above=200.0), 100.0, c, tmp_path)
-    assert [(s.rate, s.verdict) for s in cap.steps][:3] == [
-        (150.0, Verdict.INCONCLUSIVE),
-        (75.0, Verdict.PASS),
-        (300.0, Verdict.FAIL),
-    ]
-    assert cap.highest_pass == 75.0 and all(s.rate > 150.0 for s in cap.steps[3:]), cap.steps
-    assert 150.0 < cap.lowest_fail <= 225.0 and cap.undecided == [150.0], cap.steps
-
-
 def test_invalid_steps_are_excluded_and_cap_the_search(lt, tmp_path):
     c = cap_cfg(lt, start_rate=50, growth=2.0, steps=20, tolerance=0.05)
     fake = FakeServer(100.0, capacity=1000.0, invalid_above=250.0)
@@ -362,11 +338,6 @@ def test_capacity_ranges_fail_at_compose_time_before_any_server_starts(lt):
     bad = {**dataclasses.asdict(lt), "capacity": {**dataclasses.asdict(lt.capacity), "growth": 1.0}}
     with pytest.raises(ConfigError, match=r"loadtest\.capacity: expected .*growth > 1"):
         loadtest_config(bad)
-    wide = {**dataclasses.asdict(lt), "capacity": {**dataclasses.asdict(lt.capacity), "gap_tolerance": 0.5}}
-    with pytest.raises(
-        ConfigError, match=r"loadtest\.capacity\.gap_tolerance: expected 0 < gap_tolerance <= tolerance"
-    ):
-        loadtest_config(wide)
     small = {**dataclasses.asdict(lt), "study": {**dataclasses.asdict(lt.study), "unloaded_requests": 50}}
     with pytest.raises(ConfigError, match=r"loadtest\.study\.unloaded_requests: expected >= 100"):
         loadtest_config(small)

@@ -40,7 +40,7 @@ rests on >= 368 requests.
 **The search** (as MLPerf's FindPeakPerformance): from `start_rate`, multiply by `growth` until a step
 does not pass (or `max_rate` passes), or divide until one passes (or `min_rate` does not); then bisect
 until (lowest FAIL - highest PASS) / lowest FAIL <= `tolerance`, or no gap between the rates tried in that
-bracket is wider than `tolerance` (above an undecided rate: `gap_tolerance`), or `steps` rates were tried. An INCONCLUSIVE step is neither end of the
+bracket is wider than `tolerance`, or `steps` rates were tried. An INCONCLUSIVE step is neither end of the
 bracket: it was not shown to pass, so the search cannot claim it, nor shown to fail, so the capacity may
 lie above it (a step at a tenth of the SLO whose bursts keep its bound open is not a rate past capacity).
 The search bisects around it, and where only undecided rates lie above the highest PASS it steps up by
@@ -318,7 +318,6 @@ def find_capacity(
     c = capacity
     c.check("loadtest.capacity")  # also at compose time; here for a config built by hand (bench, tests)
     lo, hi, growth, tol = float(c.min_rate), float(c.max_rate), float(c.growth), float(c.tolerance)
-    gap = tol if c.gap_tolerance is None else min(float(c.gap_tolerance), tol)
     rate = min(max(float(c.start_rate if c.start_rate is not None else lo), lo), hi)
     steps: list[CapacityStep] = []
     stopped = False
@@ -340,7 +339,7 @@ def find_capacity(
         if i == 0 and step.verdict == Verdict.PASS and expect_fail and rate < expect_fail <= hi:
             rate = expect_fail
             continue
-        rate = _next_rate(steps, growth, lo, hi, tol, gap)
+        rate = _next_rate(steps, growth, lo, hi, tol)
         if rate is None:
             break
     best = _highest_pass(steps)
@@ -364,16 +363,8 @@ def _lowest(steps: list[CapacityStep], above: float, verdicts: tuple[Verdict, ..
     return min((s.rate for s in steps if s.verdict in verdicts and s.rate > above), default=None)
 
 
-def _next_rate(
-    steps: list[CapacityStep], growth: float, lo: float, hi: float, tol: float, gap: float
-) -> float | None:
-    """Next rate to try after `steps` (in run order), or None when the search is done (module doc): the
-    middle of the widest gap between the rates tried inside a bracket wider than `tol`, while a gap from
-    the highest PASS is wider than `tol` or one from an undecided rate wider than `gap`. Above an undecided
-    rate a FAIL is cheap (past capacity the queue outgrows the SLO within a screening window) and narrows
-    the bracket; just below one a PASS is dear (near capacity a step needs 10,000s of requests:
-    experiments/interval_coverage/README.md#what-a-capacity-step-costs). Without undecided rates the one
-    gap is the bracket, so `gap` changes nothing."""
+def _next_rate(steps: list[CapacityStep], growth: float, lo: float, hi: float, tol: float) -> float | None:
+    """Next rate to try after `steps` (in run order), or None when the search is done (module doc)."""
     rate, best = steps[-1].rate, _highest_pass(steps)
     above = [s.rate for s in steps if s.verdict != Verdict.PASS and s.rate > best]
     if not above:  # bracketing upwards
@@ -387,11 +378,8 @@ def _next_rate(
     if (ceiling - best) / ceiling <= tol:
         return None
     tried = sorted({best, ceiling, *(r for r in above if r < ceiling)})
-    wide = [(a, b) for a, b in itertools.pairwise(tried) if (b - a) / b > (tol if a == best else gap)]
-    if not wide:
-        return None
-    a, b = max(wide, key=lambda g: (g[1] - g[0]) / g[1])
-    return (a + b) / 2
+    a, b = max(itertools.pairwise(tried), key=lambda gap: (gap[1] - gap[0]) / gap[1])
+    return None if (b - a) / b <= tol else (a + b) / 2
 
 
 def open_loop_measure(

@@ -73,10 +73,6 @@ class CapacityConfig:
     max_rate: float = MISSING
     steps: int = MISSING  # at most this many rates per search
     tolerance: float = MISSING  # stop once (lowest fail - highest pass) / lowest fail <= this
-    # undecided rates inside a bracket split it: a gap above one is bisected down to this (null:
-    # tolerance), so a FAIL there (cheap: past capacity a queue outgrows the SLO fast) still narrows a
-    # bracket wider than tolerance
-    gap_tolerance: float | None = MISSING
     step_requests: int = MISSING  # requests in a step's first window (>= 368 for a p99 CI)
     max_step_requests: int = MISSING  # extensions double a step's pooled n up to this; then INCONCLUSIVE
     # and no further than rate x this many seconds of requests (null: no time cap): a fast variant's step
@@ -117,11 +113,6 @@ class CapacityConfig:
                 f"look's confidence needs n >= {need}: reco/loadtest/capacity.py), screen_s >= 0 and max_step_s "
                 f"null or > 0, got step_requests={self.step_requests}, max_step_requests="
                 f"{self.max_step_requests}, screen_s={self.screen_s}, max_step_s={self.max_step_s}"
-            )
-        if self.gap_tolerance is not None and not 0 < self.gap_tolerance <= self.tolerance:
-            raise ConfigError(
-                f"{where}.gap_tolerance: expected 0 < gap_tolerance <= tolerance ({self.tolerance}) or null, "
-                f"got {self.gap_tolerance}"
             )
 
 
