@@ -344,6 +344,7 @@ def test_capacity_ranges_fail_at_compose_time_before_any_server_starts(lt):
     for key, value, expected in (
         ("unloaded_warmup_s", -1.0, ">= 0 s"),
         ("headline_tolerance", 1.0, "0 < tolerance < 1"),
+        ("reference_tolerance", 0.0, "0 < tolerance < 1"),
         ("gate_start_fraction", 0.0, "0 < fraction <= 1"),
         ("common_repeats", 0, ">= 1 round"),
     ):
@@ -370,8 +371,10 @@ def test_screening_ends_a_step_far_past_capacity_early(lt, tmp_path):
     said: list[str] = []
     res = find_capacity(fake, 100.0, c, tmp_path, say=said.append)
     first = res.steps[0]
-    assert said[0].startswith("8.0 req/s: FAIL (screening window"), said
-    assert first.verdict == Verdict.FAIL and first.run.n == 80 and "screening" in first.reason
+    assert said[0].startswith("8.0 req/s: FAIL (screening windows"), said
+    # two screening windows: the second, pooled with the first, confirms it (CONFIRM_LOOKS)
+    assert first.verdict == Verdict.FAIL and first.run.n == 160 and "screening" in first.reason
+    assert fake.calls[:2] == [(8.0, 80), (8.0, 80)]
     passes = [s for s in res.steps if s.verdict == Verdict.PASS]
     assert passes and all(s.run.n >= P99_MIN_N for s in passes)  # a PASS always rests on a full window
     assert 0 < res.highest_pass <= 5.0
@@ -380,6 +383,39 @@ def test_screening_ends_a_step_far_past_capacity_early(lt, tmp_path):
     full = find_capacity(FakeServer(100.0, 5.0), 100.0, dataclasses.replace(c, screen_s=0), tmp_path / "b")
     assert 0 < full.highest_pass <= 5.0 and abs(full.highest_pass - res.highest_pass) <= c.tolerance * 5.0
     assert full.steps[0].rate == first.rate and full.steps[0].run.n >= c.step_requests > first.run.n
+
+
+def test_a_fail_stands_only_when_the_next_look_confirms_it(lt, tmp_path):
+    """A first look can read past the SLO where the rate is within it (a long busy period in 600 requests:
+    simulated, 5-10 % of whole searches FAILed a rate below the true capacity so). Here 15 of the first 600
+    requests are past the SLO and none after: the first look's lower bound is past it, the pooled 1,200's
+    is not, so the step goes on and does not FAIL. A rate whose every look is past the SLO FAILs at the
+    second look; one past max_error_rate at the first."""
+    c = cap_cfg(
+        lt, start_rate=100, min_rate=100, max_rate=100, steps=1, step_requests=600, max_step_requests=2400
+    )
+    rng = np.random.default_rng(3)
+    first = rng.permutation(np.r_[rng.uniform(10.0, 50.0, 585), np.full(15, 250.0)])
+    series, sent = np.r_[first, rng.uniform(10.0, 50.0, 1800)], [0]
+
+    def spell(rate, n, out_dir):
+        x, sent[0] = series[sent[0] : sent[0] + n], sent[0] + n
+        return make_run(x, kind="capacity", offered_qps=rate, window_s=n / rate)
+
+    assert (
+        step_verdict(make_run(first, kind="capacity", offered_qps=100.0, window_s=6.0), 100.0, 0.01, 0.99)[0]
+        == Verdict.FAIL
+    )  # on its own, the first look would have failed the step
+    said: list[str] = []
+    (s,) = find_capacity(spell, 100.0, c, tmp_path, say=said.append).steps
+    assert said[0].endswith("-> INCONCLUSIVE (past the SLO, to confirm), extending"), said
+    assert s.verdict != Verdict.FAIL and s.run.n >= 1200, said
+    fake = FakeServer(slo=100.0, capacity=50.0)  # true p99 at 2x the SLO
+    (s,) = find_capacity(fake, 100.0, c, tmp_path / "over").steps
+    assert s.verdict == Verdict.FAIL and fake.calls == [(100.0, 600), (100.0, 600)]
+    errors = FakeServer(slo=100.0, capacity=50.0, fail_above=50.0)  # 2 % failed requests
+    (s,) = find_capacity(errors, 100.0, c, tmp_path / "errors").steps
+    assert s.verdict == Verdict.FAIL and errors.calls == [(100.0, 600)] and "error rate" in s.reason
 
 
 def test_screen_requests_only_where_a_full_window_is_long(lt):

@@ -413,6 +413,27 @@ def test_the_first_searches_reserve_no_more_common_rounds_than_repeats(tmp_path,
     assert _reserve(s, "baseline", [], 200.0) == pytest.approx(reserved * 2 * window)
 
 
+def test_the_qps_gains_two_searches_bisect_to_their_own_tolerance(tmp_path):
+    """Issue 43: the QPS gain's interval is the product of the headline's and the reference's brackets, so
+    each may bisect further than the other variants' searches; unset, a search keeps capacity.tolerance."""
+    from reco.loadtest.study import _Study
+
+    cfg = study_cfg(study={"headline_tolerance": 0.2, "reference_tolerance": 0.15})
+    s = _Study(cfg["loadtest"], cfg["serve"], tmp_path, None)
+    s.headline = "student"
+    tol = cfg["loadtest"].capacity.tolerance
+    assert {n: s.search_config(n, 5.0).tolerance for n in ("baseline", "student", "other")} == {
+        "baseline": 0.15,
+        "student": 0.2,
+        "other": tol,
+    }
+    assert s.search_config("other", 7.0).start_rate == 7.0
+    cfg = study_cfg()
+    assert (
+        _Study(cfg["loadtest"], cfg["serve"], tmp_path, None).search_config("baseline", 5.0).tolerance == tol
+    )
+
+
 def test_gate_first_searches_start_below_the_prediction_cheapest_first():
     """Issue 43: with study.gate_start_fraction the other variants' first searches start at that fraction of
     their predicted capacity (never below the common load), cheapest first, each with at least the time a

@@ -186,6 +186,8 @@ class StudyConfig:
     # capacity.tolerance): the QPS gain's interval is the product of two brackets, and a fast variant's
     # steps are cheap where the reference's are not (reco.loadtest.study)
     headline_tolerance: float | None = MISSING
+    # the same for the reference's search, the QPS gain's other bracket (null: capacity.tolerance)
+    reference_tolerance: float | None = MISSING
     # the other variants' first capacity searches start at this fraction of their predicted capacity (no
     # lower than the common load), where the first step should PASS and so decide the latency gate that
     # their p99 at the common load cannot (null: above the prediction, like the first searches;
@@ -213,10 +215,9 @@ class StudyConfig:
         for key in ("repeats", "common_repeats"):
             if (rounds := getattr(self, key)) is not None and rounds < 1:
                 raise ConfigError(f"{where}.{key}: expected >= 1 round, got {rounds}")
-        if self.headline_tolerance is not None and not 0 < self.headline_tolerance < 1:
-            raise ConfigError(
-                f"{where}.headline_tolerance: expected 0 < tolerance < 1 or null, got {self.headline_tolerance}"
-            )
+        for key in ("headline_tolerance", "reference_tolerance"):
+            if (tol := getattr(self, key)) is not None and not 0 < tol < 1:
+                raise ConfigError(f"{where}.{key}: expected 0 < tolerance < 1 or null, got {tol}")
         if self.gate_start_fraction is not None and not 0 < self.gate_start_fraction <= 1:
             raise ConfigError(
                 f"{where}.gate_start_fraction: expected 0 < fraction <= 1 or null, got {self.gate_start_fraction}"

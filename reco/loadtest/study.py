@@ -82,7 +82,7 @@ from reco.loadtest.capacity import (
     window_s,
     write_capacity,
 )
-from reco.loadtest.config import LoadMode, LoadtestConfig, StudyConfig, UnloadedInterleave
+from reco.loadtest.config import CapacityConfig, LoadMode, LoadtestConfig, StudyConfig, UnloadedInterleave
 from reco.loadtest.correctness import check_scores
 from reco.loadtest.interleave import Target, run_interleaved
 from reco.loadtest.locust_pool import LocustPool
@@ -422,6 +422,14 @@ class _Study:
 
         self.note_pace(name, self.measure(name, "settle", "settling run", go))
 
+    def search_config(self, name: str, start: float) -> CapacityConfig:
+        """loadtest.capacity for `name`'s search from `start`: the QPS gain's two searches, the declared
+        headline's and the reference's, bisect to their own tolerance where the study sets one."""
+        study = self.lt.study
+        tol = {self.headline: study.headline_tolerance, study.reference: study.reference_tolerance}.get(name)
+        c = self.lt.capacity
+        return dataclasses.replace(c, start_rate=start, tolerance=c.tolerance if tol is None else tol)
+
     def capacity(
         self,
         name: str,
@@ -441,12 +449,7 @@ class _Study:
         reserve_s for a search whose outcome moves the later phases' time (the reference's: the common
         load's rate)."""
         d = self.out / name / "capacity" / f"r{r}"
-        tol = self.lt.study.headline_tolerance if name == self.headline else None
-        cfg = dataclasses.replace(
-            self.lt.capacity,
-            start_rate=self.start_rate(name, slo) if start is None else start,
-            tolerance=self.lt.capacity.tolerance if tol is None else tol,
-        )
+        cfg = self.search_config(name, self.start_rate(name, slo) if start is None else start)
         hint = self.expect_fail(name)
 
         def go(h: ServerHandle) -> Capacity:
