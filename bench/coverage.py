@@ -35,6 +35,7 @@ from pathlib import Path
 
 import numpy as np
 
+from reco.loadtest import capacity as capacity_module
 from reco.loadtest.capacity import FUTILE_LOOKS, find_capacity, futility, run_step, step_verdict
 from reco.loadtest.config import CapacityConfig
 from reco.loadtest.runs import make_run
@@ -436,7 +437,8 @@ def bracket_coverage(
     `capacity`, each started log-uniformly within 1.5x of it. Returns the share of searches whose bracket
     [highest PASS, lowest FAIL) holds the true capacity ('covered'), the same for the rule before it, whose
     upper end was the lowest rate that did not pass, undecided ones included ('covered_old'), the median
-    hi/lo of the closed brackets both ways, and the share with undecided rates inside ('undecided')."""
+    hi/lo of the closed brackets both ways, the share with undecided rates inside ('undecided') and the
+    share whose lowest FAIL lies at or below the true capacity ('false_fail')."""
     slo = float(np.quantile(_step_chains(model, capacity, drift, 400, rng), 0.99))
     c = dataclasses.replace(
         step_config(), growth=1.5, tolerance=tolerance, steps=8, min_rate=0.02, max_rate=5.0,
@@ -448,7 +450,7 @@ def bracket_coverage(
             _window(model, rate, drift, n, rng), kind="capacity", offered_qps=rate, window_s=n / rate
         )
 
-    hits = {"covered": 0, "covered_old": 0, "undecided": 0}
+    hits = {"covered": 0, "covered_old": 0, "undecided": 0, "false_fail": 0}
     widths: dict[str, list[float]] = {"width": [], "width_old": []}
     for _ in range(runs):
         start = capacity * 1.5 ** rng.uniform(-1.0, 1.0)
@@ -460,6 +462,7 @@ def bracket_coverage(
             if end is not None and best > 0:
                 widths[f"width{key}"].append(end / best)
         hits["undecided"] += bool(cap.undecided)
+        hits["false_fail"] += cap.lowest_fail is not None and cap.lowest_fail <= capacity
     out: dict = {k: v / runs for k, v in hits.items()}
     out |= {k: float(np.median(v)) if v else math.inf for k, v in widths.items()}
     return out
@@ -471,14 +474,15 @@ def bracket_table(
     rng = np.random.default_rng(seed)
     lines = [
         "| service | drift in step | tolerance | searches | true capacity in [pass, fail) "
-        "| in [pass, lowest non-pass) (before) | median hi/lo | before | searches with undecided rates |",
-        "|---" * 9 + "|",
+        "| in [pass, lowest non-pass) (before) | median hi/lo | before | searches with undecided rates "
+        "| a FAIL at or below the true capacity |",
+        "|---" * 10 + "|",
     ]
     for m, d, tol in itertools.product(models, drifts, tolerances):
         r = bracket_coverage(m, capacity, d, runs, rng, tol)
         lines.append(
             f"| {m} | {d:.0%} | {tol:g} | {runs} | {r['covered']:.2f} | {r['covered_old']:.2f} "
-            f"| {r['width']:.2f} | {r['width_old']:.2f} | {r['undecided']:.2f} |"
+            f"| {r['width']:.2f} | {r['width_old']:.2f} | {r['undecided']:.2f} | {r['false_fail']:.2f} |"
         )
         print(lines[-1], file=sys.stderr, flush=True)
     return lines
@@ -567,10 +571,19 @@ def main(argv: list[str] | None = None) -> None:
         default=[0.35],
         help="--brackets: the searches' tolerances (the case study: 0.35, and 0.2 for the QPS gain's two)",
     )
+    ap.add_argument(
+        "--confirm-looks",
+        type=int,
+        default=None,
+        help="--brackets: looks in a row a FAIL needs (default: reco.loadtest.capacity.CONFIRM_LOOKS; 1: the rule "
+        "before it)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.brackets is not None:
         check([a.brackets], [0.0], [m for m in a.models if m != "stall"])
+        if a.confirm_looks is not None:  # run_step reads it at each step
+            capacity_module.CONFIRM_LOOKS = max(a.confirm_looks, 1)
         print("\n".join(bracket_table(a.models, a.drifts, a.brackets, a.runs, a.seed, a.tolerances)))
         return
     if a.step_power:

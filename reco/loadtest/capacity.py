@@ -102,9 +102,9 @@ EXCEEDANCE_MAX_SHARE = 0.001
 FUTILE_LOOKS = 3
 # Looks in a row whose p99 lower bound must lie past the SLO before a step FAILs on it (an error rate
 # past max_error_rate FAILs at once). One short look's lower bound misses how long a busy period can last
-# (its dependence is estimated from that look alone): simulated whole searches FAILed a rate at 0.45-0.99
-# of the true capacity on their first 600 requests in 5-10 % of searches; confirmed by the next look
-# (the same requests and as many again), 1-3 % (experiments/interval_coverage/README.md#capacity-brackets).
+# (its dependence is estimated from that look alone): simulated whole searches FAILed a rate at or below
+# the true capacity in 2-13 % of searches, nearly all on their first 600 requests; confirmed by the next
+# look (the same requests and as many again), 0-6 % (experiments/interval_coverage/README.md#capacity-brackets).
 CONFIRM_LOOKS = 2
 Measure = Callable[[float, int, Path], LoadRun]  # (rate req/s, requests in the window, out dir) -> run
 Say = Callable[[str], None]  # progress: one line per window (a slow variant's step takes minutes)

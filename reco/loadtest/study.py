@@ -363,7 +363,7 @@ class _Study:
         0.6 / rank p50. Above the prediction, because that prediction lands near the true capacity, where
         a step cannot decide: the baseline's first step there took 240 s and stayed INCONCLUSIVE in one of
         two runs (experiments/ecommerce_case_study/README.md#capacity-search-start), while a step a factor of
-        sqrt(growth) above it FAILs from its screening window and the next one down (growth lower) is
+        sqrt(growth) above it FAILs from its screening windows and the next one down (growth lower) is
         far enough below to PASS. With `fraction`: that fraction of the prediction instead, and no lower
         than `floor` (a search that is to PASS first: _more_searches)."""
         done = [c.highest_pass for c in self.outcomes[name].capacity if c.highest_pass > 0]
