@@ -35,8 +35,14 @@ from pathlib import Path
 
 import numpy as np
 
-from reco.loadtest import capacity as capacity_module
-from reco.loadtest.capacity import FUTILE_LOOKS, find_capacity, futility, run_step, step_verdict
+from reco.loadtest.capacity import (
+    CONFIRM_LOOKS,
+    FUTILE_LOOKS,
+    find_capacity,
+    futility,
+    run_step,
+    step_verdict,
+)
 from reco.loadtest.config import CapacityConfig
 from reco.loadtest.runs import make_run
 from reco.stats import Verdict, quantile_ci
@@ -430,11 +436,18 @@ def _window(model: str, u: float, drift: float, n: int, rng: np.random.Generator
 
 
 def bracket_coverage(
-    model: str, capacity: float, drift: float, runs: int, rng: np.random.Generator, tolerance: float = 0.35
+    model: str,
+    capacity: float,
+    drift: float,
+    runs: int,
+    rng: np.random.Generator,
+    tolerance: float = 0.35,
+    confirm_looks: int = CONFIRM_LOOKS,
 ) -> dict:
-    """Whole capacity searches (reco.loadtest.capacity.find_capacity, the case study's growth 1.5,
-    600-8,000-request steps, `tolerance`: 0.35 for most variants, 0.2 for the QPS gain's two) on a queue whose true p99 meets the SLO at utilisation
-    `capacity`, each started log-uniformly within 1.5x of it. Returns the share of searches whose bracket
+    """Whole capacity searches (reco.loadtest.capacity.find_capacity, the case study's growth 1.5 and
+    600-8,000-request steps; `tolerance` 0.35 for most variants, 0.2 for the QPS gain's two; a FAIL on
+    `confirm_looks` looks in a row) on a queue whose true p99 meets the SLO at utilisation `capacity`,
+    each started log-uniformly within 1.5x of it. Returns the share of searches whose bracket
     [highest PASS, lowest FAIL) holds the true capacity ('covered'), the same for the rule before it, whose
     upper end was the lowest rate that did not pass, undecided ones included ('covered_old'), the median
     hi/lo of the closed brackets both ways, the share with undecided rates inside ('undecided') and the
@@ -454,7 +467,8 @@ def bracket_coverage(
     widths: dict[str, list[float]] = {"width": [], "width_old": []}
     for _ in range(runs):
         start = capacity * 1.5 ** rng.uniform(-1.0, 1.0)
-        cap = find_capacity(measure, slo, dataclasses.replace(c, start_rate=start), Path("/nonexistent"))
+        cfg = dataclasses.replace(c, start_rate=start)
+        cap = find_capacity(measure, slo, cfg, Path("/nonexistent"), confirm_looks=confirm_looks)
         best = cap.highest_pass
         old = min((s.rate for s in cap.steps if s.verdict != Verdict.PASS and s.rate > best), default=None)
         for key, end in (("", cap.lowest_fail), ("_old", old)):
@@ -469,7 +483,13 @@ def bracket_coverage(
 
 
 def bracket_table(
-    models: list[str], drifts: list[float], capacity: float, runs: int, seed: int, tolerances: list[float]
+    models: list[str],
+    drifts: list[float],
+    capacity: float,
+    runs: int,
+    seed: int,
+    tolerances: list[float],
+    confirm_looks: int = CONFIRM_LOOKS,
 ) -> list[str]:
     rng = np.random.default_rng(seed)
     lines = [
@@ -479,7 +499,7 @@ def bracket_table(
         "|---" * 10 + "|",
     ]
     for m, d, tol in itertools.product(models, drifts, tolerances):
-        r = bracket_coverage(m, capacity, d, runs, rng, tol)
+        r = bracket_coverage(m, capacity, d, runs, rng, tol, confirm_looks)
         lines.append(
             f"| {m} | {d:.0%} | {tol:g} | {runs} | {r['covered']:.2f} | {r['covered_old']:.2f} "
             f"| {r['width']:.2f} | {r['width_old']:.2f} | {r['undecided']:.2f} | {r['false_fail']:.2f} |"
@@ -574,17 +594,16 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument(
         "--confirm-looks",
         type=int,
-        default=None,
-        help="--brackets: looks in a row a FAIL needs (default: reco.loadtest.capacity.CONFIRM_LOOKS; 1: the rule "
-        "before it)",
+        default=CONFIRM_LOOKS,
+        help="--brackets: looks in a row a FAIL on the p99's lower bound needs (1: the rule before "
+        "reco.loadtest.capacity.CONFIRM_LOOKS)",
     )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.brackets is not None:
         check([a.brackets], [0.0], [m for m in a.models if m != "stall"])
-        if a.confirm_looks is not None:  # run_step reads it at each step
-            capacity_module.CONFIRM_LOOKS = max(a.confirm_looks, 1)
-        print("\n".join(bracket_table(a.models, a.drifts, a.brackets, a.runs, a.seed, a.tolerances)))
+        table = bracket_table(a.models, a.drifts, a.brackets, a.runs, a.seed, a.tolerances, a.confirm_looks)
+        print("\n".join(table))
         return
     if a.step_power:
         check(a.utilisations, [0.0], [m for m in a.models if m != "stall"])

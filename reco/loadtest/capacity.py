@@ -187,14 +187,16 @@ def run_step(
     say: Say = _quiet,
     deadline: float = math.inf,
     clock: Callable[[], float] = time.time,
+    confirm_looks: int = CONFIRM_LOOKS,
 ) -> CapacityStep:
     """Measure one rate until its verdict is decided or its request cap is reached (step_cap, module doc);
     `say` gets one progress line per window. An extension that could not finish by `deadline` (epoch
-    seconds of `clock`) is not started: the step stays INCONCLUSIVE."""
+    seconds of `clock`) is not started: the step stays INCONCLUSIVE. A FAIL on the p99's lower bound
+    needs `confirm_looks` looks in a row (1: the rule before CONFIRM_LOOKS, for bench.coverage)."""
     runs: list[LoadRun] = []
     screen = screen_requests(rate, c)
     if screen:
-        for _ in range(CONFIRM_LOOKS):
+        for _ in range(max(confirm_looks, 1)):
             runs.append(measure(rate, screen, out_dir / f"w{len(runs):02d}"))
             pooled = pool_runs(runs)
             lo = dependent_bounds([pooled.latencies_ms], 0.99)[1]
@@ -209,13 +211,14 @@ def run_step(
         runs.append(measure(rate, first, out_dir / f"w{len(runs):02d}"))
     cap, conf = step_cap(rate, c), c.step_conf
     streak = 0  # looks in a row that found the step hopeless
-    fails = 0  # looks in a row whose p99 lower bound was past the SLO
+    fails = 0  # looks in a row that read FAIL
     while True:
         pooled = pool_runs(runs)
         verdict, reason, p99 = step_verdict(pooled, slo_p99_ms, c.max_error_rate, conf)
-        fails = fails + 1 if verdict == Verdict.FAIL and p99.lo is not None and p99.lo > slo_p99_ms else 0
-        if 0 < fails < CONFIRM_LOOKS and pooled.n < cap and pooled.error_rate <= c.max_error_rate:
-            verdict = Verdict.INCONCLUSIVE  # to be confirmed by the next look (CONFIRM_LOOKS)
+        fails = fails + 1 if verdict == Verdict.FAIL else 0
+        # an error rate past the limit FAILs at once; the p99's lower bound waits for the next look
+        if 0 < fails < confirm_looks and pooled.n < cap and pooled.error_rate <= c.max_error_rate:
+            verdict = Verdict.INCONCLUSIVE
         done = verdict != Verdict.INCONCLUSIVE or pooled.n >= cap
         if not done and not fails:
             # FUTILE_LOOKS in a row: one look's dependence estimate can be far off (see futility)
@@ -311,6 +314,7 @@ def find_capacity(
     say: Say = _quiet,
     deadline: float | Callable[[float], float] = math.inf,
     clock: Callable[[], float] = time.time,
+    confirm_looks: int = CONFIRM_LOOKS,
 ) -> Capacity:
     """Search the highest rate meeting the SLO (see the module docstring).
 
@@ -330,6 +334,7 @@ def find_capacity(
             once the next step runs, giving them: what comes after a search may depend on how low it
             went (the study's common load is a fraction of the reference's capacity).
         clock: epoch seconds now (a test hands in a clock its windows move, instead of sleeping).
+        confirm_looks: looks in a row a FAIL on the p99's lower bound needs (run_step).
     Returns:
         Capacity with every step in run order.
     """
@@ -349,9 +354,8 @@ def find_capacity(
             )
             stopped = True
             break
-        step = run_step(
-            measure, rate, slo_p99_ms, c, Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps", say, end, clock
-        )
+        step_dir = Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps"
+        step = run_step(measure, rate, slo_p99_ms, c, step_dir, say, end, clock, confirm_looks)
         steps.append(step)
         stopped |= step.budget_cut
         if i == 0 and step.verdict == Verdict.PASS and expect_fail and rate < expect_fail <= hi:

@@ -182,11 +182,10 @@ class StudyConfig:
     # wall-time limit of the load test in minutes (null: none); windows past it are skipped and listed,
     # never guessed (reco.loadtest.budget)
     budget_min: float | None = MISSING
-    # the declared headline's capacity search bisects until its bracket is this narrow (null:
-    # capacity.tolerance): the QPS gain's interval is the product of two brackets, and a fast variant's
-    # steps are cheap where the reference's are not (reco.loadtest.study)
+    # the declared headline's and the reference's capacity searches bisect until their brackets are this
+    # narrow (null: capacity.tolerance): the QPS gain's interval is the product of the two brackets
+    # (reco.loadtest.study._Study.search_config)
     headline_tolerance: float | None = MISSING
-    # the same for the reference's search, the QPS gain's other bracket (null: capacity.tolerance)
     reference_tolerance: float | None = MISSING
     # the other variants' first capacity searches start at this fraction of their predicted capacity (no
     # lower than the common load), where the first step should PASS and so decide the latency gate that
