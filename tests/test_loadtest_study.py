@@ -19,6 +19,7 @@ from reco.loadtest.budget import Budget, BudgetTooSmall, Skipped, summary
 from reco.loadtest.config import loadtest_config
 from reco.loadtest.correctness import check_scores
 from reco.loadtest.outcome import Capacity, LoadOutcome
+from reco.loadtest.runs import make_run
 from reco.loadtest.study import median_capacity
 from reco.pipeline import _log_variant, log_report_metrics, study_log
 from reco.report import StudyContext, VariantResult
@@ -445,10 +446,12 @@ def test_gate_first_searches_start_below_the_prediction_cheapest_first():
     lt = study_cfg(study={"gate_start_fraction": 0.5, "repeats": 2})["loadtest"]
     predicted = {"base": 10.0, "slow": 30.0, "fast": 400.0, "mid": 100.0, "head": 300.0}
     calls: list[tuple] = []
+    outcomes = {n: LoadOutcome(n) for n in predicted}
 
     class Searches:  # the _Study surface _more_searches uses
         def __init__(self) -> None:
             self.lt = lt
+            self.outcomes = outcomes
 
         def alive(self) -> list[str]:
             return list(predicted)
@@ -473,3 +476,17 @@ def test_gate_first_searches_start_below_the_prediction_cheapest_first():
     again = [c for c in calls if c[1] == 1]
     assert [c[0] for c in again] == list(predicted) and all(c[2] is None and c[4] == 0.0 for c in again)
     assert [c[3] for c in again] == [5, 4, 3, 2, 1]
+
+    # A variant whose pooled p99 at the common load closed within the SLO has its gate decided: its
+    # search (a bracket only) waits for the others'. One whose p99 is open, or past the SLO, does not.
+    rng = np.random.default_rng(0)
+
+    def common(scale_ms: float, n: int) -> list:
+        return [make_run(rng.exponential(scale_ms, n), kind="common", offered_qps=20.0, window_s=n / 20.0)]
+
+    outcomes["fast"].common = common(2.0, 3000)  # p99 ~9 ms, closed at 3,000 requests: decided
+    outcomes["mid"].common = common(2.0, 100)  # p99 cannot close on 100: still open
+    outcomes["slow"].common = common(100.0, 3000)  # closed, but past the 200 ms SLO: not a PASS
+    calls.clear()
+    _more_searches(Searches(), 200.0, plan, common=20.0)  # type: ignore[arg-type]
+    assert [c[0] for c in calls if c[1] == 0] == ["mid", "slow", "fast"]

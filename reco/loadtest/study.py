@@ -97,6 +97,7 @@ from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.serve.redis_features import load_features
 from reco.serve.redis_server import redis_server
+from reco.stats.dependent import dependent_quantile_ci
 from reco.variant import Variant
 
 Log = Callable[[str, list[Path], str], None]
@@ -796,7 +797,9 @@ def _more_searches(s: _Study, slo: float, plan: _Schedule, common: float | None)
     and such a step far below the SLO needs EXCEEDANCE_MIN_N requests (reco.loadtest.capacity.pass_s).
     Those steps run cheapest first, each with at least its own time, then the search climbs on its share
     (started above the prediction, these searches spent their time on undecided steps near capacity and
-    ended before any rate passed: experiments/ecommerce_case_study/README.md#capacity-time)."""
+    ended before any rate passed: experiments/ecommerce_case_study/README.md#capacity-time). A variant
+    whose p99 at the common load already closed within the SLO has its gate decided: its search, which
+    only adds a bracket, waits until the others have theirs."""
     first = {plan.ref} | ({plan.headline} if plan.headline else set())
     reserve = _unloaded_left(s, plan.slots, len(plan.points) - 1)
     frac = s.lt.study.gate_start_fraction
@@ -805,12 +808,22 @@ def _more_searches(s: _Study, slo: float, plan: _Schedule, common: float | None)
         gate = r == 0 and frac is not None
         start = {n: s.start_rate(n, slo, frac, common or 0.0) for n in names} if gate else {}
         need = {n: pass_s(start[n], s.lt.capacity) if gate else 1.0 for n in names}
-        names.sort(key=need.__getitem__)
+        names.sort(key=lambda n: (gate and _common_p99_within(s, n, slo), need[n]))
         if names:
             _say(f"\n[load] capacity round {r}: {', '.join(names)}")
         for i, n in enumerate(names):
             share = sum(need[m] for m in names[i:]) / need[n]
             s.capacity(n, r, slo, reserve, share=share, start=start.get(n), own_s=need[n] if gate else 0.0)
+
+
+def _common_p99_within(s: _Study, name: str, slo: float) -> bool:
+    """Whether the variant's pooled p99 over its valid common-load runs is closed within the SLO: then
+    its latency gate is decided there (reco.report.gate.latency_gate), whatever its search finds."""
+    runs = [r for r in s.outcomes[name].common if r.valid]
+    if not runs:
+        return False
+    p99 = dependent_quantile_ci([np.asarray(r.latencies_ms, np.float64).ravel() for r in runs], 0.99)
+    return p99.hi is not None and p99.hi <= slo
 
 
 def _common_phase(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
