@@ -64,6 +64,12 @@ def make_run(
     )
 
 
+def windows_of(runs: list[LoadRun]) -> list[np.ndarray]:
+    """Each run's latencies in send order (+inf = failed): the time-ordered windows reco.stats.dependent
+    reads."""
+    return [np.asarray(r.latencies_ms, np.float64).ravel() for r in runs]
+
+
 def pool_runs(runs: list[LoadRun]) -> LoadRun:
     """Successive windows of one setting as one run: their requests together (a capacity step extended
     with more windows). Valid only when every window is; CPU and lag are the worst window's."""

@@ -90,6 +90,7 @@ from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun, StudyOutcome, 
 from reco.loadtest.predict import predicted_capacity
 from reco.loadtest.requests import write_requests
 from reco.loadtest.runner import LoadTestError, plan_cpus, run_load, stop_on_signals, with_settings
+from reco.loadtest.runs import windows_of
 from reco.loadtest.servings import cross
 from reco.serve.config import FeatureSource, ServeConfig
 from reco.serve.features import FeatureStore
@@ -822,7 +823,7 @@ def _common_p99_within(s: _Study, name: str, slo: float) -> bool:
     runs = [r for r in s.outcomes[name].common if r.valid]
     if not runs:
         return False
-    p99 = dependent_quantile_ci([np.asarray(r.latencies_ms, np.float64).ravel() for r in runs], 0.99)
+    p99 = dependent_quantile_ci(windows_of(runs), 0.99)
     return p99.hi is not None and p99.hi <= slo
 
 

@@ -32,6 +32,7 @@ import numpy as np
 
 from reco.loadtest.capacity import step_verdict
 from reco.loadtest.outcome import QUANTILES, Capacity, LoadRun, decided_searches, searched_above
+from reco.loadtest.runs import windows_of
 from reco.report.context import StudyContext, VariantResult
 from reco.stats import Estimate, Verdict, ratio_range
 from reco.stats.dependent import dependent_quantile_ci, ratio_ci, requests_to_close
@@ -120,12 +121,6 @@ class Latency:
 
     def invalid_reasons(self) -> list[str]:
         return [r.invalid_reason or "no reason recorded" for r in self.runs if not r.valid]
-
-
-def windows_of(runs: list[LoadRun]) -> list[np.ndarray]:
-    """Each run's latencies in send order (+inf = failed): the time-ordered windows reco.stats.dependent
-    reads."""
-    return [np.asarray(r.latencies_ms, np.float64).ravel() for r in runs]
 
 
 def pool(kind: str, runs: list[LoadRun]) -> Latency | None:
