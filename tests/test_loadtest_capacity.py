@@ -23,6 +23,7 @@ from reco.loadtest.capacity import (
     WINDOW_OVERHEAD_S,
     capacity_table,
     find_capacity,
+    pass_look,
     pass_s,
     resolve_slo,
     screen_requests,
@@ -521,3 +522,36 @@ def test_a_step_no_look_can_pass_stops_early_and_one_far_below_goes_on(lt, tmp_p
     assert "stopped: futile" in said[-1], said
     (s,) = find_capacity(serve(series), 200.0, c, tmp_path / "far").steps
     assert s.verdict == Verdict.PASS, s.reason
+
+
+def test_a_first_step_capped_at_the_look_a_pass_needs_steps_down_when_undecided(lt, tmp_path):
+    """Issue 43: a latency gate's search starts where its first step should PASS, but the prediction can
+    be ~2x high and put that step at the capacity, where no n decides it (true p99 at the SLO). Capped at
+    the look a PASS needs (pass_look: 2,400 of 600-request windows), it stops there, says why, and the
+    next step is a growth lower, where it PASSes; uncapped it pools all 8,000 requests first."""
+    c = cap_cfg(
+        lt,
+        start_rate=300,
+        growth=1.5,
+        min_rate=5,
+        max_rate=5000,
+        steps=2,
+        step_requests=600,
+        max_step_requests=8000,
+    )
+    assert pass_look(300.0, c) == (2400, 3)
+    fake = FakeServer(slo=100.0, capacity=300.0)
+    cap = find_capacity(fake, 100.0, c, tmp_path / "capped", first_step_requests=pass_look(300.0, c)[0])
+    first, second = cap.steps
+    assert first.verdict == Verdict.INCONCLUSIVE and first.run.n == 2400, first.reason
+    assert "capped at 2,400 requests" in first.reason, first.reason
+    assert second.rate == 200.0 and second.verdict == Verdict.PASS and cap.highest_pass == 200.0
+    fake = FakeServer(slo=100.0, capacity=300.0)
+    (only,) = find_capacity(fake, 100.0, dataclasses.replace(c, steps=1), tmp_path / "uncapped").steps
+    assert only.run.n == 8000 and only.verdict == Verdict.INCONCLUSIVE and "capped" not in only.reason
+    # a cap above the step's own changes nothing
+    fake = FakeServer(slo=100.0, capacity=300.0)
+    (same,) = find_capacity(
+        fake, 100.0, dataclasses.replace(c, steps=1), tmp_path / "loose", first_step_requests=20_000
+    ).steps
+    assert same.run.n == 8000 and "capped" not in same.reason

@@ -439,8 +439,9 @@ def test_gate_first_searches_start_below_the_prediction_cheapest_first():
     """Issue 43: with study.gate_start_fraction the other variants' first searches start at that fraction of
     their predicted capacity (never below the common load), cheapest first, each with at least the time a
     PASS there takes (pass_s); their repeats start as before, in equal shares. The searches themselves are
-    recorded here, not run: what is under test is the schedule."""
-    from reco.loadtest.capacity import pass_s
+    recorded here, not run: what is under test is the schedule. Their first step is capped at the look a
+    PASS needs (pass_look): undecided there, the search steps down."""
+    from reco.loadtest.capacity import pass_look, pass_s
     from reco.loadtest.study import _more_searches, _Schedule, checkpoints
 
     lt = study_cfg(study={"gate_start_fraction": 0.5, "repeats": 2})["loadtest"]
@@ -462,8 +463,8 @@ def test_gate_first_searches_start_below_the_prediction_cheapest_first():
         def start_rate(self, name, slo=None, fraction=None, floor=0.0):
             return max(predicted[name] * (1.2 if fraction is None else fraction), floor)
 
-        def capacity(self, name, r, slo, reserve_s, share=1.0, start=None, own_s=0.0):
-            calls.append((name, r, start, share, own_s))
+        def capacity(self, name, r, slo, reserve_s, share=1.0, start=None, own_s=0.0, first_cap=None):
+            calls.append((name, r, start, share, own_s, first_cap))
 
     plan = _Schedule("base", list(predicted), "head", checkpoints(2), [0, 4])
     _more_searches(Searches(), 200.0, plan, common=20.0)  # type: ignore[arg-type]
@@ -473,8 +474,10 @@ def test_gate_first_searches_start_below_the_prediction_cheapest_first():
     need = [pass_s(c[2], lt.capacity) for c in first]
     assert [c[4] for c in first] == pytest.approx(need)
     assert [c[3] for c in first] == pytest.approx([sum(need[i:]) / need[i] for i in range(3)])
+    assert [c[5] for c in first] == [pass_look(c[2], lt.capacity)[0] for c in first]
     again = [c for c in calls if c[1] == 1]
-    assert [c[0] for c in again] == list(predicted) and all(c[2] is None and c[4] == 0.0 for c in again)
+    assert [c[0] for c in again] == list(predicted)
+    assert all(c[2] is None and c[4] == 0.0 and c[5] is None for c in again)
     assert [c[3] for c in again] == [5, 4, 3, 2, 1]
 
     # A variant whose pooled p99 at the common load closed within the SLO has its gate decided: its

@@ -47,7 +47,9 @@ bracket: it was not shown to pass, so the search cannot claim it, nor shown to f
 lie above it (a step at a tenth of the SLO whose bursts keep its bound open is not a rate past capacity).
 The search bisects around it, and where only undecided rates lie above the highest PASS it steps up by
 `growth` until one FAILs (a rate past capacity fails fast, often on its screening window). INVALID caps
-the search (the generator, not the server, is the limit there) and is no FAIL either. Result:
+the search (the generator, not the server, is the limit there) and is no FAIL either. A search started
+where its first step should PASS (the study's latency gate) may cap that step at the look a PASS needs
+(`first_step_requests`): undecided there, it sits near the capacity and the search steps down. Result:
 Capacity(highest_pass, lowest_fail, lowest_invalid, steps), the undecided rates among the steps.
 
 `find_capacity` takes the measurement as a callable (rate, n_requests, out_dir) -> LoadRun, so the
@@ -188,11 +190,13 @@ def run_step(
     deadline: float = math.inf,
     clock: Callable[[], float] = time.time,
     confirm_looks: int = CONFIRM_LOOKS,
+    max_requests: int | None = None,
 ) -> CapacityStep:
-    """Measure one rate until its verdict is decided or its request cap is reached (step_cap, module doc);
-    `say` gets one progress line per window. An extension that could not finish by `deadline` (epoch
-    seconds of `clock`) is not started: the step stays INCONCLUSIVE. A FAIL on the p99's lower bound
-    needs `confirm_looks` looks in a row (1: the rule before CONFIRM_LOOKS, for bench.coverage)."""
+    """Measure one rate until its verdict is decided or its request cap is reached (step_cap, or
+    `max_requests` when that is fewer; module doc); `say` gets one progress line per window. An extension
+    that could not finish by `deadline` (epoch seconds of `clock`) is not started: the step stays
+    INCONCLUSIVE. A FAIL on the p99's lower bound needs `confirm_looks` looks in a row (1: the rule before
+    CONFIRM_LOOKS, for bench.coverage)."""
     runs: list[LoadRun] = []
     screen = screen_requests(rate, c)
     if screen:
@@ -210,6 +214,8 @@ def run_step(
     if (first := int(c.step_requests) - sum(r.n for r in runs)) > 0:
         runs.append(measure(rate, first, out_dir / f"w{len(runs):02d}"))
     cap, conf = step_cap(rate, c), c.step_conf
+    capped = max_requests is not None and max_requests < cap
+    cap = min(cap, max_requests) if max_requests is not None else cap
     streak = 0  # looks in a row that found the step hopeless
     fails = 0  # looks in a row that read FAIL
     while True:
@@ -242,12 +248,23 @@ def run_step(
             return CapacityStep(
                 rate, pooled, verdict, f"{reason}; not extended (time budget)", budget_cut=True
             )
-        if done and verdict == Verdict.INCONCLUSIVE and p99.value is not None and math.isinf(p99.hi):
-            need = requests_to_close([r.latencies_ms for r in runs], 0.99, conf)
-            reason += f"; its upper bound needs ~{need:,} requests at this dependence (n={pooled.n:,})"
+        if done and verdict == Verdict.INCONCLUSIVE:
+            reason += _why_undecided(runs, p99, conf, cap if capped else None)
         if done:
             return CapacityStep(rate, pooled, verdict, reason)
         runs.append(measure(rate, more, out_dir / f"w{len(runs):02d}"))
+
+
+def _why_undecided(runs: list[LoadRun], p99: Estimate, conf: float, capped_at: int | None) -> str:
+    """What an INCONCLUSIVE step's reason adds: the requests its open p99 bound would need, and the cap
+    (run_step's max_requests) it stopped at where that was below its own."""
+    why = ""
+    if p99.value is not None and math.isinf(p99.hi):
+        need = requests_to_close([r.latencies_ms for r in runs], 0.99, conf)
+        why += f"; its upper bound needs ~{need:,} requests at this dependence (n={p99.n:,})"
+    if capped_at is not None:
+        why += f"; capped at {capped_at:,} requests (a first step that is to PASS: a lower rate next)"
+    return why
 
 
 def futility(runs: list[LoadRun], pooled: LoadRun, slo_p99_ms: float, cap: int, conf: float) -> str:
@@ -287,14 +304,20 @@ def window_s(rate: float, requests: int, warmup_s: float) -> float:
     return requests / rate + float(warmup_s) + WINDOW_OVERHEAD_S
 
 
-def pass_s(rate: float, c: CapacityConfig) -> float:
-    """Expected wall seconds of a step at `rate` that PASSes far below the SLO: there its p99 interval
-    stays open and the exceedance bound decides it, at the first look with EXCEEDANCE_MIN_N requests (or
-    at its cap), so it runs every window up to that look, each with its warm-up (the budget's estimate of
-    a step that settles a latency gate)."""
+def pass_look(rate: float, c: CapacityConfig) -> tuple[int, int]:
+    """(requests, windows) of the first look at which a step at `rate` far below the SLO can PASS: there
+    its p99 interval stays open and the exceedance bound decides it, from EXCEEDANCE_MIN_N requests on
+    (or at the step's cap), counting the screening window where the step has one."""
     n, windows, cap = int(c.step_requests), 1 + (screen_requests(rate, c) > 0), step_cap(rate, c)
     while n < min(EXCEEDANCE_MIN_N, cap):
         n, windows = min(2 * n, cap), windows + 1
+    return n, windows
+
+
+def pass_s(rate: float, c: CapacityConfig) -> float:
+    """Expected wall seconds of a step at `rate` that PASSes far below the SLO (pass_look), every window
+    with its warm-up (the budget's estimate of a step that settles a latency gate)."""
+    n, windows = pass_look(rate, c)
     return n / rate + windows * (float(c.step_warmup_s) + WINDOW_OVERHEAD_S)
 
 
@@ -315,6 +338,7 @@ def find_capacity(
     deadline: float | Callable[[float], float] = math.inf,
     clock: Callable[[], float] = time.time,
     confirm_looks: int = CONFIRM_LOOKS,
+    first_step_requests: int | None = None,
 ) -> Capacity:
     """Search the highest rate meeting the SLO (see the module docstring).
 
@@ -335,6 +359,10 @@ def find_capacity(
             went (the study's common load is a fraction of the reference's capacity).
         clock: epoch seconds now (a test hands in a clock its windows move, instead of sleeping).
         confirm_looks: looks in a row a FAIL on the p99's lower bound needs (run_step).
+        first_step_requests: the first step's cap when fewer than its own (step_cap): a search started
+            where it should PASS (the study's latency gate, reco.loadtest.study._more_searches) stops that
+            step undecided at the look a PASS needs (pass_look) and steps down by `growth`, instead of
+            extending a step that sits near the capacity.
     Returns:
         Capacity with every step in run order.
     """
@@ -355,7 +383,8 @@ def find_capacity(
             stopped = True
             break
         step_dir = Path(out_dir) / f"step_{i:02d}_{rate:.0f}qps"
-        step = run_step(measure, rate, slo_p99_ms, c, step_dir, say, end, clock, confirm_looks)
+        first = first_step_requests if i == 0 else None
+        step = run_step(measure, rate, slo_p99_ms, c, step_dir, say, end, clock, confirm_looks, first)
         steps.append(step)
         stopped |= step.budget_cut
         if i == 0 and step.verdict == Verdict.PASS and expect_fail and rate < expect_fail <= hi:

@@ -77,6 +77,7 @@ from reco.loadtest.capacity import (
     bracket_text,
     find_capacity,
     open_loop_measure,
+    pass_look,
     pass_s,
     resolve_slo,
     window_s,
@@ -443,13 +444,14 @@ class _Study:
         reserve_at: Callable[[float], float] | None = None,
         start: float | None = None,
         own_s: float = 0.0,
+        first_cap: int | None = None,
     ) -> None:
         """One capacity search from `start` (default: start_rate). With a budget it stops between steps
         `reserve_s` (the later phases) plus `leave_s` seconds (the searches still to run that need their
         time) before its deadline, and may use 1/share of what is left (so one slow variant cannot starve
         the others) or `own_s` seconds, whichever is more. reserve_at(lowest rate measured) replaces
         reserve_s for a search whose outcome moves the later phases' time (the reference's: the common
-        load's rate)."""
+        load's rate). `first_cap`: the first step's request cap (find_capacity's first_step_requests)."""
         d = self.out / name / "capacity" / f"r{r}"
         cfg = self.search_config(name, self.start_rate(name, slo) if start is None else start)
         hint = self.expect_fail(name)
@@ -470,7 +472,15 @@ class _Study:
 
             _say(f"    {name} capacity r{r}: starts at {cfg.start_rate:.3g} req/s")
             return find_capacity(
-                measure, slo, cfg, d, expect_fail=hint, say=say, deadline=deadline, clock=self.budget.clock
+                measure,
+                slo,
+                cfg,
+                d,
+                expect_fail=hint,
+                say=say,
+                deadline=deadline,
+                clock=self.budget.clock,
+                first_step_requests=first_cap,
             )
 
         est_s = self.search_s(name, slo, cfg.start_rate)
@@ -796,6 +806,9 @@ def _more_searches(s: _Study, slo: float, plan: _Schedule, common: float | None)
     (and at no less than the `common` load), where their first step should PASS: a PASS at or above the
     common load decides a variant's latency gate where its p99 at the common load cannot (reco.report.gate),
     and such a step far below the SLO needs EXCEEDANCE_MIN_N requests (reco.loadtest.capacity.pass_s).
+    It gets no more: undecided there, it sits near the capacity (the prediction ran ~2x high for one
+    variant) and the search steps down (extended to 8,000 requests, it stayed undecided and the rate below
+    got no time: experiments/ecommerce_case_study/README.md#capacity-time).
     Those steps run cheapest first, each with at least its own time, then the search climbs on its share
     (started above the prediction, these searches spent their time on undecided steps near capacity and
     ended before any rate passed: experiments/ecommerce_case_study/README.md#capacity-time). A variant
@@ -809,12 +822,14 @@ def _more_searches(s: _Study, slo: float, plan: _Schedule, common: float | None)
         gate = r == 0 and frac is not None
         start = {n: s.start_rate(n, slo, frac, common or 0.0) for n in names} if gate else {}
         need = {n: pass_s(start[n], s.lt.capacity) if gate else 1.0 for n in names}
+        cap = {n: pass_look(start[n], s.lt.capacity)[0] for n in names} if gate else {}
         names.sort(key=lambda n: (gate and _common_p99_within(s, n, slo), need[n]))
         if names:
             _say(f"\n[load] capacity round {r}: {', '.join(names)}")
         for i, n in enumerate(names):
             share = sum(need[m] for m in names[i:]) / need[n]
-            s.capacity(n, r, slo, reserve, share=share, start=start.get(n), own_s=need[n] if gate else 0.0)
+            own = need[n] if gate else 0.0
+            s.capacity(n, r, slo, reserve, share=share, start=start.get(n), own_s=own, first_cap=cap.get(n))
 
 
 def _common_p99_within(s: _Study, name: str, slo: float) -> bool:
