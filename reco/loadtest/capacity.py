@@ -213,9 +213,8 @@ def run_step(
         say(f"{rate:.1f} req/s: screening n={pooled.n:,} not a clear FAIL, measuring on")
     if (first := int(c.step_requests) - sum(r.n for r in runs)) > 0:
         runs.append(measure(rate, first, out_dir / f"w{len(runs):02d}"))
-    cap, conf = step_cap(rate, c), c.step_conf
-    capped = max_requests is not None and max_requests < cap
-    cap = min(cap, max_requests) if max_requests is not None else cap
+    own, conf = step_cap(rate, c), c.step_conf
+    cap = min(own, max_requests or own)
     streak = 0  # looks in a row that found the step hopeless
     fails = 0  # looks in a row that read FAIL
     while True:
@@ -249,7 +248,7 @@ def run_step(
                 rate, pooled, verdict, f"{reason}; not extended (time budget)", budget_cut=True
             )
         if done and verdict == Verdict.INCONCLUSIVE:
-            reason += _why_undecided(runs, p99, conf, cap if capped else None)
+            reason += _why_undecided(runs, p99, conf, cap if cap < own else None)
         if done:
             return CapacityStep(rate, pooled, verdict, reason)
         runs.append(measure(rate, more, out_dir / f"w{len(runs):02d}"))
