@@ -807,11 +807,11 @@ def _more_searches(s: _Study, slo: float, plan: _Schedule, common: float | None)
     common load decides a variant's latency gate where its p99 at the common load cannot (reco.report.gate),
     and such a step far below the SLO needs EXCEEDANCE_MIN_N requests (reco.loadtest.capacity.pass_s).
     It gets no more: undecided there, it sits near the capacity (the prediction ran ~2x high for one
-    variant) and the search steps down (extended to 8,000 requests, it stayed undecided and the rate below
-    got no time: experiments/ecommerce_case_study/README.md#capacity-time).
-    Those steps run cheapest first, each with at least its own time, then the search climbs on its share
-    (started above the prediction, these searches spent their time on undecided steps near capacity and
-    ended before any rate passed: experiments/ecommerce_case_study/README.md#capacity-time). A variant
+    variant) and the search steps down. Those steps run cheapest first, each with at least its own time,
+    then the search climbs on its share. Started above the prediction, these searches had spent their
+    time on undecided steps near capacity and ended before any rate passed, and a first step extended to
+    8,000 requests stayed undecided with no time left for the rate below
+    (experiments/ecommerce_case_study/README.md#capacity-time). A variant
     whose p99 at the common load already closed within the SLO has its gate decided: its search, which
     only adds a bracket, waits until the others have theirs."""
     first = {plan.ref} | ({plan.headline} if plan.headline else set())
@@ -822,14 +822,16 @@ def _more_searches(s: _Study, slo: float, plan: _Schedule, common: float | None)
         gate = r == 0 and frac is not None
         start = {n: s.start_rate(n, slo, frac, common or 0.0) for n in names} if gate else {}
         need = {n: pass_s(start[n], s.lt.capacity) if gate else 1.0 for n in names}
-        cap = {n: pass_look(start[n], s.lt.capacity)[0] for n in names} if gate else {}
         names.sort(key=lambda n: (gate and _common_p99_within(s, n, slo), need[n]))
         if names:
             _say(f"\n[load] capacity round {r}: {', '.join(names)}")
         for i, n in enumerate(names):
             share = sum(need[m] for m in names[i:]) / need[n]
-            own = need[n] if gate else 0.0
-            s.capacity(n, r, slo, reserve, share=share, start=start.get(n), own_s=own, first_cap=cap.get(n))
+            if gate:  # its first step stops at the look a PASS needs
+                cap = pass_look(start[n], s.lt.capacity)[0]
+                s.capacity(n, r, slo, reserve, share=share, start=start[n], own_s=need[n], first_cap=cap)
+            else:
+                s.capacity(n, r, slo, reserve, share=share)
 
 
 def _common_p99_within(s: _Study, name: str, slo: float) -> bool:
