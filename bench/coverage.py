@@ -443,6 +443,7 @@ def bracket_coverage(
     rng: np.random.Generator,
     tolerance: float = 0.35,
     confirm_looks: int = CONFIRM_LOOKS,
+    max_requests: int = STEP_LOOKS[-1],
 ) -> dict:
     """Whole capacity searches (reco.loadtest.capacity.find_capacity, the case study's growth 1.5 and
     600-8,000-request steps; `tolerance` 0.35 for most variants, 0.2 for the QPS gain's two; a FAIL on
@@ -451,11 +452,12 @@ def bracket_coverage(
     [highest PASS, lowest FAIL) holds the true capacity ('covered'), the same for the rule before it, whose
     upper end was the lowest rate that did not pass, undecided ones included ('covered_old'), the median
     hi/lo of the closed brackets both ways, the share with undecided rates inside ('undecided') and the
-    share whose lowest FAIL lies at or below the true capacity ('false_fail')."""
+    share whose lowest FAIL lies at or below the true capacity ('false_fail'), and the median requests a
+    search spent ('requests'). `max_requests`: what an undecided step may pool (max_step_requests)."""
     slo = float(np.quantile(_step_chains(model, capacity, drift, 400, rng), 0.99))
     c = dataclasses.replace(
         step_config(), growth=1.5, tolerance=tolerance, steps=8, min_rate=0.02, max_rate=5.0,
-        step_requests=STEP_LOOKS[0], max_step_requests=STEP_LOOKS[-1],
+        step_requests=STEP_LOOKS[0], max_step_requests=max_requests,
     )  # fmt: skip
 
     def measure(rate: float, n: int, out_dir: Path) -> object:
@@ -465,6 +467,7 @@ def bracket_coverage(
 
     hits = {"covered": 0, "covered_old": 0, "undecided": 0, "false_fail": 0}
     widths: dict[str, list[float]] = {"width": [], "width_old": []}
+    spent: list[int] = []
     for _ in range(runs):
         start = capacity * 1.5 ** rng.uniform(-1.0, 1.0)
         cfg = dataclasses.replace(c, start_rate=start)
@@ -477,9 +480,10 @@ def bracket_coverage(
                 widths[f"width{key}"].append(end / best)
         hits["undecided"] += bool(cap.undecided)
         hits["false_fail"] += cap.lowest_fail is not None and cap.lowest_fail <= capacity
+        spent.append(sum(s.run.n for s in cap.steps))
     out: dict = {k: v / runs for k, v in hits.items()}
     out |= {k: float(np.median(v)) if v else math.inf for k, v in widths.items()}
-    return out
+    return out | {"requests": float(np.median(spent))}
 
 
 def bracket_table(
@@ -490,19 +494,21 @@ def bracket_table(
     seed: int,
     tolerances: list[float],
     confirm_looks: int = CONFIRM_LOOKS,
+    max_requests: int = STEP_LOOKS[-1],
 ) -> list[str]:
     rng = np.random.default_rng(seed)
     lines = [
         "| service | drift in step | tolerance | searches | true capacity in [pass, fail) "
         "| in [pass, lowest non-pass) (before) | median hi/lo | before | searches with undecided rates "
-        "| a FAIL at or below the true capacity |",
-        "|---" * 10 + "|",
+        "| a FAIL at or below the true capacity | median requests per search |",
+        "|---" * 11 + "|",
     ]
     for m, d, tol in itertools.product(models, drifts, tolerances):
-        r = bracket_coverage(m, capacity, d, runs, rng, tol, confirm_looks)
+        r = bracket_coverage(m, capacity, d, runs, rng, tol, confirm_looks, max_requests)
         lines.append(
             f"| {m} | {d:.0%} | {tol:g} | {runs} | {r['covered']:.2f} | {r['covered_old']:.2f} "
-            f"| {r['width']:.2f} | {r['width_old']:.2f} | {r['undecided']:.2f} | {r['false_fail']:.2f} |"
+            f"| {r['width']:.2f} | {r['width_old']:.2f} | {r['undecided']:.2f} | {r['false_fail']:.2f} "
+            f"| {r['requests']:,.0f} |"
         )
         print(lines[-1], file=sys.stderr, flush=True)
     return lines
@@ -598,11 +604,19 @@ def main(argv: list[str] | None = None) -> None:
         help="--brackets: looks in a row a FAIL on the p99's lower bound needs (1: the rule before "
         "reco.loadtest.capacity.CONFIRM_LOOKS)",
     )
+    ap.add_argument(
+        "--max-step-requests",
+        type=int,
+        default=STEP_LOOKS[-1],
+        help="--brackets: the requests an undecided step may pool (loadtest.capacity.max_step_requests)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.brackets is not None:
         check([a.brackets], [0.0], [m for m in a.models if m != "stall"])
-        table = bracket_table(a.models, a.drifts, a.brackets, a.runs, a.seed, a.tolerances, a.confirm_looks)
+        table = bracket_table(
+            a.models, a.drifts, a.brackets, a.runs, a.seed, a.tolerances, a.confirm_looks, a.max_step_requests
+        )
         print("\n".join(table))
         return
     if a.step_power:

@@ -269,6 +269,7 @@ def test_a_capacity_bracket_ends_on_a_fail_and_so_holds_the_true_capacity():
     the bracket holds it (experiments/interval_coverage/README.md#capacity-brackets)."""
     r = bracket_coverage("stall", 0.6, 0.0, 30, np.random.default_rng(2))
     assert r["covered"] >= 0.85 and r["covered_old"] <= 0.5 and r["undecided"] >= 0.5, r
+    assert 600 <= r["requests"] <= 8 * 8000, r  # at least a first window, at most every step at its cap
 
 
 def test_a_request_interleaved_block_puts_a_stretch_on_both_variants():
