@@ -217,7 +217,7 @@ def test_no_step_or_extension_starts_that_would_end_past_the_deadline(lt, tmp_pa
     )
     (s,) = cap.steps
     assert fake.calls == [(300.0, 500)] and s.verdict == Verdict.INCONCLUSIVE, said
-    assert "not extended (time budget)" in s.reason and "would end past the time budget" in said[-1]
+    assert "not extended (time budget)" in s.reason and "would end past the time budget" in said[-2]
     # Stopped by the budget before any rate passed: not a capacity of 0 but no decision, so the study's
     # medians leave it out (a search that ran to min_rate with nothing passing is a 0, and decided).
     assert cap.stopped_by_budget and not cap.decided and "no capacity" in capacity_table(cap)
@@ -227,6 +227,31 @@ def test_no_step_or_extension_starts_that_would_end_past_the_deadline(lt, tmp_pa
     assert cap.stopped_by_budget and not cap.decided
     # A rate that passed before the budget stopped the search is a capacity (a lower bound): decided.
     assert Capacity(100.0, highest_pass=50.0, lowest_fail=None, steps=[], stopped_by_budget=True).decided
+
+
+def test_a_step_the_budget_cut_short_ends_the_search(lt, tmp_path):
+    """A step left undecided because its extension would end past the deadline ends the search: the next
+    step's start is priced by its first window, so it would be cut the same way, with no verdict (a slow
+    reference's steps at 21.5 and 32.2 req/s each ran ~55 s and were both cut at 1,200 requests)."""
+    now = [1000.0]
+    c = cap_cfg(
+        lt, start_rate=150, growth=2.0, min_rate=50, max_rate=5000, steps=6, step_requests=500,
+        max_step_requests=2000, step_warmup_s=1.0,
+    )  # fmt: skip
+    fake = FakeServer(slo=100.0, capacity=300.0)  # 150 PASSes, 300 is a close call, 600 is past it
+
+    def one_second_a_window(rate, n, out_dir):
+        now[0] += 1.0
+        return fake(rate, n, out_dir)
+
+    said: list[str] = []
+    # 150's first window is priced 4.7 s, 300's 3.1 s and its extension 3.1 s more, 600's 2.2 s
+    cap = find_capacity(
+        one_second_a_window, 100.0, c, tmp_path, say=said.append, deadline=now[0] + 4.8, clock=lambda: now[0]
+    )
+    assert fake.calls == [(150.0, 500), (300.0, 500)], said  # 600 would start, and be cut at its next look
+    assert cap.highest_pass == 150.0 and cap.undecided == [300.0] and cap.steps[1].budget_cut
+    assert cap.stopped_by_budget and "stopped after step 1" in said[-1], said
 
 
 def test_a_deadline_that_depends_on_how_low_the_search_goes(lt, tmp_path):

@@ -42,10 +42,12 @@ step_requests in all, as above. A PASS always rests on >= 368 requests.
 **The search** (as MLPerf's FindPeakPerformance): from `start_rate`, multiply by `growth` until a step
 does not pass (or `max_rate` passes), or divide until one passes (or `min_rate` does not); then bisect
 until (lowest FAIL - highest PASS) / lowest FAIL <= `tolerance`, or no gap between the rates tried in that
-bracket is wider than `tolerance`, or `steps` rates were tried. An INCONCLUSIVE step is neither end of the
-bracket: it was not shown to pass, so the search cannot claim it, nor shown to fail, so the capacity may
-lie above it (a step at a tenth of the SLO whose bursts keep its bound open is not a rate past capacity).
-The search bisects around it, and where only undecided rates lie above the highest PASS it steps up by
+bracket is wider than `tolerance`, or `steps` rates were tried, or the time budget cut a step short (the
+next step's start is priced by its first window only: a slow reference's last two steps, ~55 s each, both
+ended undecided at 1,200 requests: experiments/ecommerce_case_study/README.md#capacity-time).
+An INCONCLUSIVE step is neither end of the bracket: it was not shown to pass, so the search cannot claim
+it, nor shown to fail, so the capacity may lie above it (a step at a tenth of the SLO whose bursts keep
+its bound open is not a rate past capacity). The search bisects around it, and where only undecided rates lie above the highest PASS it steps up by
 `growth` until one FAILs (a rate past capacity fails fast, often on its screening window). INVALID caps
 the search (the generator, not the server, is the limit there) and is no FAIL either. A search started
 where its first step should PASS (the study's latency gate) may cap that step at the look a PASS needs
@@ -352,10 +354,11 @@ def find_capacity(
             gap is wider than the tolerance). Each step is still measured and judged on its own.
         say: progress, one line per window.
         deadline: epoch seconds (the study's time budget): no step or extension starts that would end
-            after it (expected duration: requests / rate + warm-up); the bracket stays open on the side
-            the search did not reach. Or a function of the lowest rate the search will have measured
-            once the next step runs, giving them: what comes after a search may depend on how low it
-            went (the study's common load is a fraction of the reference's capacity).
+            after it (expected duration: requests / rate + warm-up), and a step it cut short ends the
+            search; the bracket stays open on the side the search did not reach. Or a function of the
+            lowest rate the search will have measured once the next step runs, giving them: what comes
+            after a search may depend on how low it went (the study's common load is a fraction of the
+            reference's capacity).
         clock: epoch seconds now (a test hands in a clock its windows move, instead of sleeping).
         confirm_looks: looks in a row a FAIL on the p99's lower bound needs (run_step).
         first_step_requests: the first step's cap when fewer than its own (step_cap): a search started
@@ -385,7 +388,10 @@ def find_capacity(
         first = first_step_requests if i == 0 else None
         step = run_step(measure, rate, slo_p99_ms, c, step_dir, say, end, clock, confirm_looks, first)
         steps.append(step)
-        stopped |= step.budget_cut
+        if step.budget_cut:  # a further step, priced by its first window, would be cut the same way
+            say(f"stopped after step {i}: the time budget cut it short, and a further step would be cut too")
+            stopped = True
+            break
         if i == 0 and step.verdict == Verdict.PASS and expect_fail and rate < expect_fail <= hi:
             rate = expect_fail
             continue
