@@ -34,6 +34,7 @@ from reco.pipeline import _log_variant, log_report_metrics
 from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
 from reco.report.figures import bracket, bracket_at, capacity_gain, highest_pass_at, pool, study_figures
 from reco.report.gate import gate, worst
+from reco.report.markdown import headline
 from reco.report.plots import (
     _colors,
     capacity_curve,
@@ -589,6 +590,10 @@ def test_a_baseline_that_only_failed_bounds_the_qps_gain_from_below():
     assert met.outcome == Outcome.MET and met.measured.figure.lo == pytest.approx(floor)
     assert "one-sided" in met.measured.text and f"{fail.rate:.1f} req/s" in met.measured.text
     assert judged(1.1 * floor).outcome == Outcome.INCONCLUSIVE  # the gain may still be above it
+    summary = headline(fl, {f.name: gate(f, ctx) for f in fl}, ctx)  # the Summary says what the target says
+    assert f"gain > {floor:.2f}× (one-sided" in summary and f"failed at {fail.rate:.1f} req/s" in summary, (
+        summary
+    )
     base.load.capacity = [
         base.load.capacity[0],
         Capacity(SLO, 0.0, unsure.rate, [unsure], stopped_by_budget=True),

@@ -201,7 +201,7 @@ def _qps_gain(figs, gates, ctx) -> Measured | Unmeasured:
         return blocked
     g = p.figs.qps_gain
     if g is None:
-        floor = _gain_floor(p.figs, next((f for f in figs if f.is_baseline), None))
+        floor = gain_floor(p.figs, next((f for f in figs if f.is_baseline), None))
         if floor is None:
             return Unmeasured(f"`{p.figs.name}` has no QPS gain at the SLO")
         passed, base_fail = floor
@@ -216,7 +216,7 @@ def _qps_gain(figs, gates, ctx) -> Measured | Unmeasured:
     return Measured(g, text, Basis.RANGE, p.declared)
 
 
-def _gain_floor(f: VariantFigures, base: VariantFigures | None) -> tuple[float, float] | None:
+def gain_floor(f: VariantFigures, base: VariantFigures | None) -> tuple[float, float] | None:
     """(f's lowest passing rate over its repeats, the baseline's rate above its capacity) when the
     baseline's capacity is bounded only from above: none of its searches located one, but every search
     that ran a step FAILed one, so its capacity lies below the highest of their lowest FAILs (latency
