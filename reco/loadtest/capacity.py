@@ -47,12 +47,13 @@ next step's start is priced by its first window only: a slow reference's last tw
 ended undecided at 1,200 requests: experiments/ecommerce_case_study/README.md#capacity-time).
 An INCONCLUSIVE step is neither end of the bracket: it was not shown to pass, so the search cannot claim
 it, nor shown to fail, so the capacity may lie above it (a step at a tenth of the SLO whose bursts keep
-its bound open is not a rate past capacity). The search bisects around it, and where only undecided rates lie above the highest PASS it steps up by
-`growth` until one FAILs (a rate past capacity fails fast, often on its screening window). INVALID caps
-the search (the generator, not the server, is the limit there) and is no FAIL either. A search started
-where its first step should PASS (the study's latency gate) may cap that step at the look a PASS needs
-(`first_step_requests`): undecided there, it sits near the capacity and the search steps down. Result:
-Capacity(highest_pass, lowest_fail, lowest_invalid, steps), the undecided rates among the steps.
+its bound open is not a rate past capacity). The search bisects around it, and where only undecided
+rates lie above the highest PASS it steps up by `growth` until one FAILs (a rate past capacity fails
+fast, often on its screening window). INVALID caps the search (the generator, not the server, is the
+limit there) and is no FAIL either. A search started where its first step should PASS (the study's
+latency gate) may cap that step at the look a PASS needs (`first_step_requests`): undecided there, it
+sits near the capacity and the search steps down. Result: Capacity(highest_pass, lowest_fail,
+lowest_invalid, steps), the undecided rates among the steps.
 
 `find_capacity` takes the measurement as a callable (rate, n_requests, out_dir) -> LoadRun, so the
 search can be driven by a real server (`open_loop_measure`) or by a deterministic fake in tests.
