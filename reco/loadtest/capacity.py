@@ -43,8 +43,8 @@ step_requests in all, as above. A PASS always rests on >= 368 requests.
 does not pass (or `max_rate` passes), or divide until one passes (or `min_rate` does not); then bisect
 until (lowest FAIL - highest PASS) / lowest FAIL <= `tolerance`, or no gap between the rates tried in that
 bracket is wider than `tolerance`, or `steps` rates were tried, or the time budget cut a step short (the
-next step's start is priced by its first window only: a slow reference's last two steps, ~55 s each, both
-ended undecided at 1,200 requests: experiments/ecommerce_case_study/README.md#capacity-time).
+next step's start is priced by its first window only, so it would be cut too:
+experiments/ecommerce_case_study/README.md#capacity-time).
 An INCONCLUSIVE step is neither end of the bracket: it was not shown to pass, so the search cannot claim
 it, nor shown to fail, so the capacity may lie above it (a step at a tenth of the SLO whose bursts keep
 its bound open is not a rate past capacity). The search bisects around it, and where only undecided

@@ -201,7 +201,7 @@ def _qps_gain(figs, gates, ctx) -> Measured | Unmeasured:
         return blocked
     g = p.figs.qps_gain
     if g is None:
-        floor = gain_floor(p.figs, next((f for f in figs if f.is_baseline), None))
+        floor = gain_floor(p.figs, figs)
         if floor is None:
             return Unmeasured(f"`{p.figs.name}` has no QPS gain at the SLO")
         passed, base_fail = floor
@@ -216,13 +216,14 @@ def _qps_gain(figs, gates, ctx) -> Measured | Unmeasured:
     return Measured(g, text, Basis.RANGE, p.declared)
 
 
-def gain_floor(f: VariantFigures, base: VariantFigures | None) -> tuple[float, float] | None:
+def gain_floor(f: VariantFigures, figs: list[VariantFigures]) -> tuple[float, float] | None:
     """(f's lowest passing rate over its repeats, the baseline's rate above its capacity) when the
-    baseline's capacity is bounded only from above: none of its searches located one, but every search
+    baseline's (among `figs`) capacity is bounded only from above: none of its searches located one, but every search
     that ran a step FAILed one, so its capacity lies below the highest of their lowest FAILs (latency
     assumed not to fall as the load rises, as the gate assumes); the ratio bounds f's QPS gain from
     below. None when f passed no rate, or a baseline search that ran steps failed none."""
     passes = [c.highest_pass for c in f.capacity if c.decided and c.highest_pass > 0]
+    base = next((b for b in figs if b.is_baseline), None)
     if base is None or not passes or any(c.decided for c in base.capacity):
         return None
     ran = [c for c in base.capacity if c.steps]
