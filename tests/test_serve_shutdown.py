@@ -6,6 +6,7 @@ woken by a stop at once."""
 from __future__ import annotations
 
 import asyncio
+import os
 import signal
 import subprocess
 import sys
@@ -73,6 +74,16 @@ def test_workers_exit_when_the_supervisor_is_killed(variant, tmp_path):
     finally:
         for k in alive:  # never leave a stray worker behind, even when the test fails
             k.kill()
+
+
+def test_a_server_shares_its_callers_session_in_a_process_group_of_its_own(variant, tmp_path):
+    """With autogroups each session is a scheduling group and a keep-warm spinner (SCHED_IDLE) yields only
+    within its own, so a server in a session of its own lost up to 40 % of its core to the study's spinner
+    (reco/serve/keepwarm.py). Its own process group keeps the terminal's Ctrl-C from it."""
+    vdir, dpath = variant
+    with start_server(vdir, dpath, serve_settings("keep_warm=false"), work_dir=tmp_path) as h:
+        assert os.getsid(h.pid) == os.getsid(0)
+        assert os.getpgid(h.pid) == h.pid != os.getpgid(0)
 
 
 KILLED_AT_ONCE = """

@@ -6,6 +6,14 @@ from the server (or the load generator) but keeps the vCPU busy -- the software 
 latency-critical host with idle=poll. It costs a whole core of host CPU; switch it off with
 serve.keep_warm=false / loadtest.loadgen.keep_warm=false.
 
+SCHED_IDLE yields only within its scheduling group. With autogroups on (Linux's default,
+kernel.sched_autogroup_enabled) every session is a group, and a core is shared between groups before
+SCHED_IDLE counts: a spinner took up to 40 % of the core from a busy server started in a session of its
+own, and a worker of 2 ms units lost 31 % of its throughput (`python -m bench.keep_warm`,
+experiments/platform/README.md#keep_warm-and-sessions). So the spinner stays in the session of the process
+that starts it, and reco.serve.process starts servers in the caller's session (a process group of their
+own, so Ctrl-C in the terminal still does not reach them).
+
 One spinner per core, never more: several SCHED_IDLE spinners on one core do take time from its normal
 tasks (experiments/platform/README.md), so a study of many servers runs one spinner per server core (reco.loadtest.study).
 """

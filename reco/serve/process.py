@@ -172,7 +172,9 @@ class ServerHandle:
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)  # its own session: only the server and its workers
+                os.killpg(
+                    self.proc.pid, signal.SIGKILL
+                )  # its own process group: only the server and its workers
                 self.proc.wait(timeout_s)
         return self.proc.returncode
 
@@ -264,7 +266,10 @@ def start_server(
             stdout=log,
             stderr=subprocess.STDOUT,
             stdin=subprocess.DEVNULL,
-            start_new_session=True,  # Ctrl-C in the caller's terminal is the caller's to handle
+            # Ctrl-C in the caller's terminal is the caller's to handle: a process group of its own; not a
+            # session of its own, whose autogroup would share the core with the caller's keep-warm spinner
+            # fairly, SCHED_IDLE or not (reco/serve/keepwarm.py)
+            process_group=0,
             preexec_fn=functools.partial(die_with_parent, os.getpid()),  # ... and SIGKILL takes it along
         )
     handle = ServerHandle(f"http://{cfg.host}:{cfg.port}", proc.pid, proc, log_path, cfg)
