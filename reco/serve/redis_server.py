@@ -46,9 +46,11 @@ def redis_server(cfg: RedisConfig, work_dir: str | Path, timeout_s: float = 15.0
     wd.mkdir(parents=True, exist_ok=True)
     port = free_port(cfg.host)
     cmd = redis_command(cfg, port, wd)
+    # a process group of its own (not a session: the keep-warm spinner yields only within its session's
+    # scheduling group, reco/serve/keepwarm.py)
     proc = subprocess.Popen(
         cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-        start_new_session=True, preexec_fn=functools.partial(die_with_parent, os.getpid()),
+        process_group=0, preexec_fn=functools.partial(die_with_parent, os.getpid()),
     )  # fmt: skip
     out = dataclasses.replace(cfg, port=port)
     try:
