@@ -172,9 +172,8 @@ class ServerHandle:
             try:
                 self.proc.wait(timeout_s)
             except subprocess.TimeoutExpired:
-                os.killpg(
-                    self.proc.pid, signal.SIGKILL
-                )  # its own process group: only the server and its workers
+                # its own process group: only the server and its workers
+                os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout_s)
         return self.proc.returncode
 
