@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
+from reco.tracking import cpu_model
 
 WORKER = """
 import os, sys, time
@@ -81,11 +82,6 @@ ARRANGEMENTS: dict[str, tuple[Callable[[int], list[subprocess.Popen]], bool]] = 
     "worker: own process group": (lambda cpu: start_keep_warm([cpu]), False),
     "worker: own session, spinner's group at nice 19": (nice19, True),
 }
-
-
-def cpu_model() -> str:
-    lines = Path("/proc/cpuinfo").read_text().splitlines()
-    return next((ln.split(":", 1)[1].strip() for ln in lines if ln.startswith("model name")), "unknown")
 
 
 def main() -> None:

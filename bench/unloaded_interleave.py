@@ -42,6 +42,7 @@ from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.stats import nearest_rank
 from reco.stats.paired import median_block_ratio
+from reco.tracking import cpu_model
 
 DESIGNS = ("window", "request")
 QS = {"p50": 0.5, "p99": 0.99}
@@ -147,11 +148,8 @@ def main() -> None:
         stop_servers(list(hs.values()))
         stop_keep_warm(spinners)
     a, b = list(variants)
-    cpu = next(
-        (ln.split(":", 1)[1].strip() for ln in open("/proc/cpuinfo") if ln.startswith("model name")), "?"
-    )
     print(
-        f"# {cpu}, {os.cpu_count()} CPUs; servers on {server_cpus}, Locust on {gen_cpus}; {time.time() - t0:.0f} s"
+        f"# {cpu_model()}, {os.cpu_count()} CPUs; servers on {server_cpus}, Locust on {gen_cpus}; {time.time() - t0:.0f} s"
     )
     print(
         f"# {args.requests} requests per variant per block after {args.warmup_s:g} s warm-up; serve {args.set}"

@@ -322,22 +322,25 @@ def latest_variant_runs(uri: str, experiment: str) -> tuple[str, dict[str, dict]
     raise TrackingError(f"experiment {experiment!r} has no run with variants yet")
 
 
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo ("unknown" where it has none): every report names it."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return "unknown"
+
+
 def environment_tags() -> dict[str, str]:
     import platform
 
     import onnxruntime
     import torch
 
-    cpu = "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
     return {
-        "machine.cpu": cpu,
+        "machine.cpu": cpu_model(),
         "machine.cores": str(os.cpu_count()),
         "machine.python": platform.python_version(),
         "machine.torch": torch.__version__,
