@@ -401,7 +401,7 @@ def step_power_table(
     drifts: list[float],
     runs: int,
     seed: int,
-    factors: tuple[float, ...] = (1.0, 3.0, 6.0),
+    factors: tuple[float, ...] = (1.0, 3.0, 6.0, 12.0),
     powers: tuple[int, ...] = (0, EXCEEDANCE_POWER),
 ) -> list[str]:
     rng = np.random.default_rng(seed)
