@@ -132,7 +132,8 @@ def throughput(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
     ]
     return [
         "Max QPS at the SLO = the highest rate whose p99 CI lies within the SLO, or, where that CI is open "
-        "far below it, whose bound on the share of requests past the SLO is <= 0.1 % (the appendix says "
+        "far below it, whose bound on the share of requests past the SLO is <= 0.1 % (<= 0.001 % where it rests "
+        "on fewer than 50 effective requests; the appendix says "
         "which: reco/loadtest/capacity.py) (median over repeats, range "
         "in parentheses); each repeat's bracket is [highest pass, lowest fail) in req/s, with the rates tried inside it "
         "that neither passed nor failed (*undecided*: the capacity may lie on either side); a repeat the study's "
