@@ -26,8 +26,14 @@ from bench.coverage import (
 )
 from bench.stretch_ratio import DESIGNS, Case, hd_weights, simulate
 from reco.report.figures import _bracket_gain
-from reco.stats import Estimate, Verdict, verdict_at_least
-from reco.stats.dependent import EXCEEDANCE_POWER, dependent_quantile_ci, ratio_ci
+from reco.stats import Estimate, Verdict, min_n_for_quantile, verdict_at_least
+from reco.stats.dependent import (
+    EXCEEDANCE_POWER,
+    dependent_bounds,
+    dependent_quantile_ci,
+    ratio_ci,
+    requests_to_close,
+)
 from reco.stats.paired import paired_ratio
 
 RUNS = 100
@@ -205,6 +211,19 @@ def test_drift_between_repeats_widens_the_pooled_interval():
     drifting = [s * w for s, w in zip(steady, (1.0, 1.15, 1.3), strict=True)]
     a, b = dependent_quantile_ci(steady, 0.5), dependent_quantile_ci(drifting, 0.5)
     assert (b.hi - b.lo) / b.value > 2 * (a.hi - a.lo) / a.value
+
+
+def test_requests_to_close_is_the_least_n_whose_exact_interval_closes():
+    """A p99 priced at ~978 requests stayed open at 1,000 (run L7): the normal approximation left out the
+    exact interval's rank rounding. With no dependence the count is now the least n whose exact interval
+    has an upper bound: 368, where the approximation said 381 (tests/test_report.py draws the windows
+    of a priced count afresh and finds most of them closed)."""
+    x = np.ones(400)
+    x[[50, 250, 350]] = 2.0  # three isolated slow requests: no dependence to measure
+    assert math.isfinite(dependent_bounds([x[:368]], 0.99)[2]) and math.isinf(
+        dependent_bounds([x[:367]], 0.99)[2]
+    )
+    assert requests_to_close([x], 0.99) == min_n_for_quantile(0.99) == 368
 
 
 def test_unsupported_and_infinite_estimates_never_make_a_ratio():
