@@ -294,12 +294,12 @@ def futility(runs: list[LoadRun], pooled: LoadRun, slo_p99_ms: float, cap: int, 
     """Why an INCONCLUSIVE step cannot PASS by its cap at what its requests show so far; '' when it may.
 
     Neither way to PASS is in reach: the p99's upper bound needs more requests than the cap at this
-    dependence (reco.stats.dependent.requests_to_close), and the exceedance bound, its margin shrinking
-    as 1 / sqrt(n) from here, would still not pass at the cap (exceedance_passes: too high for the
-    effective n it would rest on). A slow spell of the host at 65 % utilisation (a 1.3-1.9x stretch takes the queue past
-    capacity) leaves such a step INCONCLUSIVE at its cap minutes later; stopping it early gives the next
-    rate the time (experiments/ecommerce_case_study/README.md#capacity-steps). Stopping never PASSes a
-    step, so it cannot add a false PASS, but it costs power where an early look's dependence estimate is
+    dependence (reco.stats.dependent.requests_to_close), and the exceedance bound, its margin shrinking as
+    1 / sqrt(n) from here, would still not pass at the cap (exceedance_passes: too high for the effective
+    n it would rest on). A slow spell of the host at 65 % utilisation (a 1.3-1.9x stretch takes the queue
+    past capacity) leaves such a step INCONCLUSIVE at its cap minutes later; stopping it early gives the
+    next rate the time (experiments/ecommerce_case_study/README.md#capacity-steps). Stopping never PASSes
+    a step, so it cannot add a false PASS, but it costs power where an early look's dependence estimate is
     far off, so run_step stops only when FUTILE_LOOKS looks in a row find the step hopeless."""
     n = pooled.n
     need = requests_to_close([r.latencies_ms for r in runs], 0.99, conf)
@@ -311,8 +311,8 @@ def futility(runs: list[LoadRun], pooled: LoadRun, slo_p99_ms: float, cap: int, 
         return ""
     return (
         f"futile at n={n:,}: the p99's upper bound needs ~{need:,} requests at this dependence and the "
-        f"exceedance bound would read {at_cap:.2g} at the cap of {cap:,} (PASS needs <= {EXCEEDANCE_MAX_SHARE:g}, "
-        f"or <= {EXCEEDANCE_FAR_SHARE:g} on a smaller effective n)"
+        f"exceedance bound would read {at_cap:.2g} at the cap of {cap:,} "
+        f"(PASS needs <= {EXCEEDANCE_MAX_SHARE:g}, or <= {EXCEEDANCE_FAR_SHARE:g} on a smaller effective n)"
     )
 
 
