@@ -160,6 +160,14 @@ def _spread(windows: Sequence[np.ndarray], q: float, conf: float) -> tuple[np.nd
     return s, point, h
 
 
+def _widened_ranks(n: int, q: float, conf: float, h: float) -> tuple[int, int]:
+    """1-based ranks (lo, hi) of the exact i.i.d. interval widened on each side by the ranks a half-width of
+    h in probability adds over the independent one (module docstring); past 1..n a side is open."""
+    lo_iid, hi_iid = _order_bounds(n, q, conf)
+    extra = max(round(n * h - n * _iid_half_width(n, q, conf)), 0)
+    return lo_iid - extra, hi_iid + extra
+
+
 def dependent_bounds(
     windows: Sequence[np.ndarray], q: float, conf: float = CONF, floor: float = 0.0
 ) -> tuple[float, float, float, bool]:
@@ -171,9 +179,7 @@ def dependent_bounds(
     if n == 0:
         return math.nan, floor, math.inf, False
     s, point, h = _spread(windows, q, conf)
-    lo_iid, hi_iid = _order_bounds(n, q, conf)
-    extra = max(round(n * h - n * _iid_half_width(n, q, conf)), 0)
-    r_lo, r_hi = lo_iid - extra, hi_iid + extra
+    r_lo, r_hi = _widened_ranks(n, q, conf, h)
     lo = float(s[r_lo - 1]) if r_lo >= 1 else floor
     hi = float(s[r_hi - 1]) if r_hi <= n else math.inf
     return point, lo, hi, n >= min_n_for_quantile(q, conf)
@@ -200,8 +206,7 @@ def requests_to_close(windows: Sequence[np.ndarray], q: float, conf: float = CON
     # the normal approximation leaves out the exact rank's rounding, a few percent either way near 1,000
     # requests (a p99 "needing ~978" stayed open at 1,000: run L7 of experiment=ecommerce_case_study_long)
     def closes(m: int) -> bool:
-        extra = max(round(m * z * math.sqrt(q * (1 - q) / m) * (math.sqrt(tau) - 1)), 0)
-        return _order_bounds(m, q, conf)[1] + extra <= m
+        return _widened_ranks(m, q, conf, _iid_half_width(m, q, conf) * math.sqrt(tau))[1] <= m
 
     lo, hi = max(least, int(0.8 * first)) - 1, 2 * first + 100
     if not closes(hi):
