@@ -398,6 +398,31 @@ def test_a_low_priority_window_must_end_before_the_reserve(tmp_path):
     assert ran == ["fits"]
 
 
+def test_an_equal_utilisation_block_runs_whole_or_not_at_all(tmp_path):
+    """Its ratios pair each variant with the reference in the same block: time left for one variant's
+    window but not the block's skips the block, every window listed (run 69 spent 3 s on one window of 21)."""
+    from reco.loadtest.capacity import window_s
+    from reco.loadtest.study import _equal_util_phase, _Schedule, _Study
+
+    cfg = study_cfg()  # equal_util_fraction 0.5, 100 requests a window, 2 repeats
+    s = _Study(cfg["loadtest"], cfg["serve"], tmp_path, None)
+    names = ["baseline", "student"]
+    s.outcomes = {n: LoadOutcome(n, capacity=[Capacity(5000.0, 100.0, 150.0, [])]) for n in names}
+    s.servers = dict.fromkeys(names)
+    one = window_s(50.0, 100, s.lt.warmup_s)
+    s.budget = Budget(1.0, start=0.0, clock=lambda: 60.0 - 1.5 * one)  # one window fits, not two
+    ran: list[str] = []
+    s.loaded = lambda n, *a: ran.append(n)  # type: ignore[method-assign]
+    _equal_util_phase(s, _Schedule("baseline", names, None, ["start", "end"], []))
+    assert ran == []
+    assert sorted((k.variant, k.what, k.est_s) for k in s.budget.skipped) == [
+        (n, f"equal_util block {r}", one) for n in names for r in (0, 1)
+    ]
+    s.budget = Budget(1.0, start=0.0, clock=lambda: 60.0 - 2.5 * one)  # the block fits
+    _equal_util_phase(s, _Schedule("baseline", names, None, ["start", "end"], []))
+    assert sorted(ran) == sorted(names * 2)
+
+
 @pytest.mark.parametrize(("common_repeats", "reserved"), [(None, 2), (1, 1), (10, 2)])
 def test_the_first_searches_reserve_no_more_common_rounds_than_repeats(tmp_path, common_repeats, reserved):
     """Issue 43: the QPS gain's searches come before the common load, so they leave it at most `repeats`

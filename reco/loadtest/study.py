@@ -34,7 +34,8 @@ reco.stats.paired; each run carries its block):
    the reference's median capacity;
    the scores of every `correctness.every`-th request are recorded for step 7.
 6. **Equal utilisation**: each variant at `equal_util_fraction` x its OWN median capacity (so the report
-   can give the unloaded, common-load and equal-utilisation ratios side by side); 0 skips it.
+   can give the unloaded, common-load and equal-utilisation ratios side by side), a block whole or not at
+   all; 0 skips it.
 7. **Correctness** (servers stopped, so nothing competes): the recorded scores against the variant's
    offline scores of the same requests (reco.loadtest.correctness).
 
@@ -328,9 +329,12 @@ class _Study:
         del self.servers[name]
         return False
 
-    def skip_block(self, names: list[str], kind: str, what: str, est: dict[str, float]) -> bool:
-        """Whether the budget is spent (then every variant's part of the block is skipped and listed)."""
-        if not self.budget.over(0.0):
+    def skip_block(
+        self, names: list[str], kind: str, what: str, est: dict[str, float], reserve_s: float = 0.0
+    ) -> bool:
+        """Whether the budget is spent, less `reserve_s` (then every variant's part of the block is
+        skipped and listed)."""
+        if not self.budget.over(reserve_s):
             return False
         for n in names:
             self.budget.skipped.append(Skipped(n, kind, what, est[n]))
@@ -863,7 +867,9 @@ def _common_phase(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
 
 def _equal_util_phase(s: _Study, plan: _Schedule) -> None:
     """Each variant at equal_util_fraction x its own median capacity, on what the budget leaves before the
-    last unloaded blocks (the lowest priority)."""
+    last unloaded blocks (the lowest priority). A block runs whole or not at all: its ratios pair the
+    variants with the reference in the same block, so a block cut short by the budget (in run 69 one
+    variant's window of 21) is time spent on no figure."""
     st = s.lt.study
     own = {n: median_capacity(s.outcomes[n]) for n in s.alive()}
     reserve = _unloaded_left(s, plan.slots, len(plan.points) - 1)
@@ -871,9 +877,15 @@ def _equal_util_phase(s: _Study, plan: _Schedule) -> None:
         return
     _say(f"\n[load] equal utilisation: {st.equal_util_fraction:g} x each variant's own median capacity")
     for r in range(st.repeats):
-        for n in s.block_order("equal_util", r):
-            if own.get(n):
-                s.loaded(n, r, "equal_util", st.equal_util_fraction * own[n], reserve)
+        rates = {n: st.equal_util_fraction * own[n] for n in s.block_order("equal_util", r) if own.get(n)}
+        est = {
+            n: s.per_window_s(n, "equal_util") or window_s(q, st.equal_util_requests, s.lt.warmup_s)
+            for n, q in rates.items()
+        }
+        if s.skip_block(list(rates), "equal_util", f"equal_util block {r}", est, reserve + sum(est.values())):
+            continue
+        for n, q in rates.items():
+            s.loaded(n, r, "equal_util", q, reserve)
 
 
 def checkpoints(repeats: int) -> list[str]:
