@@ -214,8 +214,8 @@ def test_drift_between_repeats_widens_the_pooled_interval():
 
 
 def test_requests_to_close_is_the_least_n_whose_exact_interval_closes():
-    """A p99 priced at ~978 requests stayed open at 1,000 (run L7): the normal approximation left out the
-    exact interval's rank rounding. With no dependence the count is now the least n whose exact interval
+    """The normal approximation leaves out the exact interval's rank rounding, so a count it names can
+    leave the p99 open. With no dependence the count is now the least n whose exact interval
     has an upper bound: 368, where the approximation said 381 (tests/test_report.py draws the windows
     of a priced count afresh and finds most of them closed)."""
     x = np.ones(400)

@@ -503,10 +503,10 @@ def test_a_bursty_step_far_below_the_slo_passes_on_the_exceedance_bound():
 
 
 def test_a_step_whose_slow_spells_are_long_passes_only_far_below_the_slo():
-    """Issue 43: the INT8 student at 517 req/s (run 68) sat at p99 13 ms, every request under 25 ms, yet
-    stayed INCONCLUSIVE at 8,000 requests: its slow spells, hundreds of requests long, left the exceedance
-    bound an effective n of 41, short of the 50 a bound near its 0.1 % limit needs. A bound a hundred
-    times below that limit PASSes on an effective n from 20; one at a tenth of it still needs the 50."""
+    """Issue 43: a fast variant far below the SLO (p99 a fifteenth of it) stayed INCONCLUSIVE at 8,000
+    requests when its slow spells, hundreds of requests long, left the exceedance bound an effective n
+    short of the 50 a bound near its 0.1 % limit needs. A bound a hundred times below that limit PASSes on
+    an effective n from 20; one at a tenth of it still needs the 50."""
     rng = np.random.default_rng(0)
     x = rng.lognormal(math.log(2.0), 0.3, 8000)
     for start in (1000, 4000, 6500):  # three spells of 800 requests, up to 6x slower

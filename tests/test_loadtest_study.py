@@ -400,7 +400,7 @@ def test_a_low_priority_window_must_end_before_the_reserve(tmp_path):
 
 def test_an_equal_utilisation_block_runs_whole_or_not_at_all(tmp_path):
     """Its ratios pair each variant with the reference in the same block: time left for one variant's
-    window but not the block's skips the block, every window listed (run 69 spent 3 s on one window of 21)."""
+    window but not the block's skips the block, every window listed (one window alone is no figure)."""
     from reco.loadtest.capacity import window_s
     from reco.loadtest.study import _equal_util_phase, _Schedule, _Study
 

@@ -102,11 +102,11 @@ EXCEEDANCE_MIN_EFFECTIVE_N = 50
 EXCEEDANCE_MAX_SHARE = 0.001
 # ...and a bound a hundred times further below (0.001 %) from a smaller effective n: it would hold were its
 # standard error underestimated a hundredfold. A fast variant's slow spells, hundreds of requests long, keep
-# its effective n at 20-50 over 8,000 requests far below the SLO (the INT8 student at 517 req/s, p99 13 ms:
-# bound 3e-6, n_eff 41, INCONCLUSIVE; run 68). Simulated, a step at the true capacity PASSes exactly as
-# often as without this (a quiet stretch of a queue AT capacity leaves a bound near the limit, not at a
-# hundredth of it), and at 12x the SLO 0.72-0.92 at 85 % utilisation instead of 0.17-0.65
-# (experiments/interval_coverage/README.md#steps-far-below-the-slo).
+# its effective n at 20-50 over 8,000 requests far below the SLO, where the bound reads a few in a million
+# and the step would otherwise stay INCONCLUSIVE (experiments/ecommerce_case_study/README.md#capacity-steps).
+# Simulated, a step at the true capacity PASSes exactly as often as without this (a quiet stretch of a
+# queue AT capacity leaves a bound near the limit, not at a hundredth of it), and far below the SLO far
+# more often (experiments/interval_coverage/README.md#steps-far-below-the-slo).
 EXCEEDANCE_FAR_SHARE = 0.00001
 EXCEEDANCE_FAR_MIN_EFFECTIVE_N = 20
 
