@@ -502,6 +502,16 @@ class _Study:
                 + (f" ({cap.budget_note()})" if cap.stopped_by_budget else "")
             )
 
+    def loaded_requests(self, kind: str) -> int:
+        """Requests in one open-loop window of `kind` ("common" or "equal_util")."""
+        st = self.lt.study
+        return st.load_requests if kind == "common" else st.equal_util_requests
+
+    def loaded_s(self, name: str, kind: str, rate: float) -> float:
+        """Seconds this variant's next open-loop window of `kind` at `rate` should take (budget estimates):
+        its windows of that kind so far, else priced from the rate."""
+        return self.per_window_s(name, kind) or window_s(rate, self.loaded_requests(kind), self.lt.warmup_s)
+
     def loaded(self, name: str, r: int, kind: str, rate: float, reserve_s: float) -> None:
         """One open-loop window at `rate` (common load or equal utilisation); it must end `reserve_s`
         seconds before the budget's deadline (the unloaded blocks still to come)."""
@@ -509,9 +519,7 @@ class _Study:
         s = self.window(
             mode=LoadMode.open,
             rate=rate,
-            window_requests=self.lt.study.load_requests
-            if kind == "common"
-            else self.lt.study.equal_util_requests,
+            window_requests=self.loaded_requests(kind),
             score_every=cor.every if kind == "common" and cor.enabled else 0,
         )
 
@@ -527,7 +535,7 @@ class _Study:
                 pool=self.pool,
             )
 
-        est = window_s(rate, s.window_requests or 0, self.lt.warmup_s)
+        est = self.loaded_s(name, kind, rate)
         run = self.measure(name, kind, f"{kind} run {r} at {rate:.1f} req/s", go, est, reserve_s)
         if run is not None:
             run = dataclasses.replace(run, block=r)
@@ -868,8 +876,8 @@ def _common_phase(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
 def _equal_util_phase(s: _Study, plan: _Schedule) -> None:
     """Each variant at equal_util_fraction x its own median capacity, on what the budget leaves before the
     last unloaded blocks (the lowest priority). A block runs whole or not at all: its ratios pair the
-    variants with the reference in the same block, so a block cut short by the budget (in run 69 one
-    variant's window of 21) is time spent on no figure."""
+    variants with the reference in the same block, so a block cut short by the budget (one variant's
+    window alone) is time spent on no figure."""
     st = s.lt.study
     own = {n: median_capacity(s.outcomes[n]) for n in s.alive()}
     reserve = _unloaded_left(s, plan.slots, len(plan.points) - 1)
@@ -878,10 +886,7 @@ def _equal_util_phase(s: _Study, plan: _Schedule) -> None:
     _say(f"\n[load] equal utilisation: {st.equal_util_fraction:g} x each variant's own median capacity")
     for r in range(st.repeats):
         rates = {n: st.equal_util_fraction * own[n] for n in s.block_order("equal_util", r) if own.get(n)}
-        est = {
-            n: s.per_window_s(n, "equal_util") or window_s(q, st.equal_util_requests, s.lt.warmup_s)
-            for n, q in rates.items()
-        }
+        est = {n: s.loaded_s(n, "equal_util", q) for n, q in rates.items()}
         if s.skip_block(list(rates), "equal_util", f"equal_util block {r}", est, reserve + sum(est.values())):
             continue
         for n, q in rates.items():

@@ -6,7 +6,12 @@ Each returns Markdown lines; every figure carries its CI or range and says which
 
 from __future__ import annotations
 
-from reco.loadtest.capacity import EXCEEDANCE_FAR_SHARE, EXCEEDANCE_MAX_SHARE, EXCEEDANCE_MIN_EFFECTIVE_N
+from reco.loadtest.capacity import (
+    EXCEEDANCE_FAR_MIN_EFFECTIVE_N,
+    EXCEEDANCE_FAR_SHARE,
+    EXCEEDANCE_MAX_SHARE,
+    EXCEEDANCE_MIN_EFFECTIVE_N,
+)
 from reco.loadtest.outcome import BATCH_MARGIN, QUANTILES
 from reco.profile import STAGES
 from reco.report.context import StudyContext
@@ -134,8 +139,8 @@ def throughput(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
     return [
         "Max QPS at the SLO = the highest rate whose p99 CI lies within the SLO, or, where that CI is open "
         f"far below it, whose bound on the share of requests past the SLO is <= {100 * EXCEEDANCE_MAX_SHARE:g} % "
-        f"(<= {100 * EXCEEDANCE_FAR_SHARE:g} % where it rests on fewer than {EXCEEDANCE_MIN_EFFECTIVE_N} "
-        "effective requests; the appendix says "
+        f"(<= {100 * EXCEEDANCE_FAR_SHARE:g} % where it rests on {EXCEEDANCE_FAR_MIN_EFFECTIVE_N} to "
+        f"{EXCEEDANCE_MIN_EFFECTIVE_N} effective requests; the appendix says "
         "which: reco/loadtest/capacity.py) (median over repeats, range "
         "in parentheses); each repeat's bracket is [highest pass, lowest fail) in req/s, with the rates tried inside it "
         "that neither passed nor failed (*undecided*: the capacity may lie on either side); a repeat the study's "

@@ -204,13 +204,15 @@ def requests_to_close(windows: Sequence[np.ndarray], q: float, conf: float = CON
     first = max(math.ceil(z * z * q * tau / (1 - q)), least)
 
     # the normal approximation leaves out the exact rank's rounding, a few percent either way near 1,000
-    # requests (a p99 "needing ~978" stayed open at 1,000: run L7 of experiment=ecommerce_case_study_long)
+    # requests: a count it names can leave the interval open, so the count is the exact one
     def closes(m: int) -> bool:
         return _widened_ranks(m, q, conf, _iid_half_width(m, q, conf) * math.sqrt(tau))[1] <= m
 
     lo, hi = max(least, int(0.8 * first)) - 1, 2 * first + 100
-    if not closes(hi):
-        return first
+    if closes(lo):  # the approximation far too high: search from the least any interval needs
+        lo = least - 1
+    while not closes(hi):  # far too low: at tau fixed the rank fits from z^2 q tau / (1 - q) on
+        lo, hi = hi, 2 * hi
     while hi - lo > 1:  # bisection: a few dozen exact bounds, where a capacity step's futility asks each look
         mid = (lo + hi) // 2
         lo, hi = (lo, mid) if closes(mid) else (mid, hi)
