@@ -377,6 +377,7 @@ def test_capacity_ranges_fail_at_compose_time_before_any_server_starts(lt):
         ("reference_tolerance", 0.0, "0 < tolerance < 1"),
         ("gate_start_fraction", 0.0, "0 < fraction <= 1"),
         ("common_repeats", 0, ">= 1 round"),
+        ("reference_max_step_requests", 300, r">= loadtest\.capacity\.step_requests \(500"),
     ):
         bad = {**dataclasses.asdict(lt), "study": {**dataclasses.asdict(lt.study), key: value}}
         with pytest.raises(ConfigError, match=rf"loadtest\.study\.{key}: expected {expected}"):

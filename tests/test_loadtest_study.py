@@ -18,7 +18,7 @@ from reco.cli.compose import compose
 from reco.loadtest.budget import Budget, BudgetTooSmall, Skipped, summary
 from reco.loadtest.config import loadtest_config
 from reco.loadtest.correctness import check_scores
-from reco.loadtest.outcome import Capacity, LoadOutcome
+from reco.loadtest.outcome import Capacity, LoadOutcome, LoadRun
 from reco.loadtest.runs import make_run
 from reco.loadtest.study import median_capacity
 from reco.pipeline import _log_variant, log_report_metrics, study_log
@@ -458,6 +458,34 @@ def test_the_qps_gains_two_searches_bisect_to_their_own_tolerance(tmp_path):
     assert (
         _Study(cfg["loadtest"], cfg["serve"], tmp_path, None).search_config("baseline", 5.0).tolerance == tol
     )
+
+
+def test_the_references_steps_stop_at_its_own_request_cap(tmp_path):
+    """Issue 43: study.reference_max_step_requests caps the reference's steps alone, its looks (and so each
+    look's Bonferroni confidence) counted to that cap; the other variants keep capacity.max_step_requests.
+    A step that never decides pools exactly the cap, then is INCONCLUSIVE."""
+    from reco.loadtest.capacity import run_step
+    from reco.loadtest.study import _Study
+
+    capacity = {"step_requests": 600, "max_step_requests": 8000, "max_step_s": None, "screen_s": 0.0}
+    cfg = study_cfg(capacity=capacity, study={"reference_max_step_requests": 4800})
+    s = _Study(cfg["loadtest"], cfg["serve"], tmp_path, None)
+    s.headline = "student"
+    ref, other = s.search_config("baseline", 5.0), s.search_config("student", 5.0)
+    assert (ref.max_step_requests, ref.looks, other.max_step_requests, other.looks) == (4800, 4, 8000, 5)
+    assert ref.step_conf == pytest.approx(1 - 0.05 / 4) and other.step_conf == pytest.approx(1 - 0.05 / 5)
+    rng = np.random.default_rng(0)
+    windows: list[int] = []
+
+    def straddling(rate: float, n: int, out: Path) -> LoadRun:
+        # 1.1 % of requests just past the SLO: the p99's interval straddles it at every look up to 4,800
+        windows.append(n)
+        lat = np.where(rng.random(n) < 0.011, 250.0, rng.uniform(50.0, 150.0, n))
+        return make_run(lat, kind="capacity", offered_qps=rate, window_s=n / rate)
+
+    step = run_step(straddling, 40.0, 200.0, ref, tmp_path / "ref")
+    assert step.verdict == Verdict.INCONCLUSIVE and step.run.n == 4800 and "stopped" not in step.reason
+    assert windows == [600, 600, 1200, 2400]
 
 
 def test_gate_first_searches_start_below_the_prediction_cheapest_first():

@@ -8,6 +8,7 @@ a Hydra callback) types it once with `loadtest_config()`.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 from enum import StrEnum
@@ -187,6 +188,11 @@ class StudyConfig:
     # (reco.loadtest.study._Study.search_config)
     headline_tolerance: float | None = MISSING
     reference_tolerance: float | None = MISSING
+    # the reference's capacity steps pool at most this many requests (null: capacity.max_step_requests): a
+    # slow reference's requests are a large share of the SLO, so near its capacity only its p99 interval
+    # can PASS a step, and the looks past a few thousand requests cost it minutes
+    # (reco.loadtest.study._Study.search_config)
+    reference_max_step_requests: int | None = MISSING
     # the other variants' first capacity searches start at this fraction of their predicted capacity (no
     # lower than the common load), where the first step should PASS and so decide the latency gate that
     # their p99 at the common load cannot (null: above the prediction, like the first searches;
@@ -257,6 +263,20 @@ class LoadtestConfig:
     loadgen: LoadgenConfig = field(default_factory=LoadgenConfig)
     capacity: CapacityConfig = field(default_factory=CapacityConfig)
     study: StudyConfig = field(default_factory=StudyConfig)
+
+    def check(self, where: str) -> None:
+        if (cap := self.study.reference_max_step_requests) is None:
+            return
+        # the reference's search runs on loadtest.capacity with this cap: its first window must still carry
+        # a p99 upper bound at each look's confidence
+        ref = dataclasses.replace(self.capacity, max_step_requests=cap)
+        need = min_n_for_quantile(0.99, ref.step_conf)
+        if not need <= self.capacity.step_requests <= cap:
+            raise ConfigError(
+                f"{where}.study.reference_max_step_requests: expected >= {where}.capacity.step_requests "
+                f"({self.capacity.step_requests}, itself >= {need} at this cap's looks: reco/loadtest/capacity.py) "
+                f"or null, got {cap}"
+            )
 
 
 def loadtest_config(node: Any) -> LoadtestConfig:

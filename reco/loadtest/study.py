@@ -431,11 +431,16 @@ class _Study:
 
     def search_config(self, name: str, start: float) -> CapacityConfig:
         """loadtest.capacity for `name`'s search from `start`: the QPS gain's two searches, the declared
-        headline's and the reference's, bisect to their own tolerance where the study sets one."""
+        headline's and the reference's, bisect to their own tolerance where the study sets one, and the
+        reference's steps stop at its own request cap (its looks, and so their confidence, counted to it)."""
         study = self.lt.study
         tol = {self.headline: study.headline_tolerance, study.reference: study.reference_tolerance}.get(name)
-        c = self.lt.capacity
-        return dataclasses.replace(c, start_rate=start, tolerance=c.tolerance if tol is None else tol)
+        c = dataclasses.replace(self.lt.capacity, start_rate=start)
+        if tol is not None:
+            c = dataclasses.replace(c, tolerance=tol)
+        if name == study.reference and study.reference_max_step_requests is not None:
+            c = dataclasses.replace(c, max_step_requests=study.reference_max_step_requests)
+        return c
 
     def capacity(
         self,
