@@ -382,6 +382,10 @@ def test_capacity_ranges_fail_at_compose_time_before_any_server_starts(lt):
         bad = {**dataclasses.asdict(lt), "study": {**dataclasses.asdict(lt.study), key: value}}
         with pytest.raises(ConfigError, match=rf"loadtest\.study\.{key}: expected {expected}"):
             loadtest_config(bad)
+    # a cap far above capacity.max_step_requests: more looks, each needing a longer first window
+    study = {**dataclasses.asdict(lt.study), "reference_max_step_requests": 10**7}
+    with pytest.raises(ConfigError, match=r"reference_max_step_requests: 10000000 gives a step 16 looks"):
+        loadtest_config({**dataclasses.asdict(lt), "study": study})
 
 
 # -- shortcuts that must not change the answer: screening windows and a prior bracket ----------------

@@ -267,15 +267,18 @@ class LoadtestConfig:
     def check(self, where: str) -> None:
         if (cap := self.study.reference_max_step_requests) is None:
             return
-        # the reference's search runs on loadtest.capacity with this cap: its first window must still carry
-        # a p99 upper bound at each look's confidence
-        ref = dataclasses.replace(self.capacity, max_step_requests=cap)
-        need = min_n_for_quantile(0.99, ref.step_conf)
-        if not need <= self.capacity.step_requests <= cap:
+        key, first = f"{where}.study.reference_max_step_requests", self.capacity.step_requests
+        if cap < first:
             raise ConfigError(
-                f"{where}.study.reference_max_step_requests: expected >= {where}.capacity.step_requests "
-                f"({self.capacity.step_requests}, itself >= {need} at this cap's looks: reco/loadtest/capacity.py) "
-                f"or null, got {cap}"
+                f"{key}: expected >= {where}.capacity.step_requests ({first}) or null, got {cap}"
+            )
+        # the reference's search runs on loadtest.capacity with this cap: more looks, each at a higher
+        # confidence, and its first window must still carry a p99 upper bound at that confidence
+        ref = dataclasses.replace(self.capacity, max_step_requests=cap)
+        if first < (need := min_n_for_quantile(0.99, ref.step_conf)):
+            raise ConfigError(
+                f"{key}: {cap} gives a step {ref.looks} looks, at which a p99 upper bound needs "
+                f"{where}.capacity.step_requests >= {need} (reco/loadtest/capacity.py), got {first}"
             )
 
 
