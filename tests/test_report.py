@@ -13,6 +13,7 @@ import math
 import random
 import re
 from collections import Counter
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -1398,6 +1399,26 @@ def test_qps_plot_draws_when_no_step_has_a_finite_p99(tmp_path):
     assert qps_vs_p99(fl, ctx, _colors(fl), tmp_path / "qps_vs_p99.png").stat().st_size > 0
 
 
+def _planted_pairs(tmp_path: Path, n: int, key: str, seed: int) -> list[tuple[Path, Path]]:
+    """n pairs of comparison.csv files of 12 variants: each run's log `key` moves by N(0, 0.08) around the
+    truth, each interval +-2 % (with a QPS gain range beside it)."""
+    from reco.report.agree import Z95
+
+    rng = np.random.default_rng(seed)
+    out = []
+    for i in range(n):
+        rows: list[dict] = [{}, {}]
+        for v in range(12):
+            for side in rows:
+                x = 5.0 * math.exp(rng.normal(0, 0.08) + rng.normal(0, 0.02 / Z95))
+                side[f"v{v}"] = {
+                    key: (x, x / math.exp(0.02), x * math.exp(0.02)),
+                    "qps_gain": (9.0, 6.0, 12.0),
+                }
+        out.append(tuple(_comparison_csv(tmp_path / f"p{i}{j}.csv", {"base": {}, **rows[j]}) for j in (0, 1)))
+    return out
+
+
 def test_agree_allows_for_what_moves_between_runs_and_estimates_it_from_pairs(tmp_path, capsys):
     """Two runs whose tight intervals sit 10 % apart differ by their own intervals; with a between-run sd
     of 5 % (what runs of one commit have moved by) they are consistent, and a 40 % move still differs.
@@ -1406,7 +1427,7 @@ def test_agree_allows_for_what_moves_between_runs_and_estimates_it_from_pairs(tm
 
     from reco.cli import agree as agree_cli
     from reco.cli import between_runs as between_cli
-    from reco.report.agree import Z95, BetweenRuns, Verdict, compare
+    from reco.report.agree import BetweenRuns, Verdict, compare
 
     key = "speedup_p50_unloaded"
     a = _comparison_csv(
@@ -1428,18 +1449,7 @@ def test_agree_allows_for_what_moves_between_runs_and_estimates_it_from_pairs(tm
     assert "widened by the between-run sd" in out and "p50 speed-up unloaded 5.0 % [2.0, 7.0] (n=24)" in out
 
     # planted: each run's log figure moves by N(0, 0.08) around the truth, each interval +-2 %
-    rng = np.random.default_rng(1)
-    pairs = []
-    for i in range(4):
-        rows = [{}, {}]
-        for v in range(12):
-            for side in rows:
-                x = 5.0 * math.exp(rng.normal(0, 0.08) + rng.normal(0, 0.02 / Z95))
-                side[f"v{v}"] = {
-                    key: (x, x / math.exp(0.02), x * math.exp(0.02)),
-                    "qps_gain": (9.0, 6.0, 12.0),
-                }
-        pairs += [str(_comparison_csv(tmp_path / f"p{i}{j}.csv", {"base": {}, **rows[j]})) for j in (0, 1)]
+    pairs = [str(f) for pair in _planted_pairs(tmp_path, 4, key, seed=1) for f in pair]
     argv = [x for i in range(4) for x in ("--pair", pairs[2 * i], pairs[2 * i + 1])]
     assert between_cli.main([*argv, "--out", str(tmp_path / "est.json")]) == 0
     est = json.loads((tmp_path / "est.json").read_text())
@@ -1485,17 +1495,7 @@ def test_between_runs_checks_its_sd_on_each_pair_left_out(tmp_path, capsys):
     from reco.report.agree import Verdict, leave_one_out
 
     key = "speedup_p50_unloaded"
-    rng = np.random.default_rng(5)
-    files = []
-    for i in range(6):
-        rows = [{}, {}]
-        for v in range(12):
-            for side in rows:
-                x = 5.0 * math.exp(rng.normal(0, 0.08) + rng.normal(0, 0.01))
-                side[f"v{v}"] = {key: (x, x / math.exp(0.02), x * math.exp(0.02))}
-        files.append(
-            tuple(_comparison_csv(tmp_path / f"p{i}{j}.csv", {"base": {}, **rows[j]}) for j in (0, 1))
-        )
+    files = _planted_pairs(tmp_path, 6, key, seed=5)
     counts = leave_one_out(files, [("a", "b")] * 6)[key]
     judged = counts[Verdict.CONSISTENT] + counts[Verdict.DIFFER] + counts[Verdict.UNDECIDED]
     assert judged == 72 and counts[Verdict.DIFFER] <= 10
