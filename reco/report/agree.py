@@ -288,10 +288,9 @@ def estimate_between_runs(
 
     sd, lo, hi, n = {}, {}, {}, {}
     for key, groups in per.items():
-        count = sum(map(len, groups))
-        if sum(1 for g in groups if g) < 2 or count < MIN_DIFFERENCES:
-            continue  # one pair or a few figures estimate nothing
-        sd[key], n[key] = tau(groups), count
+        if not _estimable(groups):
+            continue
+        sd[key], n[key] = tau(groups), sum(map(len, groups))
         boot = [tau([groups[j] for j in rng.integers(0, len(pairs), len(pairs))]) for _ in range(1000)]
         lo[key], hi[key] = (float(x) for x in np.quantile(boot, [0.025, 0.975]))
     return BetweenRuns(sd, lo, hi, n, [list(x) for x in names])
@@ -314,6 +313,12 @@ def _differences(pairs: list[tuple[Path, Path]]) -> dict[str, list[list[tuple[fl
     return per
 
 
+def _estimable(groups: list[list[tuple[float, float]]]) -> bool:
+    """Whether a figure's differences (per pair of runs) estimate a between-run sd: one pair or a few
+    figures estimate nothing."""
+    return sum(1 for g in groups if g) >= 2 and sum(map(len, groups)) >= MIN_DIFFERENCES
+
+
 def paule_mandel(dv: list[tuple[float, float]]) -> float:
     """tau from differences d with within-run variances v, d ~ N(0, v + 2 tau^2) (the runs are of one commit,
     so no mean is estimated): the tau^2 >= 0 at which sum(d^2 / (v + 2 tau^2)) equals the count, its
@@ -321,7 +326,8 @@ def paule_mandel(dv: list[tuple[float, float]]) -> float:
     is wide weighs little, so it cannot hide the spread of the narrow ones. 0 without differences."""
     if not dv:
         return 0.0
-    d2, v = (np.array(x, dtype=float) for x in zip(*((d * d, v) for d, v in dv), strict=True))
+    d2 = np.array([d * d for d, _ in dv])
+    v = np.array([v for _, v in dv])
 
     def excess(t2: float) -> float:  # decreasing in t2
         return float(np.sum(d2 / (v + 2 * t2))) - len(d2)
@@ -343,7 +349,8 @@ def leave_one_out(
     out: dict[str, dict[Verdict, int]] = {k: dict.fromkeys(Verdict, 0) for k in FIGURES}
     per = _differences(pairs)
     for i, (a, b) in enumerate(pairs):
-        sd = {k: paule_mandel([x for j, g in enumerate(gs) if j != i for x in g]) for k, gs in per.items()}
+        rest = {k: [g for j, g in enumerate(gs) if j != i] for k, gs in per.items()}
+        sd = {k: paule_mandel([x for g in gs for x in g]) for k, gs in rest.items() if _estimable(gs)}
         between = BetweenRuns(sd, {}, {}, {}, [list(n) for j, n in enumerate(names) if j != i])
         for p in compare(a, b, max_width, between).pairs:
             out[p.figure][p.verdict(max_width)] += 1
@@ -403,7 +410,7 @@ def between_text(b: BetweenRuns) -> str:
 
 
 def leave_one_out_text(counts: dict[str, dict[Verdict, int]]) -> str:
-    """'p99 speed-up unloaded 5 of 90 differ (5.6 %), ...' from leave_one_out."""
+    """'p99 speed-up unloaded 5 of 90 differ (5.6 %); ...' from leave_one_out."""
     parts = []
     for k, c in counts.items():
         judged = c[Verdict.CONSISTENT] + c[Verdict.DIFFER] + c[Verdict.UNDECIDED]
