@@ -1205,10 +1205,12 @@ def test_machine_from_environment_tags():
     assert m.line() == "AMD EPYC 7B13 · 2 cores · python 3.11.7"
 
 
-def _comparison_csv(path, rows, experiment="case_study"):
-    """A comparison.csv as write_csv lays it out: variant, experiment, then each figure with its _lo/_hi."""
+def _comparison_csv(path, rows, experiment="case_study", common_rate=None):
+    """A comparison.csv as write_csv lays it out: variant, experiment, then each figure with its _lo/_hi
+    (and, given a common_rate, the common load on every row)."""
     keys = ["speedup_p99_unloaded", "speedup_p50_unloaded", "qps_gain"]
     fields = ["variant", "experiment"] + [k + s for k in keys for s in ("", "_lo", "_hi")]
+    fields += ["common_rate_qps"] if common_rate is not None else []
     with open(path, "w", newline="") as fh:
         w = csv.DictWriter(fh, fieldnames=fields, restval="")
         w.writeheader()
@@ -1217,12 +1219,32 @@ def _comparison_csv(path, rows, experiment="case_study"):
                 {
                     "variant": name,
                     "experiment": experiment,
+                    **({"common_rate_qps": common_rate} if common_rate is not None else {}),
                     **{
                         k + s: x for k, ci in cis.items() for s, x in zip(("", "_lo", "_hi"), ci, strict=True)
                     },
                 }
             )
     return path
+
+
+def test_agree_notes_when_the_runs_common_loads_differ(tmp_path, capsys):
+    """Each run sets its common load from its own reference's capacity: two runs 1.23x apart compare their
+    variants at different loads at the common load, and agree says so (not within 5 %, nor without it)."""
+    from reco.cli import agree as agree_cli
+    from reco.report.agree import load_note
+
+    rows = {"base": {}, "s": {"speedup_p50_unloaded": (3.0, 2.9, 3.1)}}
+    a, b, c = (
+        _comparison_csv(tmp_path / f"{x}.csv", rows, common_rate=r)
+        for x, r in zip("abc", (30.5, 24.8, 30.0), strict=True)
+    )
+    bare = _comparison_csv(tmp_path / "bare.csv", rows)
+    names = ("run 72", "run 73")
+    assert "30.5 req/s in run 72 and 24.8 in run 73 (1.23x apart)" in load_note(a, b, names)
+    assert load_note(a, c, names) == "" and load_note(a, bare, names) == ""
+    agree_cli.main([str(a), str(b), "--names", *names])
+    assert "common-load ratios compare different loads" in capsys.readouterr().out
 
 
 def test_agree_by_an_interval_on_the_ratio_missing_and_exit_code(tmp_path, capsys):

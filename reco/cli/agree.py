@@ -12,7 +12,9 @@ but is open or wider (reco.report.agree says why); a figure missing from either 
 machine kind beyond their own intervals (written by `python -m reco.cli.between_runs` from earlier pairs;
 reco.report.agree says why).
 
-Prints a Markdown table and a one-line summary starting with the overall verdict. Exit codes:
+Prints a Markdown table and a one-line summary starting with the overall verdict, and a note when the
+two runs' common loads differ by more than 5 % (their common-load ratios then compare different loads).
+Exit codes:
 0 consistent, 1 differ on some figure, 2 bad input (the message names the file and the column),
 3 undecided (no figure differs, but some could not be told, or none could be compared).
 """
@@ -31,6 +33,7 @@ from reco.report.agree import (
     Verdict,
     between_text,
     compare,
+    load_note,
     markdown,
     summary,
 )
@@ -74,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     c = compare(args.a, args.b, args.max_width, between)
     print(markdown(c, tuple(args.names)))
     print("\n" + summary(c))
+    if note := load_note(args.a, args.b, tuple(args.names)):
+        print(note)
     if between.sd:
         print(f"between-run sd of log(figure) ({args.between_runs}): {between_text(between)}")
     return EXIT[c.overall]

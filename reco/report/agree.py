@@ -357,6 +357,32 @@ def leave_one_out(
     return {k: v for k, v in out.items() if any(v.values())}
 
 
+def common_load(path: Path) -> float | None:
+    """The common load a run's comparison.csv records (req/s, `common_rate_qps`), None when it has none."""
+    for row in read_rows(path)[1].values():
+        try:
+            rate = float(row.get("common_rate_qps") or "nan")
+        except ValueError:
+            continue
+        if math.isfinite(rate) and rate > 0:
+            return rate
+    return None
+
+
+def load_note(a: Path, b: Path, names: tuple[str, str], tolerance: float = 0.05) -> str:
+    """'' or a note that the two runs' common loads differ by more than `tolerance`: each run sets its rate
+    from its own reference's capacity, so their common-load ratios then compare the variants at different
+    loads (the reference queues more at the higher one), and between-run sd or not, they need not agree."""
+    ra, rb = common_load(a), common_load(b)
+    if ra is None or rb is None or abs(math.log(ra / rb)) <= math.log1p(tolerance):
+        return ""
+    return (
+        f"note: the common load was {ra:.3g} req/s in {names[0]} and {rb:.3g} in {names[1]} "
+        f"({max(ra, rb) / min(ra, rb):.2f}x apart): their common-load ratios compare different loads "
+        "(a fixed loadtest.study.common_rate holds it still)"
+    )
+
+
 def _word(p: Pair, max_width: float) -> str:
     v = p.verdict(max_width)
     if v is Verdict.DIFFER:
