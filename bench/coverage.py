@@ -168,7 +168,7 @@ def step_config() -> CapacityConfig:
     screening: a simulated rate is in requests per time unit)."""
     return CapacityConfig(
         enabled=True, slo_p99_ms=None, slo_factor=2.0, reference_repeats=5, max_error_rate=0.01,
-        start_rate=None, growth=2.0, min_rate=0.01, max_rate=1.0, steps=12, tolerance=0.05,
+        start_rate=None, growth=2.0, undecided_step_down=None, min_rate=0.01, max_rate=1.0, steps=12, tolerance=0.05,
         step_requests=500, max_step_requests=2000, max_step_s=None, step_warmup_s=0.0, screen_s=0.0,
     )  # fmt: skip
 
@@ -444,6 +444,7 @@ def bracket_coverage(
     tolerance: float = 0.35,
     confirm_looks: int = CONFIRM_LOOKS,
     max_requests: int = STEP_LOOKS[-1],
+    step_down: float | None = None,
 ) -> dict:
     """Whole capacity searches (reco.loadtest.capacity.find_capacity, the case study's growth 1.5 and
     600-8,000-request steps; `tolerance` 0.35 for most variants, 0.2 for the QPS gain's two; a FAIL on
@@ -453,11 +454,13 @@ def bracket_coverage(
     upper end was the lowest rate that did not pass, undecided ones included ('covered_old'), the median
     hi/lo of the closed brackets both ways, the share with undecided rates inside ('undecided') and the
     share whose lowest FAIL lies at or below the true capacity ('false_fail'), and the median requests a
-    search spent ('requests'). `max_requests`: what an undecided step may pool (max_step_requests)."""
+    search spent ('requests') and the time (requests / rate summed, in mean service times: 'time').
+    `max_requests`: what an undecided step may pool (max_step_requests); `step_down`: the factor down after
+    an undecided step while none has passed (undecided_step_down; None: growth)."""
     slo = float(np.quantile(_step_chains(model, capacity, drift, 400, rng), 0.99))
     c = dataclasses.replace(
         step_config(), growth=1.5, tolerance=tolerance, steps=8, min_rate=0.02, max_rate=5.0,
-        step_requests=STEP_LOOKS[0], max_step_requests=max_requests,
+        step_requests=STEP_LOOKS[0], max_step_requests=max_requests, undecided_step_down=step_down,
     )  # fmt: skip
 
     def measure(rate: float, n: int, out_dir: Path) -> object:
@@ -468,6 +471,7 @@ def bracket_coverage(
     hits = {"covered": 0, "covered_old": 0, "undecided": 0, "false_fail": 0}
     widths: dict[str, list[float]] = {"width": [], "width_old": []}
     spent: list[int] = []
+    took: list[float] = []
     for _ in range(runs):
         start = capacity * 1.5 ** rng.uniform(-1.0, 1.0)
         cfg = dataclasses.replace(c, start_rate=start)
@@ -481,9 +485,10 @@ def bracket_coverage(
         hits["undecided"] += bool(cap.undecided)
         hits["false_fail"] += cap.lowest_fail is not None and cap.lowest_fail <= capacity
         spent.append(sum(s.run.n for s in cap.steps))
+        took.append(sum(s.run.n / s.rate for s in cap.steps))
     out: dict = {k: v / runs for k, v in hits.items()}
     out |= {k: float(np.median(v)) if v else math.inf for k, v in widths.items()}
-    return out | {"requests": float(np.median(spent))}
+    return out | {"requests": float(np.median(spent)), "time": float(np.median(took))}
 
 
 def bracket_table(
@@ -495,20 +500,22 @@ def bracket_table(
     tolerances: list[float],
     confirm_looks: int = CONFIRM_LOOKS,
     max_requests: int = STEP_LOOKS[-1],
+    step_down: float | None = None,
 ) -> list[str]:
     rng = np.random.default_rng(seed)
     lines = [
         "| service | drift in step | tolerance | searches | true capacity in [pass, fail) "
         "| in [pass, lowest non-pass) (before) | median hi/lo | before | searches with undecided rates "
-        "| a FAIL at or below the true capacity | median requests per search |",
-        "|---" * 11 + "|",
+        "| a FAIL at or below the true capacity | median requests per search "
+        "| median time per search (mean service times) |",
+        "|---" * 12 + "|",
     ]
     for m, d, tol in itertools.product(models, drifts, tolerances):
-        r = bracket_coverage(m, capacity, d, runs, rng, tol, confirm_looks, max_requests)
+        r = bracket_coverage(m, capacity, d, runs, rng, tol, confirm_looks, max_requests, step_down)
         lines.append(
             f"| {m} | {d:.0%} | {tol:g} | {runs} | {r['covered']:.2f} | {r['covered_old']:.2f} "
             f"| {r['width']:.2f} | {r['width_old']:.2f} | {r['undecided']:.2f} | {r['false_fail']:.2f} "
-            f"| {r['requests']:,.0f} |"
+            f"| {r['requests']:,.0f} | {r['time']:,.0f} |"
         )
         print(lines[-1], file=sys.stderr, flush=True)
     return lines
@@ -610,12 +617,27 @@ def main(argv: list[str] | None = None) -> None:
         default=STEP_LOOKS[-1],
         help="--brackets: the requests an undecided step may pool (loadtest.capacity.max_step_requests)",
     )
+    ap.add_argument(
+        "--undecided-step-down",
+        type=float,
+        default=None,
+        help="--brackets: the factor a search steps down by after an undecided step while none has passed "
+        "(loadtest.capacity.undecided_step_down; default: growth)",
+    )
     ap.add_argument("--seed", type=int, default=0)
     a = ap.parse_args(argv)
     if a.brackets is not None:
         check([a.brackets], [0.0], [m for m in a.models if m != "stall"])
         table = bracket_table(
-            a.models, a.drifts, a.brackets, a.runs, a.seed, a.tolerances, a.confirm_looks, a.max_step_requests
+            a.models,
+            a.drifts,
+            a.brackets,
+            a.runs,
+            a.seed,
+            a.tolerances,
+            a.confirm_looks,
+            a.max_step_requests,
+            a.undecided_step_down,
         )
         print("\n".join(table))
         return

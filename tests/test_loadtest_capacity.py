@@ -35,7 +35,7 @@ from reco.loadtest.capacity import (
     step_verdict,
 )
 from reco.loadtest.config import CapacityConfig, loadtest_config
-from reco.loadtest.outcome import Capacity
+from reco.loadtest.outcome import Capacity, LoadRun
 from reco.loadtest.runs import make_run, pool_runs, run_metrics
 from reco.stats import Verdict, quantile_ci
 from reco.stats.dependent import dependent_bounds, dependent_quantile_ci, exceedance_bound
@@ -386,6 +386,42 @@ def test_capacity_ranges_fail_at_compose_time_before_any_server_starts(lt):
     study = {**dataclasses.asdict(lt.study), "reference_max_step_requests": 10**7}
     with pytest.raises(ConfigError, match=r"reference_max_step_requests: 10000000 gives a step 16 looks"):
         loadtest_config({**dataclasses.asdict(lt), "study": study})
+
+
+def test_a_search_steps_down_less_after_an_undecided_step(lt, tmp_path):
+    """capacity.undecided_step_down: with nothing passed yet, a step that FAILed is followed by a full
+    `growth` down, an undecided one (near the capacity) by this smaller factor; unset, by growth as before.
+    A bad factor stops at compose time."""
+    rng = np.random.default_rng(0)
+
+    def measure(rate: float, n: int, out: Path) -> LoadRun:
+        if rate > 120:  # far past capacity: FAIL
+            lat = np.full(n, 1000.0)
+        elif rate > 70:  # near it: 1.1 % of requests just past the SLO, the p99's interval straddles it
+            lat = np.where(rng.random(n) < 0.011, 250.0, rng.uniform(50.0, 150.0, n))
+        else:
+            lat = rng.uniform(50.0, 100.0, n)
+        return make_run(lat, kind="capacity", offered_qps=rate, window_s=n / rate)
+
+    c = cap_cfg(
+        lt, start_rate=150, growth=1.5, min_rate=1, max_rate=1000, steps=3, tolerance=0.05,
+        step_requests=600, max_step_requests=600, max_step_s=None, screen_s=0.0,
+    )  # fmt: skip
+    rates = {}
+    for down in (None, 1.2):
+        cap = find_capacity(measure, 200.0, dataclasses.replace(c, undecided_step_down=down), tmp_path)
+        assert [s.verdict for s in cap.steps[:2]] == [Verdict.FAIL, Verdict.INCONCLUSIVE]
+        rates[down] = [s.rate for s in cap.steps]
+    assert rates[None] == pytest.approx([150, 100, 100 / 1.5]) and rates[1.2] == pytest.approx(
+        [150, 100, 100 / 1.2]
+    )
+    for bad in (1.0, 1.6):
+        node = {**dataclasses.asdict(lt), "capacity": {**dataclasses.asdict(c), "undecided_step_down": bad}}
+        with pytest.raises(
+            ConfigError,
+            match=r"loadtest\.capacity\.undecided_step_down: expected 1 < factor <= growth \(1\.5\)",
+        ):
+            loadtest_config(node)
 
 
 # -- shortcuts that must not change the answer: screening windows and a prior bracket ----------------

@@ -41,7 +41,8 @@ to FAIL from that window and a second one like it (pooled, confirming it); other
 step_requests in all, as above. A PASS always rests on >= 368 requests.
 
 **The search** (as MLPerf's FindPeakPerformance): from `start_rate`, multiply by `growth` until a step
-does not pass (or `max_rate` passes), or divide until one passes (or `min_rate` does not); then bisect
+does not pass (or `max_rate` passes), or divide until one passes (or `min_rate` does not; after an
+undecided step, by `undecided_step_down` where set); then bisect
 until (lowest FAIL - highest PASS) / lowest FAIL <= `tolerance`, or no gap between the rates tried in that
 bracket is wider than `tolerance`, or `steps` rates were tried, or the time budget cut a step short (the
 next step's start is priced by its first window only, so it would be cut too:
@@ -418,7 +419,7 @@ def find_capacity(
         if i == 0 and step.verdict == Verdict.PASS and expect_fail and rate < expect_fail <= hi:
             rate = expect_fail
             continue
-        rate = _next_rate(steps, growth, lo, hi, tol)
+        rate = _next_rate(steps, growth, lo, hi, tol, c.undecided_step_down)
         if rate is None:
             break
     best = _highest_pass(steps)
@@ -442,14 +443,18 @@ def _lowest(steps: list[CapacityStep], above: float, verdicts: tuple[Verdict, ..
     return min((s.rate for s in steps if s.verdict in verdicts and s.rate > above), default=None)
 
 
-def _next_rate(steps: list[CapacityStep], growth: float, lo: float, hi: float, tol: float) -> float | None:
-    """Next rate to try after `steps` (in run order), or None when the search is done (module doc)."""
+def _next_rate(
+    steps: list[CapacityStep], growth: float, lo: float, hi: float, tol: float, down: float | None = None
+) -> float | None:
+    """Next rate to try after `steps` (in run order), or None when the search is done (module doc); `down`:
+    the factor down after an undecided step while nothing has passed (None: growth)."""
     rate, best = steps[-1].rate, _highest_pass(steps)
     above = [s.rate for s in steps if s.verdict != Verdict.PASS and s.rate > best]
     if not above:  # bracketing upwards
         return None if rate >= hi else min(rate * growth, hi)
     if best == 0.0:  # bracketing downwards
-        return None if rate <= lo else max(rate / growth, lo)
+        f = down if down and steps[-1].verdict == Verdict.INCONCLUSIVE else growth
+        return None if rate <= lo else max(rate / f, lo)
     ceiling = _lowest(steps, best, (Verdict.FAIL, Verdict.INVALID))
     if ceiling is None:  # only undecided rates above the highest pass: look higher for one that fails
         top = max(above)

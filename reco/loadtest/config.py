@@ -70,6 +70,10 @@ class CapacityConfig:
     # requests one at a time), and every later repeat starts at the previous repeat's highest pass
     start_rate: float | None = MISSING
     growth: float = MISSING  # bracketing factor (> 1): up after a pass, down after a fail
+    # down by this instead after an undecided step while no rate has passed (null: growth; 1 < it <= growth):
+    # an undecided step sits near the capacity, where a full step down lands far below it and, at a low
+    # rate, takes long (reco.loadtest.capacity)
+    undecided_step_down: float | None = MISSING
     min_rate: float = MISSING
     max_rate: float = MISSING
     steps: int = MISSING  # at most this many rates per search
@@ -101,6 +105,10 @@ class CapacityConfig:
             raise ConfigError(
                 f"{where}: expected 0 < min_rate <= max_rate and growth > 1, "
                 f"got min_rate={lo}, max_rate={hi}, growth={growth}"
+            )
+        if (down := self.undecided_step_down) is not None and not 1 < down <= growth:
+            raise ConfigError(
+                f"{where}.undecided_step_down: expected 1 < factor <= growth ({growth:g}) or null, got {down}"
             )
         ok = self.max_step_requests >= self.step_requests > 0
         need = min_n_for_quantile(0.99, self.step_conf) if ok else min_n_for_quantile(0.99)
