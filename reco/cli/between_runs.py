@@ -48,7 +48,7 @@ def main(argv: list[str] | None = None) -> int:
     b.save(args.out)
     print(f"between-run sd of log(figure): {between_text(b)} -> {args.out}")
     if len(args.pair) >= 3:
-        loo = leave_one_out_text(leave_one_out([tuple(p) for p in args.pair], [tuple(n) for n in names]))
+        loo = leave_one_out_text(leave_one_out([tuple(p) for p in args.pair]))
         print(f"each pair judged with the others' sd (about 5 % differ where it holds): {loo}")
     return 0
 

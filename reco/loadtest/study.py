@@ -435,12 +435,12 @@ class _Study:
         reference's steps stop at its own request cap (its looks, and so their confidence, counted to it)."""
         study = self.lt.study
         tol = {self.headline: study.headline_tolerance, study.reference: study.reference_tolerance}.get(name)
-        c = dataclasses.replace(self.lt.capacity, start_rate=start)
+        over: dict[str, object] = {"start_rate": start}
         if tol is not None:
-            c = dataclasses.replace(c, tolerance=tol)
+            over["tolerance"] = tol
         if name == study.reference and study.reference_max_step_requests is not None:
-            c = dataclasses.replace(c, max_step_requests=study.reference_max_step_requests)
-        return c
+            over["max_step_requests"] = study.reference_max_step_requests
+        return dataclasses.replace(self.lt.capacity, **over)
 
     def capacity(
         self,

@@ -280,7 +280,7 @@ def estimate_between_runs(
     tau by paule_mandel. Its range: the same over run pairs resampled with replacement (the variants of one
     pair share that pair's machine states, so the pair is the unit).
     """
-    per = _differences(pairs)
+    per = _differences([compare(a, b, math.inf) for a, b in pairs])
     rng = np.random.default_rng(seed)
 
     def tau(groups: list[list[tuple[float, float]]]) -> float:
@@ -296,13 +296,14 @@ def estimate_between_runs(
     return BetweenRuns(sd, lo, hi, n, [list(x) for x in names])
 
 
-def _differences(pairs: list[tuple[Path, Path]]) -> dict[str, list[list[tuple[float, float]]]]:
-    """figure -> per pair of runs, (d, v) of each variant's run ratio where both intervals are closed."""
+def _differences(comparisons: list[Comparison]) -> dict[str, list[list[tuple[float, float]]]]:
+    """figure -> per pair of runs, (d, v) of each variant's run ratio where both intervals are closed (the
+    comparisons made without a between-run component)."""
     per: dict[str, list[list[tuple[float, float]]]] = {
-        k: [[] for _ in pairs] for k in FIGURES if k not in RANGES
+        k: [[] for _ in comparisons] for k in FIGURES if k not in RANGES
     }
-    for i, (a, b) in enumerate(pairs):
-        for p in compare(a, b, math.inf).pairs:
+    for i, c in enumerate(comparisons):
+        for p in c.pairs:
             r = p.ratio
             if p.figure in RANGES or r is None or not (0 < r.lo and math.isfinite(r.hi)):
                 continue
@@ -342,18 +343,18 @@ def paule_mandel(dv: list[tuple[float, float]]) -> float:
 
 
 def leave_one_out(
-    pairs: list[tuple[Path, Path]], names: list[tuple[str, str]], max_width: float = MAX_WIDTH
+    pairs: list[tuple[Path, Path]], max_width: float = MAX_WIDTH
 ) -> dict[str, dict[Verdict, int]]:
     """figure -> verdict counts over the pairs, each pair judged with the between-run sd of all the others:
     how often runs of one commit would read DIFFER (at 95 %, about 5 % of decided figures if the sd holds)."""
     out: dict[str, dict[Verdict, int]] = {k: dict.fromkeys(Verdict, 0) for k in FIGURES}
-    per = _differences(pairs)
-    for i, (a, b) in enumerate(pairs):
+    comparisons = [compare(a, b, math.inf) for a, b in pairs]
+    per = _differences(comparisons)
+    for i, c in enumerate(comparisons):
         rest = {k: [g for j, g in enumerate(gs) if j != i] for k, gs in per.items()}
         sd = {k: paule_mandel([x for g in gs for x in g]) for k, gs in rest.items() if _estimable(gs)}
-        between = BetweenRuns(sd, {}, {}, {}, [list(n) for j, n in enumerate(names) if j != i])
-        for p in compare(a, b, max_width, between).pairs:
-            out[p.figure][p.verdict(max_width)] += 1
+        for p in c.pairs:  # the pair as compare() would make it with that sd (its ratio is cached per tau)
+            out[p.figure][dataclasses.replace(p, tau=sd.get(p.figure, 0.0)).verdict(max_width)] += 1
     return {k: v for k, v in out.items() if any(v.values())}
 
 
