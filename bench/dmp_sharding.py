@@ -22,13 +22,13 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
 import tempfile
 import traceback
 
 import torch
 
 from reco.data.synthetic import SyntheticConfig
+from reco.tracking import cpu_model
 
 TYPES = [
     "data_parallel",
@@ -171,16 +171,6 @@ def run_type(
             return {"ok": False, "error": text.strip().splitlines()[-1] if text else "?", "full": text}
         except Exception as e:  # noqa: BLE001 (the bench reports any failure as a row)
             return {"ok": False, "error": f"{type(e).__name__}: {e}", "full": traceback.format_exc()}
-
-
-def cpu_model() -> str:
-    try:
-        for line in open("/proc/cpuinfo"):
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.processor()
 
 
 def main(argv: list[str] | None = None) -> int:
