@@ -233,9 +233,12 @@ def test_a_run_records_its_commit_dirty_only_for_changed_code(tmp_path):
 
 
 def test_the_cpu_is_named_with_what_tells_its_kind_apart():
-    """The name "AMD EPYC" alone has named a Zen 3 with AVX2 only and a Zen 4 with AVX-512 VNNI here: a report must
-    say which, from the first processor's block of /proc/cpuinfo."""
-    block = "processor\t: {i}\nvendor_id\t: {v}\ncpu family\t: {f}\nmodel\t\t: {m}\nmodel name\t: {name}\nflags\t\t: {flags}\n"
+    """The name "AMD EPYC" alone has named a Zen 3 with AVX2 only and a Zen 4 with AVX-512 VNNI here: a
+    report must say which, from the first processor's block of /proc/cpuinfo."""
+    block = (
+        "processor\t: {i}\nvendor_id\t: {v}\ncpu family\t: {f}\nmodel\t\t: {m}\nmodel name\t: {name}\n"
+        "flags\t\t: {flags}\n"
+    )
 
     def cpuinfo(**kw: str) -> str:
         return "\n".join(block.format(i=i, **kw) for i in range(2))
