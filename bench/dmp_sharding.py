@@ -27,8 +27,8 @@ import traceback
 
 import torch
 
+from reco.cpu import cpu_model
 from reco.data.synthetic import SyntheticConfig
-from reco.tracking import cpu_model
 
 TYPES = [
     "data_parallel",

@@ -33,8 +33,8 @@ from pathlib import Path
 
 import numpy as np
 
+from reco.cpu import cpu_model
 from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
-from reco.tracking import cpu_model
 
 WORKER = """
 import os, sys, time

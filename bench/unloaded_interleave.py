@@ -31,6 +31,7 @@ from pathlib import Path
 import numpy as np
 
 from reco.cli.compose import compose
+from reco.cpu import cpu_model
 from reco.data.schema import Dataset
 from reco.loadtest.config import LoadMode, loadtest_config
 from reco.loadtest.interleave import Target, run_interleaved
@@ -42,7 +43,6 @@ from reco.serve.keepwarm import start_keep_warm, stop_keep_warm
 from reco.serve.process import ServerHandle, start_server, stop_servers
 from reco.stats import nearest_rank
 from reco.stats.paired import median_block_ratio
-from reco.tracking import cpu_model
 
 DESIGNS = ("window", "request")
 QS = {"p50": 0.5, "p99": 0.99}

@@ -25,6 +25,7 @@ from mlflow.exceptions import MlflowException
 from mlflow.tracking import MlflowClient
 
 from reco.claim import claim
+from reco.cpu import cpu_model
 
 T = TypeVar("T")
 
@@ -320,39 +321,6 @@ def latest_variant_runs(uri: str, experiment: str) -> tuple[str, dict[str, dict]
             }
             return parent.info.run_id, rows
     raise TrackingError(f"experiment {experiment!r} has no run with variants yet")
-
-
-def cpu_description(cpuinfo: str) -> str:
-    """'AMD EPYC (family 25 model 1; AVX2)' from the text of /proc/cpuinfo: the model name, and beside it
-    what tells one machine kind from another under the same name. Here "AMD EPYC" has been a Zen 3 with
-    AVX2 only and a Zen 4 with AVX-512 VNNI, and the kernels (oneDNN, FBGEMM, ONNX Runtime's INT8) take
-    the widest vector instructions they find, so a report that names only the model compares unlike
-    machines. "unknown" where the text has no model name."""
-    fields: dict[str, str] = {}
-    for line in cpuinfo.splitlines():
-        key, sep, value = line.partition(":")
-        if not sep:
-            if fields:  # the first processor's block is enough: every vCPU here is alike
-                break
-            continue
-        fields.setdefault(key.strip(), value.strip())
-    model = fields.get("model name", "unknown")
-    flags = set(fields.get("flags", "").split())
-    isa = "AVX-512" if "avx512f" in flags else "AVX2" if "avx2" in flags else ""
-    isa += " VNNI" if isa == "AVX-512" and "avx512_vnni" in flags else ""
-    isa += ", AMX" if "amx_tile" in flags else ""
-    kind = f"family {fields['cpu family']} model {fields['model']}" if "cpu family" in fields else ""
-    detail = "; ".join(x for x in (kind, isa) if x)
-    return f"{model} ({detail})" if detail and model != "unknown" else model
-
-
-def cpu_model() -> str:
-    """This machine's CPU (cpu_description of /proc/cpuinfo; "unknown" where there is none): every report
-    names it."""
-    try:
-        return cpu_description(Path("/proc/cpuinfo").read_text())
-    except OSError:
-        return "unknown"
 
 
 def environment_tags() -> dict[str, str]:

@@ -17,6 +17,7 @@ from onnx import TensorProto, helper, numpy_helper
 
 from reco.cli.compose import compose
 from reco.config import ConfigError, resolve_config
+from reco.cpu import int8_saturates
 from reco.graph import step_config
 from reco.measure import evaluate
 from reco.models.dlrm import DLRM, count_params
@@ -24,7 +25,7 @@ from reco.runtime import load_scorer, ort_scorer
 from reco.steps import StepError, StepRun, accelerate, distill, get_step, prune  # noqa: F401 (registers them)
 from reco.steps.accelerate import auc_guard
 from reco.steps.accelerate.export import check_parity, export_onnx, random_batch, real_batch, torch_probs
-from reco.steps.accelerate.quantize import QuantizeConfig, gemm_to_matmul, int8_saturates
+from reco.steps.accelerate.quantize import QuantizeConfig, gemm_to_matmul
 from reco.train.loop import predict_torch
 from reco.variant import ArtifactError, Variant
 

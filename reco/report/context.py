@@ -35,7 +35,7 @@ class VariantResult:
 class Machine:
     """The machine the study ran on, for the report's setup section."""
 
-    cpu: str  # CPU model name from /proc/cpuinfo
+    cpu: str  # reco.cpu.cpu_model: the model name with its family, model and vector extension
     cores: int
     versions: dict[str, str] = field(default_factory=dict)  # e.g. {"Python": "3.11.7", "torch": "2.13.0"}
 

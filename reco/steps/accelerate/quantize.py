@@ -23,6 +23,7 @@ import onnx
 from omegaconf import MISSING
 from onnx import helper, numpy_helper
 
+from reco.cpu import int8_saturates
 from reco.data.schema import Split
 from reco.steps.registry import StepError
 
@@ -65,27 +66,6 @@ class QuantizeConfig:
             raise StepError(
                 f"accelerate: accelerate.quantize.reduce_range must be true, false or auto, got {self.reduce_range!r}"
             )
-
-
-VNNI_FLAGS = (
-    "avx512_vnni",
-    "avx_vnni",
-    "amx_int8",
-)  # /proc/cpuinfo flags of int8 dot products without saturation
-
-
-def int8_saturates(cpuinfo: Path = Path("/proc/cpuinfo")) -> bool:
-    """Whether ONNX Runtime's u8s8 MatMul can saturate on this CPU: x86 without VNNI (or AMX) multiplies with
-    VPMADDUBSW, whose pairwise u8 x s8 sums saturate at int16: there INT8 scores drifted far enough to fail
-    the AUC guard (experiments/optimize_chain/README.md); 7-bit weights (reduce_range) cannot saturate. Non-x86: False."""
-    try:
-        text = cpuinfo.read_text()
-    except OSError:
-        return True  # unknown: 7-bit weights are safe everywhere
-    flags = next((ln.split(":", 1)[1].split() for ln in text.splitlines() if ln.startswith("flags")), None)
-    if flags is None:  # no x86 flags line (e.g. aarch64 lists "Features")
-        return False
-    return not set(VNNI_FLAGS) & set(flags)
 
 
 def gemm_to_matmul(proto: onnx.ModelProto) -> int:
