@@ -510,7 +510,7 @@ class TopK:
         if self.exp.quality.users == 0 or not len(self.requests.users) or self.file in v.artifacts:
             return
         shared = self.data.schema.shared_columns if self.exp.serve.user_once else None
-        scorer = load_scorer(v, threads=self.exp.trainer.threads, shared=shared)
+        scorer = load_scorer(v, threads=self.exp.trainer.threads, shared=shared, batch=True)
         top = served_topk(scorer, self.store, self.data, self.requests, self.exp.serve, self.exp.quality.k)
         np.save(v.path / self.file, top, allow_pickle=False)
         v.add_artifact(self.file, self.file)
@@ -610,7 +610,7 @@ def _measure_front(exp: ExperimentConfig, serve: ServeConfig, data: Dataset, pat
 def measure_accuracy(v: Variant, data: Dataset, threads: int) -> None:
     """Score the test split once through the variant's own runtime: metrics + the scores themselves
     (kept as an artifact so ΔAUC against the baseline is paired on the same rows)."""
-    scores = predict(load_scorer(v, threads=threads), data.test)
+    scores = predict(load_scorer(v, threads=threads, batch=True), data.test)
     v.metrics.update(score_metrics(data.test, scores))
     save_scores(v.path / SCORES, scores)
     v.add_artifact("test_scores", SCORES)

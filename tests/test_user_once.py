@@ -95,6 +95,33 @@ def test_onnx_request_graph_is_built_checked_and_served(untuned_int8, parent, da
     np.testing.assert_allclose(once(*real, [300]), plain(*real), rtol=0, atol=1e-5)
 
 
+def test_a_batch_job_scores_on_every_thread_asked_and_gets_the_servers_scores(
+    untuned_int8, parent, data, monkeypatch
+):
+    """A server's session tuned to one intra-op thread: a batch job (what users see, accuracy) scores on the
+    threads it asks for, and every score is the server's bit for bit, on blocks as large as the study's."""
+    import onnxruntime as ort
+
+    v = Variant.load(untuned_int8.dir)
+    # as tuning picks it on 2 cores (reco/steps/accelerate/tuning.py)
+    v.runtime["ort"] = {"intra_op_num_threads": 1}
+    threads: list[int] = []
+    real_session = ort.InferenceSession
+
+    def session(path, options, **kw):
+        threads.append(options.intra_op_num_threads)
+        return real_session(path, options, **kw)
+
+    monkeypatch.setattr(ort, "InferenceSession", session)
+    shared = data.schema.shared_columns
+    served, batched = load_scorer(v, 2, shared), load_scorer(v, 2, shared, batch=True)
+    assert threads == [1, 1, 2, 2]  # plain and request graph each
+    sizes = [500] * 8  # served_topk's call: 8 requests of 500 candidates
+    rows, _ = requests_of(parent.load_torch(), data, sizes, seed=3)
+    np.testing.assert_array_equal(batched(*rows, sizes), served(*rows, sizes))
+    np.testing.assert_array_equal(batched(*rows), served(*rows))
+
+
 def test_a_request_graph_for_other_columns_is_refused(untuned_int8, data):
     with pytest.raises(ArtifactError, match="rebuild the variant"):
         load_scorer(Variant.load(untuned_int8.dir), shared=data.schema.shared_columns[:-1])

@@ -35,9 +35,14 @@ class Scorer(Protocol):
         ...
 
 
-def load_scorer(variant: Variant, threads: int = 1, shared: list[int] | None = None) -> Scorer:
+def load_scorer(
+    variant: Variant, threads: int = 1, shared: list[int] | None = None, batch: bool = False
+) -> Scorer:
     """threads: intra-op threads of this runtime (torch's are process-wide); shared: the schema's shared
-    columns (`Schema.shared_columns`) to score whole requests with (None: always per candidate).
+    columns (`Schema.shared_columns`) to score whole requests with (None: always per candidate); batch: a
+    job that scores many rows at once (accuracy, what users see), which runs on `threads` even where the
+    variant's ONNX session was tuned for a server's latency (one thread: it left the second core idle and
+    took ~1.7x as long); the scores are the same bit for bit (tests/test_user_once.py).
 
     Raises:
         ArtifactError when the variant's request graph was built for other shared columns.
@@ -52,7 +57,10 @@ def load_scorer(variant: Variant, threads: int = 1, shared: list[int] | None = N
                     f"dataset's schema shares {list(shared)}; rebuild the variant"
                 )
             request = variant.verify(REQUEST_ROLE)
-        return ort_scorer(variant.verify("onnx"), variant.runtime.get("ort", {}), threads, request)
+        settings = variant.runtime.get("ort", {})
+        if batch:
+            settings = {**settings, "intra_op_num_threads": threads}
+        return ort_scorer(variant.verify("onnx"), settings, threads, request)
     return torch_scorer(variant, threads, shared)
 
 

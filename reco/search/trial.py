@@ -245,6 +245,6 @@ def _val_scores(v: Any, data: Any, exp: ExperimentConfig) -> np.ndarray:
     path = exp.cache_dir / "val_scores" / f"{v.path.name}.npy"
     if path.exists():
         return load_scores(path)
-    scores = predict(load_scorer(v, threads=exp.trainer.threads), data.val).astype(np.float32)
+    scores = predict(load_scorer(v, threads=exp.trainer.threads, batch=True), data.val).astype(np.float32)
     save_scores(path, scores)
     return scores

@@ -213,8 +213,8 @@ def build_request_graph(
 def auc_guard(parent: Variant, child: Variant, data: Dataset, guard: float, threads: int) -> None:
     """Score parent and child through their own runtimes on the validation split (the test split is the
     report's); raise if the child's AUC fell more than `guard` (relative)."""
-    ref = evaluate(load_scorer(parent, threads), data.val)["auc"]
-    got = evaluate(load_scorer(child, threads), data.val)["auc"]
+    ref = evaluate(load_scorer(parent, threads, batch=True), data.val)["auc"]
+    got = evaluate(load_scorer(child, threads, batch=True), data.val)["auc"]
     drop = (ref - got) / ref
     child.metrics.update(guard_parent_val_auc=float(ref), guard_val_auc=float(got), auc_rel_drop=float(drop))
     if drop > guard:

@@ -156,7 +156,7 @@ def run(parent: Variant | None, data: Dataset, cfg: EmbedQuantConfig, ctx: StepR
         )
     else:
         report.update(build_onnx(v, model, ref, tables, data, cfg, batches))
-    final_auc = evaluate(load_scorer(v, ctx.trainer.threads), sweep.split)["auc"]
+    final_auc = evaluate(load_scorer(v, ctx.trainer.threads, batch=True), sweep.split)["auc"]
     final_drop = (choice.parent_auc - final_auc) / choice.parent_auc
     report.update(summary(parent, v, model, tables, choice, len(sweep.split), final_auc, final_drop))
     v.metrics.update(metrics(report, choice, cfg))
