@@ -62,6 +62,7 @@ smoke: $(STAMP)
 # Three xdist workers on two cores, whole modules each, end-to-end modules first (tests/conftest.py): two
 # left the cores idle part of the run (tests wait on fixed-rate windows, servers and subprocesses), which a
 # third fills (experiments/test_suite/README.md#2026-12-06-issue-46-fifth-pass); PYTEST_WORKERS=0: serially.
+# The 15 slowest tests close every run's log: where a machine kind's minutes go, without a second run.
 PYTEST_WORKERS ?= 3
 PYTEST_XDIST := -n $(PYTEST_WORKERS) --dist loadfile --no-loadscope-reorder
 
@@ -69,7 +70,7 @@ test: $(STAMP)
 	$(PY) -m ruff check .
 	.venv/bin/lint-imports
 	$(PY) -m deptry .
-	$(PY) -m pytest -q $(PYTEST_XDIST)
+	$(PY) -m pytest -q $(PYTEST_XDIST) --durations=15
 
 # Everything but the six end-to-end subprocess runs marked `slow`.
 test-quick: $(STAMP)
