@@ -34,7 +34,7 @@ from reco.loadtest.servings import DEFAULT, cross
 from reco.measure import gemm_peak_gflops, load_scores, predict, rank_latency, save_scores, score_metrics
 from reco.models.protocol import as_requests
 from reco.profile import profile_rank
-from reco.runtime import load_scorer
+from reco.runtime import batch_invariant, load_scorer
 from reco.serve.config import RetrievalKind, ServeConfig
 from reco.serve.features import FeatureStore
 from reco.serve.quality import (
@@ -489,9 +489,21 @@ class TopK:
         self.exp, self.data = exp, data
         q, serve = exp.quality, exp.serve
         key = [q.users, q.k, exp.seed, serve.n_candidates, asdict(serve.retrieval), data.fingerprint]
-        self.file = f"topk-{hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]}.npy"
+        digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
+        self.file = f"topk-{digest}.npy"  # scored several requests a call (served_topk's per_call)
+        # A runtime whose scores move with their batch-mates (dynamic INT8) is scored one request a call, as
+        # its server (not batched) answers; at 8 a call most of its lists differ
+        # (experiments/ecommerce_case_study/README.md#what-users-see). Their own name, so lists scored the
+        # other way are never reused.
+        self.alone_file = f"topk-{digest}-alone.npy"
+        self._invariant: dict[str, bool] = {}
         self._reqs: QualityRequests | None = None
         self._store: FeatureStore | None = None
+
+    def _file(self, v: Variant) -> str:
+        if v.dir not in self._invariant:
+            self._invariant[v.dir] = batch_invariant(v)
+        return self.file if self._invariant[v.dir] else self.alone_file
 
     @property
     def requests(self) -> QualityRequests:
@@ -507,18 +519,22 @@ class TopK:
 
     def measure(self, v: Variant) -> None:
         """Add v's `topk` artifact ([users, k] item ids) unless it holds these settings' already."""
-        if self.exp.quality.users == 0 or not len(self.requests.users) or self.file in v.artifacts:
+        file = self._file(v)
+        if self.exp.quality.users == 0 or not len(self.requests.users) or file in v.artifacts:
             return
         shared = self.data.schema.shared_columns if self.exp.serve.user_once else None
         scorer = load_scorer(v, threads=self.exp.trainer.threads, shared=shared, batch=True)
-        top = served_topk(scorer, self.store, self.data, self.requests, self.exp.serve, self.exp.quality.k)
-        np.save(v.path / self.file, top, allow_pickle=False)
-        v.add_artifact(self.file, self.file)
+        per_call = {} if file == self.file else {"per_call": 1}
+        top = served_topk(
+            scorer, self.store, self.data, self.requests, self.exp.serve, self.exp.quality.k, **per_call
+        )
+        np.save(v.path / file, top, allow_pickle=False)
+        v.add_artifact(file, file)
 
     def load(self, v: Variant | None) -> np.ndarray | None:
-        if v is None or self.file not in v.artifacts:
+        if v is None or self._file(v) not in v.artifacts:
             return None
-        return np.load(v.verify(self.file), allow_pickle=False)
+        return np.load(v.verify(self._file(v)), allow_pickle=False)
 
 
 def _stage_dir(exp: ExperimentConfig, data: Dataset) -> Path:

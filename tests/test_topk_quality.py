@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import shutil
 
 import numpy as np
 import pytest
@@ -13,6 +14,8 @@ from test_report import context, delta, variant
 
 from reco.cli.compose import compose
 from reco.config import ConfigError, typed
+from reco.experiment import experiment_config
+from reco.pipeline import TopK
 from reco.report import VariantResult, write_report
 from reco.report.figures import study_figures
 from reco.report.gate import gate
@@ -216,3 +219,27 @@ def test_the_quality_gate_flags_a_pass_on_auc_that_users_would_see(tmp_path):
     # Off (quality.users=0): no part, no column verdict.
     off = gate(study_figures(results, context(results, None))[2], context(results, None))
     assert off.quality is None and off.overall == Verdict.PASS
+
+
+def test_a_runtime_that_moves_with_its_batch_mates_is_measured_one_request_a_call(
+    untuned_int8, data, tmp_path
+):
+    """Dynamic INT8 quantizes every call with that call's own scale, so a request's scores depend on what
+    shares its call, and its server is not batched: what users see is then its lists scored one request a
+    call, kept under their own name; a batch-invariant variant keeps the lists scored 8 a call."""
+    exp = experiment_config(compose(["quality.users=60", "serve.n_candidates=40"]))
+    dynamic = Variant.load(shutil.copytree(untuned_int8.path, tmp_path / "dynamic"))
+    static_dir, _ = make_variant(data, tmp_path, onnx=True)
+    fp32 = Variant.load(static_dir)
+    topk = TopK(exp, data)
+    for v in (dynamic, fp32):
+        topk.measure(v)
+    assert topk.alone_file in dynamic.artifacts and topk.file not in dynamic.artifacts
+    assert topk.file in fp32.artifacts and topk.alone_file not in fp32.artifacts
+    scorer = load_scorer(dynamic, shared=data.schema.shared_columns)
+    alone, eight = (
+        served_topk(scorer, topk.store, data, topk.requests, exp.serve, exp.quality.k, per_call=n)
+        for n in (1, 8)
+    )
+    np.testing.assert_array_equal(topk.load(dynamic), alone)
+    assert (eight != alone).any(axis=1).sum() > 0  # 8 a call would have measured other lists

@@ -128,7 +128,9 @@ def served_topk(
     per_call: int = 8,
 ) -> np.ndarray:
     """The top-k item ids [U, k] the service answers to each request (-1 pads a list shorter than k);
-    `per_call` requests' candidate blocks are scored in one model call (as the dynamic batcher would)."""
+    `per_call` requests' candidate blocks are scored in one model call (as the dynamic batcher would): the
+    same lists as one a call where the runtime is batch-invariant (reco.runtime.batch_invariant); where it
+    is not, per_call=1 is what its unbatched server answers."""
     inputs = RequestInputs(store, data, reqs)
     out = np.full((len(reqs.users), k), -1, dtype=np.int64)
     for a in range(0, len(reqs.users), per_call):
