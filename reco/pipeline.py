@@ -38,6 +38,7 @@ from reco.runtime import batch_invariant, load_scorer
 from reco.serve.config import RetrievalKind, ServeConfig
 from reco.serve.features import FeatureStore
 from reco.serve.quality import (
+    PER_CALL,
     QualityRequests,
     gains_of,
     planted_gains,
@@ -524,9 +525,9 @@ class TopK:
             return
         shared = self.data.schema.shared_columns if self.exp.serve.user_once else None
         scorer = load_scorer(v, threads=self.exp.trainer.threads, shared=shared, batch=True)
-        per_call = {} if file == self.file else {"per_call": 1}
+        per_call = PER_CALL if file == self.file else 1
         top = served_topk(
-            scorer, self.store, self.data, self.requests, self.exp.serve, self.exp.quality.k, **per_call
+            scorer, self.store, self.data, self.requests, self.exp.serve, self.exp.quality.k, per_call
         )
         np.save(v.path / file, top, allow_pickle=False)
         v.add_artifact(file, file)

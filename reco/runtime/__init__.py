@@ -41,8 +41,8 @@ def load_scorer(
     """threads: intra-op threads of this runtime (torch's are process-wide); shared: the schema's shared
     columns (`Schema.shared_columns`) to score whole requests with (None: always per candidate); batch: a
     job that scores many rows at once (accuracy, what users see), which runs on `threads` even where the
-    variant's ONNX session was tuned for a server's latency (one thread: it left the second core idle and
-    took ~1.7x as long); the scores are the same bit for bit (tests/test_user_once.py).
+    variant's ONNX session was tuned for a server's latency (one thread, which left the second core idle);
+    the scores are the same bit for bit (tests/test_user_once.py).
 
     Raises:
         ArtifactError when the variant's request graph was built for other shared columns.

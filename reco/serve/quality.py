@@ -118,6 +118,9 @@ class RequestInputs:
         return items, store.assemble(urow, ctx, items)
 
 
+PER_CALL = 8  # requests whose candidate blocks served_topk scores in one model call (a batcher's share)
+
+
 def served_topk(
     scorer: Scorer,
     store: FeatureStore,
@@ -125,7 +128,7 @@ def served_topk(
     reqs: QualityRequests,
     serve: ServeConfig,
     k: int,
-    per_call: int = 8,
+    per_call: int = PER_CALL,
 ) -> np.ndarray:
     """The top-k item ids [U, k] the service answers to each request (-1 pads a list shorter than k);
     `per_call` requests' candidate blocks are scored in one model call (as the dynamic batcher would): the
