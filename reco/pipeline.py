@@ -497,14 +497,12 @@ class TopK:
         # (experiments/ecommerce_case_study/README.md#what-users-see). Their own name, so lists scored the
         # other way are never reused.
         self.alone_file = f"topk-{digest}-alone.npy"
-        self._invariant: dict[str, bool] = {}
         self._reqs: QualityRequests | None = None
         self._store: FeatureStore | None = None
 
-    def _file(self, v: Variant) -> str:
-        if v.dir not in self._invariant:
-            self._invariant[v.dir] = batch_invariant(v)
-        return self.file if self._invariant[v.dir] else self.alone_file
+    def _lists(self, v: Variant) -> tuple[str, int]:
+        """v's lists' artifact name and the requests scored per model call (reads v's ONNX graphs)."""
+        return (self.file, PER_CALL) if batch_invariant(v) else (self.alone_file, 1)
 
     @property
     def requests(self) -> QualityRequests:
@@ -520,12 +518,13 @@ class TopK:
 
     def measure(self, v: Variant) -> None:
         """Add v's `topk` artifact ([users, k] item ids) unless it holds these settings' already."""
-        file = self._file(v)
-        if self.exp.quality.users == 0 or not len(self.requests.users) or file in v.artifacts:
+        if self.exp.quality.users == 0 or not len(self.requests.users):
+            return
+        file, per_call = self._lists(v)
+        if file in v.artifacts:
             return
         shared = self.data.schema.shared_columns if self.exp.serve.user_once else None
         scorer = load_scorer(v, threads=self.exp.trainer.threads, shared=shared, batch=True)
-        per_call = PER_CALL if file == self.file else 1
         top = served_topk(
             scorer, self.store, self.data, self.requests, self.exp.serve, self.exp.quality.k, per_call
         )
@@ -533,9 +532,10 @@ class TopK:
         v.add_artifact(file, file)
 
     def load(self, v: Variant | None) -> np.ndarray | None:
-        if v is None or self._file(v) not in v.artifacts:
-            return None
-        return np.load(v.verify(self._file(v)), allow_pickle=False)
+        if v is None or not {self.file, self.alone_file} & v.artifacts.keys():
+            return None  # no lists of these settings (without reading its graphs)
+        file, _ = self._lists(v)
+        return np.load(v.verify(file), allow_pickle=False) if file in v.artifacts else None
 
 
 def _stage_dir(exp: ExperimentConfig, data: Dataset) -> Path:
