@@ -8,6 +8,7 @@ import json
 import math
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import psutil
@@ -491,16 +492,29 @@ def test_the_references_steps_stop_at_its_own_request_cap(tmp_path):
 def test_gate_first_searches_start_below_the_prediction_cheapest_first():
     """Issue 43: with study.gate_start_fraction the other variants' first searches start at that fraction of
     their predicted capacity (never below the common load), cheapest first, each with at least the time a
-    PASS there takes (pass_s); their repeats start as before, in equal shares. The searches themselves are
-    recorded here, not run: what is under test is the schedule. Their first step is capped at the look a
-    PASS needs (pass_look): undecided there, the search steps down."""
+    PASS there takes (pass_s). Their first step is capped at the look a PASS needs (pass_look): undecided
+    there, the search steps down. A repeat of a variant that has passed nothing yet is such a search
+    again, first in its round, a step below the lowest rate tried; the others repeat as before, each on
+    its share of the round's expected time. The searches themselves are recorded here, not run: what is
+    under test is the schedule."""
     from reco.loadtest.capacity import pass_look, pass_s
     from reco.loadtest.study import _more_searches, _Schedule, checkpoints
 
-    lt = study_cfg(study={"gate_start_fraction": 0.5, "repeats": 2})["loadtest"]
+    over = {
+        "study": {"gate_start_fraction": 0.5, "repeats": 2},
+        "capacity": {"min_rate": 1.0, "max_rate": 1e3},
+    }
+    lt = study_cfg(**over)["loadtest"]
     predicted = {"base": 10.0, "slow": 30.0, "fast": 400.0, "mid": 100.0, "head": 300.0}
+    search_s = {"base": 100.0, "slow": 50.0, "fast": 10.0, "mid": 30.0, "head": 20.0}
     calls: list[tuple] = []
     outcomes = {n: LoadOutcome(n) for n in predicted}
+
+    def searched(name: str, rate: float, passed: bool) -> Capacity:
+        return SimpleNamespace(highest_pass=rate if passed else 0.0, steps=[SimpleNamespace(rate=rate)])  # type: ignore[return-value]
+
+    for n in ("base", "head"):  # their first searches (_first_searches) passed
+        outcomes[n].capacity.append(searched(n, predicted[n], True))
 
     class Searches:  # the _Study surface _more_searches uses
         def __init__(self) -> None:
@@ -516,8 +530,13 @@ def test_gate_first_searches_start_below_the_prediction_cheapest_first():
         def start_rate(self, name, slo=None, fraction=None, floor=0.0):
             return max(predicted[name] * (1.2 if fraction is None else fraction), floor)
 
+        def search_s(self, name, slo):
+            return search_s[name]
+
         def capacity(self, name, r, slo, reserve_s, share=1.0, start=None, own_s=0.0, first_cap=None):
             calls.append((name, r, start, share, own_s, first_cap))
+            if start is not None:  # every gate search but mid's passes its first step
+                outcomes[name].capacity.append(searched(name, start, name != "mid"))
 
     plan = _Schedule("base", list(predicted), "head", checkpoints(2), [0, 4])
     _more_searches(Searches(), 200.0, plan, common=20.0)  # type: ignore[arg-type]
@@ -529,9 +548,13 @@ def test_gate_first_searches_start_below_the_prediction_cheapest_first():
     assert [c[3] for c in first] == pytest.approx([sum(need[i:]) / need[i] for i in range(3)])
     assert [c[5] for c in first] == [pass_look(c[2], lt.capacity)[0] for c in first]
     again = [c for c in calls if c[1] == 1]
-    assert [c[0] for c in again] == list(predicted)
-    assert all(c[2] is None and c[4] == 0.0 and c[5] is None for c in again)
-    assert [c[3] for c in again] == [5, 4, 3, 2, 1]
+    down = lt.capacity.undecided_step_down or lt.capacity.growth
+    assert again[0][0] == "mid" and again[0][2] == pytest.approx(50.0 / down)  # below its undecided 50
+    assert again[0][4] == pytest.approx(pass_s(50.0 / down, lt.capacity))
+    assert [c[0] for c in again[1:]] == ["base", "slow", "fast", "head"]
+    assert all(c[2] is None and c[4] == 0.0 and c[5] is None for c in again[1:])
+    need = [again[0][4]] + [search_s[c[0]] for c in again[1:]]
+    assert [c[3] for c in again] == pytest.approx([sum(need[i:]) / need[i] for i in range(5)])
 
     # A variant whose pooled p99 at the common load closed within the SLO has its gate decided: its
     # search (a bracket only) waits for the others'. One whose p99 is open, or past the SLO, does not.
@@ -544,5 +567,7 @@ def test_gate_first_searches_start_below_the_prediction_cheapest_first():
     outcomes["mid"].common = common(2.0, 100)  # p99 cannot close on 100: still open
     outcomes["slow"].common = common(100.0, 3000)  # closed, but past the 200 ms SLO: not a PASS
     calls.clear()
+    for n in ("fast", "mid", "slow"):
+        outcomes[n].capacity.clear()
     _more_searches(Searches(), 200.0, plan, common=20.0)  # type: ignore[arg-type]
     assert [c[0] for c in calls if c[1] == 0] == ["mid", "slow", "fast"]

@@ -817,10 +817,13 @@ def _first_searches(s: _Study, slo: float, plan: _Schedule) -> None:
 
 def _more_searches(s: _Study, slo: float, plan: _Schedule, common: float | None) -> None:
     """The other variants' first searches, then every variant's repeats (a round at a time), in what the
-    budget leaves before the last unloaded blocks; within a round each search may use an equal share.
+    budget leaves before the last unloaded blocks; within a round each search may use its share of the
+    round's expected time.
 
-    With study.gate_start_fraction the first searches start at that fraction of their predicted capacity
-    (and at no less than the `common` load), where their first step should PASS: a PASS at or above the
+    With study.gate_start_fraction the searches of a variant that has passed no rate yet (all but the
+    reference's in round 0; in later rounds those whose earlier searches passed nothing) start at that
+    fraction of their predicted capacity, or a step below the lowest rate tried (_gate_start), at no less
+    than the `common` load, where their first step should PASS, and run before the round's others: a PASS at or above the
     common load decides a variant's latency gate where its p99 at the common load cannot (reco.report.gate),
     and such a step far below the SLO needs EXCEEDANCE_MIN_N requests (reco.loadtest.capacity.pass_s).
     It gets no more: undecided there, it sits near the capacity (the prediction ran ~2x high for one
@@ -836,19 +839,38 @@ def _more_searches(s: _Study, slo: float, plan: _Schedule, common: float | None)
     frac = s.lt.study.gate_start_fraction
     for r in range(s.lt.study.repeats):
         names = [n for n in s.alive() if r > 0 or n not in first]
-        gate = r == 0 and frac is not None
-        start = {n: s.start_rate(n, slo, frac, common or 0.0) for n in names} if gate else {}
-        need = {n: pass_s(start[n], s.lt.capacity) if gate else 1.0 for n in names}
-        names.sort(key=lambda n: (gate and _common_p99_within(s, n, slo), need[n]))
+        gates = [n for n in names if frac is not None and n != plan.ref and not _passed(s, n)]
+        start = {n: _gate_start(s, n, slo, frac, common or 0.0) for n in gates}
+        need = {n: pass_s(start[n], s.lt.capacity) if n in start else s.search_s(n, slo) for n in names}
+        gates.sort(key=lambda n: (_common_p99_within(s, n, slo), need[n]))
+        names = gates + [n for n in names if n not in start]
         if names:
             _say(f"\n[load] capacity round {r}: {', '.join(names)}")
         for i, n in enumerate(names):
             share = sum(need[m] for m in names[i:]) / need[n]
-            if gate:  # its first step stops at the look a PASS needs
+            if n in start:  # its first step stops at the look a PASS needs
                 cap = pass_look(start[n], s.lt.capacity)[0]
                 s.capacity(n, r, slo, reserve, share=share, start=start[n], own_s=need[n], first_cap=cap)
             else:
                 s.capacity(n, r, slo, reserve, share=share)
+
+
+def _passed(s: _Study, name: str) -> bool:
+    """Whether any of the variant's searches so far found a rate that passed."""
+    return any(c.highest_pass > 0 for c in s.outcomes[name].capacity)
+
+
+def _gate_start(s: _Study, name: str, slo: float, frac: float | None, common: float) -> float:
+    """Where a search that is to PASS first starts: `frac` x the predicted capacity (>= the common load),
+    and after earlier searches that passed nothing, a step down from the lowest rate they tried (where
+    such a search would have gone on), not the same undecided step again."""
+    rate = s.start_rate(name, slo, frac, common)
+    tried = [step.rate for c in s.outcomes[name].capacity for step in c.steps]
+    if tried:
+        c = s.lt.capacity
+        down = c.undecided_step_down or c.growth
+        rate = min(max(min(rate, min(tried) / down), common, float(c.min_rate)), float(c.max_rate))
+    return rate
 
 
 def _common_p99_within(s: _Study, name: str, slo: float) -> bool:
