@@ -171,6 +171,42 @@ def test_training_learns_and_early_stopping_restores_best(tmp_path, tiny_data):
     assert metrics["oracle_auc"] > metrics["auc"] - 0.02
 
 
+def test_an_epoch_that_falls_early_stops_training_at_its_check(tiny_data):
+    """trainer.stop_check_fraction: an epoch that ends training unless it improves is validated after that
+    fraction of its rows too. Its loss turned to gradient ascent after epoch 1, epoch 2 falls at once:
+    training stops at the check and keeps epoch 1. A check that lets the epoch go on changes nothing: the
+    same optimizer steps, the same curve and weights as without it."""
+    from reco.train.loop import check_rows, epoch_rows
+
+    cfg = trainer_config(epochs=3, batch_size=512, lr=3e-3, patience=0, progress=False, checkpoint_dir=None)
+    cfg = dataclasses.replace(cfg, stop_check_fraction=0.3, stop_check_margin=0.005)
+    n = epoch_rows(cfg, tiny_data)
+    k = check_rows(cfg, n)
+    assert k % 512 == 0 and 0.3 * n <= k < n
+    calls = []
+
+    def ascent_after_epoch_1(logits, part, rows):
+        calls.append(len(rows))
+        loss = torch.nn.functional.binary_cross_entropy_with_logits(logits, part.labels)
+        return loss if sum(calls) <= n else -100 * loss
+
+    m = tiny_model(tiny_data)
+    res = train(m, tiny_data, cfg, loss_fn=ascent_after_epoch_1)
+    assert sum(calls) == n + k  # epoch 1, then epoch 2 up to its check
+    assert [r.get("epoch_fraction") for r in res.history] == [None, k / n]
+    assert res.best_epoch == 0 and res.history[1]["val_auc"] < res.best_val_auc - 0.005
+
+    def trained(fraction: float | None) -> tuple[list, dict]:
+        m = tiny_model(tiny_data)
+        c = dataclasses.replace(cfg, stop_check_fraction=fraction, stop_check_margin=1.0)  # never stops
+        return train(m, tiny_data, c).history, m.state_dict()
+
+    (plain, w0), (checked, w1) = trained(None), trained(0.3)
+    assert [r["val_auc"] for r in plain] == [r["val_auc"] for r in checked]
+    assert [r["train_loss"] for r in plain] == pytest.approx([r["train_loss"] for r in checked], rel=1e-9)
+    assert all(torch.equal(w0[key], w1[key]) for key in w0)
+
+
 def test_artifact_names_stay_inside_the_variant_directory(tmp_path, tiny_data):
     """A variant.json naming '../x' or '/etc/x' as an artifact is refused, not followed."""
     model = DLRM(DLRMConfig.from_schema(tiny_data.schema, embedding_dim=8, bottom=[8], top=[8]))

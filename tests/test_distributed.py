@@ -162,6 +162,19 @@ def test_adamw_is_accepted_but_not_gradient_accumulation():
         typed(node, TrainConfig, "trainer")
 
 
+def test_an_early_check_inside_an_epoch_is_for_the_single_process_loop():
+    node = dataclasses.asdict(trainer_config())
+    node["stop_check_fraction"] = 0.05
+    assert typed(node, TrainConfig, "trainer").stop_check_fraction == 0.05
+    node["distributed"] |= {"nproc": 2}
+    with pytest.raises(ConfigError, match=r"trainer.stop_check_fraction: expected null with trainer.distributed"):
+        typed(node, TrainConfig, "trainer")
+    for key, bad, want in [("stop_check_fraction", 1.0, "0 < fraction < 1"), ("stop_check_margin", -0.1, ">= 0")]:
+        node = dataclasses.asdict(trainer_config()) | {key: bad}
+        with pytest.raises(ConfigError, match=rf"trainer.{key}: expected .*{want}"):
+            typed(node, TrainConfig, "trainer")
+
+
 def adamw_trainer(**dist_overrides) -> TrainConfig:
     """One epoch of AdamW, the single-process baseline's optimizer, over ranks (fp32)."""
     return dataclasses.replace(

@@ -713,7 +713,9 @@ def learning_curve(figs: list[VariantFigures]) -> list[str]:
     best = max(range(len(curve)), key=lambda i: curve[i]["val_auc"])
     rows = [
         [
-            str(i + 1) + (" (kept)" if i == best else ""),
+            str(i + 1)
+            + (" (kept)" if i == best else "")
+            + (f" (stopped {r['epoch_fraction']:.0%} in)" if "epoch_fraction" in r else ""),
             num(r["train_loss"], ".4f"),
             num(r["val_auc"], ".4f"),
             num(r.get("val_logloss"), ".4f"),
@@ -726,6 +728,12 @@ def learning_curve(figs: list[VariantFigures]) -> list[str]:
             "epoch(s) after it: training stopped there (early stopping, `trainer.patience`), the kept "
             "weights are the best epoch's."
         )
+        if "epoch_fraction" in curve[-1]:
+            why += (
+                f" The last epoch stopped after {curve[-1]['epoch_fraction']:.0%} of its rows, its validation "
+                "AUC already more than `trainer.stop_check_margin` below the best "
+                "(`trainer.stop_check_fraction`)."
+            )
     else:
         why = (
             f"The best epoch is the last one trained ({len(curve)}): validation AUC was still rising or the "

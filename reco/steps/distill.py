@@ -203,13 +203,16 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
 
 
 def student_budget(dc: DistillConfig, trainer: TrainConfig) -> TrainConfig:
-    """The trainer settings with the distillation's epochs, rows and rate (no checkpoints)."""
+    """The trainer settings with the distillation's epochs, rows and rate (no checkpoints), validated at
+    epoch ends only: trainer.stop_check_fraction is for a model whose next epoch only memorises, and the
+    student's second epoch is its best (conf/step/distill.yaml)."""
     return dataclasses.replace(
         trainer,
         epochs=dc.epochs,
         max_rows_per_epoch=dc.rows_per_epoch,
         lr=dc.lr or trainer.lr,
         checkpoint_dir=None,
+        stop_check_fraction=None,
     )
 
 

@@ -91,8 +91,12 @@ def run(parent: Variant | None, data: Dataset, pc: PruneConfig, ctx: StepRun) ->
     require_artifact(parent, "torch", "prune")
     model = parent.load_torch()
     p0, f0 = count_params(model), model.cfg.flops_per_candidate()
-    ft = dataclasses.replace(
-        trainer, epochs=pc.finetune_epochs, max_rows_per_epoch=pc.finetune_rows, checkpoint_dir=None
+    ft = dataclasses.replace(  # validated at epoch ends only, as distillation's budget (student_budget)
+        trainer,
+        epochs=pc.finetune_epochs,
+        max_rows_per_epoch=pc.finetune_rows,
+        checkpoint_dir=None,
+        stop_check_fraction=None,
     )
     keep_frac = (1 - pc.mlp_fraction) ** (1 / pc.iterations)  # equal multiplicative share per round
     rows_removed, kept, val = 0, 0, {}

@@ -6,6 +6,7 @@ Used for the baseline, for fine-tuning after pruning and for distillation (which
 from __future__ import annotations
 
 import copy
+import math
 import sys
 import time
 from collections.abc import Callable, Iterable
@@ -45,6 +46,11 @@ class TrainConfig:
     optimizer: Optimizer = MISSING
     weight_decay: float = MISSING
     patience: int = MISSING  # epochs without val AUC gain before stopping
+    # An epoch that ends training unless it improves is validated after this fraction of its rows as well,
+    # and training stops there when val AUC is already stop_check_margin below the best (None: at epoch
+    # ends only). Single-process loop only.
+    stop_check_fraction: float | None = MISSING
+    stop_check_margin: float = MISSING
     bf16: bool = MISSING  # autocast the forward in bfloat16
     grad_accum: int = MISSING
     seed: int = MISSING
@@ -56,9 +62,19 @@ class TrainConfig:
     distributed: DistributedConfig = field(default_factory=DistributedConfig)  # nproc 1: this loop
 
     def check(self, where: str) -> None:
+        f = self.stop_check_fraction
+        if f is not None and not 0 < f < 1:
+            raise ConfigError(f"{where}.stop_check_fraction: expected null or 0 < fraction < 1, got {f}")
+        if self.stop_check_margin < 0:
+            raise ConfigError(f"{where}.stop_check_margin: expected >= 0 (AUC), got {self.stop_check_margin}")
         d = self.distributed
         if d.world == 1:
             return
+        if f is not None:  # every rank would have to score the validation rows at the same batch
+            raise ConfigError(
+                f"{where}.stop_check_fraction: expected null with {d.setting(where + '.distributed')} (the "
+                f"distributed loop validates at epoch ends only), got {f}"
+            )
         # Every trainer.optimizer trains sharded tables (reco.train.distributed.shard: adagrad in FBGEMM's
         # fused kernel inside the backward pass, adamw on TorchRec's dense kernel after it); the
         # distributed loop steps the optimizer after every batch and does not accumulate gradients.
@@ -113,6 +129,15 @@ def epoch_rows(cfg: TrainConfig, data: Dataset) -> int:
     """Train rows an epoch draws (trainer.max_rows_per_epoch, else the whole split)."""
     n = len(data.train)
     return n if cfg.max_rows_per_epoch is None else min(n, cfg.max_rows_per_epoch)
+
+
+def check_rows(cfg: TrainConfig, n: int) -> int:
+    """Rows before an epoch's early check (trainer.stop_check_fraction of n, whole optimizer steps, so
+    that an epoch the check lets go on takes the very steps it would have taken unchecked); n: none."""
+    if cfg.stop_check_fraction is None:
+        return n
+    step = cfg.batch_size * cfg.grad_accum
+    return min(n, math.ceil(cfg.stop_check_fraction * n / step) * step)
 
 
 def val_rows(cfg: TrainConfig, data: Dataset) -> Split:
@@ -185,6 +210,32 @@ def _epoch(
     return total / max(count, 1)
 
 
+def _checked_epoch(
+    model: RankingModel,
+    data: Dataset,
+    perm: torch.Tensor,
+    opt: torch.optim.Optimizer,
+    cfg: TrainConfig,
+    loss_fn: LossFn,
+    what: str,
+    val: Split,
+    best: float | None,
+) -> tuple[float, dict[str, float] | None]:
+    """One epoch over `perm`: (its mean loss, None). With `best` (the best val AUC, for an epoch whose lack of
+    gain ends training) validated after check_rows as well: there, val AUC more than stop_check_margin
+    below it ends the epoch, (the loss so far, the curve's row for it with its `epoch_fraction`)."""
+    n = len(perm)
+    k = n if best is None else check_rows(cfg, n)
+    loss = _epoch(model, data, perm[:k], opt, cfg, loss_fn, what)
+    if k == n:
+        return loss, None
+    m = classification_metrics(val.labels.numpy(), predict_torch(model, val))
+    if m["auc"] < best - cfg.stop_check_margin:
+        return loss, epoch_row(loss, m) | {"epoch_fraction": k / n}
+    model.train()
+    return (loss * k + _epoch(model, data, perm[k:], opt, cfg, loss_fn, what) * (n - k)) / n, None
+
+
 def train(
     model: RankingModel,
     data: Dataset,
@@ -205,20 +256,35 @@ def train(
 
     early, best_state = EarlyStop(cfg.patience), None
     history: list[dict[str, float]] = []
-    t0 = time.time()
-    for epoch in range(cfg.epochs):
-        model.train()
-        perm = torch.randperm(len(data.train), generator=gen)[:n]
-        loss = _epoch(model, data, perm, opt, cfg, loss_fn, f"{desc} epoch {epoch + 1}/{cfg.epochs}")
-        m = classification_metrics(val.labels.numpy(), predict_torch(model, val))
-        row = epoch_row(loss, m)
+
+    def record(epoch: int, row: dict[str, float], note: str = "") -> None:
         history.append(row)
         if on_epoch:
             on_epoch(epoch, row)
         if cfg.progress:
+            auc = row["val_auc"]
             print(
-                f"{desc} epoch {epoch + 1}: loss {row['train_loss']:.4f} val auc {m['auc']:.4f}", flush=True
+                f"{desc} epoch {epoch + 1}: loss {row['train_loss']:.4f} val auc {auc:.4f}{note}", flush=True
             )
+
+    t0 = time.time()
+    for epoch in range(cfg.epochs):
+        model.train()
+        perm = torch.randperm(len(data.train), generator=gen)[:n]
+        what = f"{desc} epoch {epoch + 1}/{cfg.epochs}"
+        last = early.best_epoch >= 0 and early.stale >= cfg.patience  # no gain here ends training
+        loss, cut = _checked_epoch(
+            model, data, perm, opt, cfg, loss_fn, what, val, early.best_auc if last else None
+        )
+        if cut is not None:
+            early.improved(epoch, cut["val_auc"])
+            share = cut["epoch_fraction"]
+            record(
+                epoch, cut, f" after {share:.1%} of its rows: below the best {early.best_auc:.4f}, stopped"
+            )
+            break
+        m = classification_metrics(val.labels.numpy(), predict_torch(model, val))
+        record(epoch, epoch_row(loss, m))
         if ckpt:
             torch.save(model.state_dict(), ckpt / "last.pt")
         if early.improved(epoch, m["auc"]):
