@@ -821,11 +821,12 @@ def _more_searches(s: _Study, slo: float, plan: _Schedule, common: float | None)
     round's expected time.
 
     With study.gate_start_fraction the searches of a variant that has passed no rate yet (all but the
-    reference's in round 0; in later rounds those whose earlier searches passed nothing) start at that
-    fraction of their predicted capacity, or a step below the lowest rate tried (_gate_start), at no less
-    than the `common` load, where their first step should PASS, and run before the round's others: a PASS at or above the
-    common load decides a variant's latency gate where its p99 at the common load cannot (reco.report.gate),
-    and such a step far below the SLO needs EXCEEDANCE_MIN_N requests (reco.loadtest.capacity.pass_s).
+    reference's in round 0; in later rounds those whose earlier searches passed nothing) run first in
+    their round and start at that fraction of their predicted capacity, or a step below the lowest rate
+    tried (_gate_start), at no less than the `common` load, where their first step should PASS: a PASS at
+    or above the common load decides a variant's latency gate where its p99 at the common load cannot
+    (reco.report.gate), and such a step far below the SLO needs EXCEEDANCE_MIN_N requests
+    (reco.loadtest.capacity.pass_s).
     It gets no more: undecided there, it sits near the capacity (the prediction ran ~2x high for one
     variant) and the search steps down. Those steps run cheapest first, each with at least its own time,
     then the search climbs on its share. Started above the prediction, these searches had spent their
