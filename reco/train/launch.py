@@ -15,6 +15,7 @@ pipeline goes on with) is always on node 0.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import uuid
 from dataclasses import dataclass, field
@@ -139,6 +140,13 @@ def train_distributed(
     from torch.distributed.launcher.api import elastic_launch
 
     typed(cfg, TrainConfig, "trainer")  # its checks, for a config built in code
+    if cfg.stop_check_fraction is not None:  # it saves time only: the epoch it would cut is not kept
+        print(
+            f"[train] trainer.stop_check_fraction={cfg.stop_check_fraction}: the distributed loop validates at "
+            "epoch ends only, so an epoch that falls is trained to its end (the weights kept are the same)",
+            flush=True,
+        )
+        cfg = dataclasses.replace(cfg, stop_check_fraction=None)
     d = cfg.distributed
     check_feedable(cfg, len(data.train))
     # A table no allowed type can place under the limit fails here, before any process starts.

@@ -48,7 +48,8 @@ class TrainConfig:
     patience: int = MISSING  # epochs without val AUC gain before stopping
     # An epoch that ends training unless it improves is validated after this fraction of its rows as well,
     # and training stops there when val AUC is already stop_check_margin below the best (None: at epoch
-    # ends only). Single-process loop only.
+    # ends only). The single-process loop's: the distributed one says so and trains such an epoch to its
+    # end, which keeps the same weights (reco.train.launch.train_distributed).
     stop_check_fraction: float | None = MISSING
     stop_check_margin: float = MISSING
     bf16: bool = MISSING  # autocast the forward in bfloat16
@@ -70,11 +71,6 @@ class TrainConfig:
         d = self.distributed
         if d.world == 1:
             return
-        if f is not None:  # every rank would have to score the validation rows at the same batch
-            raise ConfigError(
-                f"{where}.stop_check_fraction: expected null with {d.setting(where + '.distributed')} (the "
-                f"distributed loop validates at epoch ends only), got {f}"
-            )
         # Every trainer.optimizer trains sharded tables (reco.train.distributed.shard: adagrad in FBGEMM's
         # fused kernel inside the backward pass, adamw on TorchRec's dense kernel after it); the
         # distributed loop steps the optimizer after every batch and does not accumulate gradients.
