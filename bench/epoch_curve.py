@@ -23,8 +23,7 @@ from reco.cli.compose import compose
 from reco.data import load_dataset
 from reco.experiment import experiment_config
 from reco.steps.train import fresh_model
-from reco.train.loop import _epoch, bce_loss, epoch_rows, make_optimizer, predict_torch, val_rows
-from reco.train.metrics import classification_metrics
+from reco.train.loop import _epoch, bce_loss, epoch_rows, make_optimizer, val_metrics, val_rows
 
 
 def main() -> None:
@@ -46,7 +45,7 @@ def main() -> None:
 
     def val_auc() -> tuple[float, float]:
         t = time.perf_counter()
-        auc = classification_metrics(val.labels.numpy(), predict_torch(model, val))["auc"]
+        auc = val_metrics(model, val)["auc"]
         model.train()
         return auc, time.perf_counter() - t
 

@@ -773,9 +773,8 @@ def test_learning_curve_says_whether_training_converged(figs, written):
     assert [r["epoch"] for r in rows] == ["1", "2 (kept)"]  # the last epoch kept: convergence not shown
     rising.result.variant.learning_curve = []
     assert md_tables("\n".join(sections.learning_curve([rising]))) == []
-    cut = copy.deepcopy(
-        figs["base"]
-    )  # the last epoch stopped at its early check (trainer.stop_check_fraction)
+    # the last epoch stopped at its early check (trainer.stop_check_fraction)
+    cut = copy.deepcopy(figs["base"])
     cut.result.variant.learning_curve[2]["epoch_fraction"] = 0.05
     text = "\n".join(sections.learning_curve([cut]))
     assert [r["epoch"] for r in md_table(text)] == ["1", "2 (kept)", "3 (stopped 5% in)"]

@@ -21,7 +21,6 @@ The student is the teacher's class with the teacher's architecture settings and 
 
 from __future__ import annotations
 
-import dataclasses
 from dataclasses import dataclass, field
 from enum import Enum
 from typing import Any
@@ -40,7 +39,7 @@ from reco.stats import auc_delta
 from reco.steps.prune import row_counts
 from reco.steps.registry import StepError, StepRun, child_variant, register, require_artifact
 from reco.steps.served_lists import ListError, ListLoss, ListSettings, ServedLists, Unservable
-from reco.train.loop import TrainConfig, train
+from reco.train.loop import TrainConfig, step_budget, train
 from reco.train.metrics import auc
 from reco.variant import Variant
 
@@ -203,16 +202,9 @@ def run(parent: Variant | None, data: Dataset, dc: DistillConfig, ctx: StepRun) 
 
 
 def student_budget(dc: DistillConfig, trainer: TrainConfig) -> TrainConfig:
-    """The trainer settings with the distillation's epochs, rows and rate (no checkpoints), validated at
-    epoch ends only: trainer.stop_check_fraction is for a model whose next epoch only memorises, and the
-    student's second epoch is its best (conf/step/distill.yaml)."""
-    return dataclasses.replace(
-        trainer,
-        epochs=dc.epochs,
-        max_rows_per_epoch=dc.rows_per_epoch,
-        lr=dc.lr or trainer.lr,
-        checkpoint_dir=None,
-        stop_check_fraction=None,
+    """The trainer settings with the distillation's epochs, rows and rate (reco.train.loop.step_budget)."""
+    return step_budget(
+        trainer, epochs=dc.epochs, max_rows_per_epoch=dc.rows_per_epoch, lr=dc.lr or trainer.lr
     )
 
 

@@ -31,8 +31,7 @@ from torch import nn
 from reco.data.schema import Dataset, Split
 from reco.models.protocol import ArchConfig, RankingModel, TableSpec, count_params
 from reco.steps.registry import StepError, StepRun, child_variant, register, require_artifact
-from reco.train.loop import TrainConfig, predict_torch, train
-from reco.train.metrics import classification_metrics
+from reco.train.loop import TrainConfig, step_budget, train, val_metrics, val_rows
 from reco.variant import Variant
 
 
@@ -91,13 +90,7 @@ def run(parent: Variant | None, data: Dataset, pc: PruneConfig, ctx: StepRun) ->
     require_artifact(parent, "torch", "prune")
     model = parent.load_torch()
     p0, f0 = count_params(model), model.cfg.flops_per_candidate()
-    ft = dataclasses.replace(  # validated at epoch ends only, as distillation's budget (student_budget)
-        trainer,
-        epochs=pc.finetune_epochs,
-        max_rows_per_epoch=pc.finetune_rows,
-        checkpoint_dir=None,
-        stop_check_fraction=None,
-    )
+    ft = step_budget(trainer, epochs=pc.finetune_epochs, max_rows_per_epoch=pc.finetune_rows)
     keep_frac = (1 - pc.mlp_fraction) ** (1 / pc.iterations)  # equal multiplicative share per round
     rows_removed, kept, val = 0, 0, {}
     for r in range(1, pc.iterations + 1):
@@ -135,8 +128,7 @@ def finetune(model: RankingModel, data: Dataset, ft: TrainConfig, desc: str) -> 
 
     Returns {pruned_val_auc, finetune_val_auc, kept}.
     """
-    val = data.val if ft.eval_rows is None else data.val.take(slice(0, ft.eval_rows))
-    before = classification_metrics(val.labels.numpy(), predict_torch(model, val))["auc"]
+    before = val_metrics(model, val_rows(ft, data))["auc"]
     state = copy.deepcopy(model.state_dict())
     after = train(model, data, ft, desc=desc).best_val_auc
     if after <= before:

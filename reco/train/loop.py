@@ -6,6 +6,7 @@ Used for the baseline, for fine-tuning after pruning and for distillation (which
 from __future__ import annotations
 
 import copy
+import dataclasses
 import math
 import sys
 import time
@@ -127,6 +128,19 @@ def epoch_rows(cfg: TrainConfig, data: Dataset) -> int:
     return n if cfg.max_rows_per_epoch is None else min(n, cfg.max_rows_per_epoch)
 
 
+def step_budget(trainer: TrainConfig, **settings: object) -> TrainConfig:
+    """A step's own training (distillation, fine-tuning after pruning) on the trainer's settings with
+    `settings` changed: no checkpoints, and validated at epoch ends only (trainer.stop_check_fraction was
+    measured on the baseline, whose next epoch only memorises; the distilled student is best after its
+    second: conf/step/distill.yaml)."""
+    return dataclasses.replace(trainer, checkpoint_dir=None, stop_check_fraction=None, **settings)
+
+
+def val_metrics(model: RankingModel, val: Split) -> dict[str, float]:
+    """The model's classification metrics on the validation rows (val_rows), as early stopping reads them."""
+    return classification_metrics(val.labels.numpy(), predict_torch(model, val))
+
+
 def check_rows(cfg: TrainConfig, n: int) -> int:
     """Rows before an epoch's early check (trainer.stop_check_fraction of n, whole optimizer steps, so
     that an epoch the check lets go on takes the very steps it would have taken unchecked); n: none."""
@@ -225,7 +239,7 @@ def _checked_epoch(
     loss = _epoch(model, data, perm[:k], opt, cfg, loss_fn, what)
     if k == n:
         return loss, None
-    m = classification_metrics(val.labels.numpy(), predict_torch(model, val))
+    m = val_metrics(model, val)
     if m["auc"] < best - cfg.stop_check_margin:
         return loss, epoch_row(loss, m) | {"epoch_fraction": k / n}
     model.train()
@@ -279,7 +293,7 @@ def train(
                 epoch, cut, f" after {share:.1%} of its rows: below the best {early.best_auc:.4f}, stopped"
             )
             break
-        m = classification_metrics(val.labels.numpy(), predict_torch(model, val))
+        m = val_metrics(model, val)
         record(epoch, epoch_row(loss, m))
         if ckpt:
             torch.save(model.state_dict(), ckpt / "last.pt")
