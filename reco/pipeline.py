@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import itertools
 import json
 import shutil
 import time
@@ -41,6 +42,8 @@ from reco.serve.quality import (
     PER_CALL,
     QualityRequests,
     gains_of,
+    look_order,
+    look_rows,
     planted_gains,
     popularity,
     quality_requests,
@@ -48,6 +51,7 @@ from reco.serve.quality import (
     reproduces,
     request_candidates,
     served_topk,
+    subset,
 )
 from reco.steps import StepRun
 from reco.steps import train as train_step
@@ -342,7 +346,8 @@ def build_all(
                 # What the call would take if its dense layers ran at this machine's fp32 GEMM peak.
                 v.metrics["gemm_peak_gflops"] = peak = gemm_peak_gflops()
                 v.metrics["rank_floor_ms"] = v.flops_per_candidate * exp.serve.n_candidates / peak / 1e6
-                topk.measure(v)
+                base = next(d for d in done.values() if d.node.spec.root)  # the report's baseline
+                topk.measure(v, None if base is b else base.variant)
                 v.mlflow_run_id = run_id
                 v.save()
                 atomic_write(out_dir / FINISHED, key)
@@ -468,6 +473,18 @@ def _log_epoch(tracker: Tracker, run_id: str, epoch: int, row: dict[str, float])
     tracker.log(run_id, metrics=row, step=epoch)
 
 
+def finished_variants(exp: ExperimentConfig, data: Dataset) -> dict[str, Variant]:
+    """The preset's variants a run of it would reuse from exp.cache_dir (finished, files intact), by name,
+    parents first: what a benchmark replays without building anything."""
+    keys: dict[str, str] = {}
+    out: dict[str, Variant] = {}
+    for node in exp.variants:
+        keys[node.name] = cache_key(node, keys.get(node.parent or ""), data.fingerprint, exp.trainer)
+        if (v := _reuse(variant_dir(exp, node, keys[node.name]))) is not None:
+            out[node.name] = v
+    return out
+
+
 def _reuse(out_dir: Path) -> Variant | None:
     """The finished variant in `out_dir`, or None when it never finished or its files do not check out."""
     if not (out_dir / FINISHED).exists():
@@ -484,12 +501,17 @@ def _reuse(out_dir: Path) -> Variant | None:
 
 class TopK:
     """Each variant's served top-k for the quality requests (reco.serve.quality), kept as an artifact whose
-    name carries a hash of the settings behind it, so a cached variant redoes it only when they change."""
+    name carries a hash of the settings behind it, so a cached variant redoes it only when they change.
+    With quality.looks a variant other than the baseline answers them a look at a time and stops at the
+    first look that decides its what-users-see gate; its lists then hold that look's requests
+    (look_rows; `rows`)."""
 
     def __init__(self, exp: ExperimentConfig, data: Dataset) -> None:
         self.exp, self.data = exp, data
         q, serve = exp.quality, exp.serve
         key = [q.users, q.k, exp.seed, serve.n_candidates, asdict(serve.retrieval), data.fingerprint]
+        if q.looks:  # where a variant stops depends on the looks, their level and the gate's limit
+            key += [list(q.looks), q.look_confidence, exp.gate.max_expected_clicks_drop_pct]
         digest = hashlib.sha256(json.dumps(key).encode()).hexdigest()[:12]
         self.file = f"topk-{digest}.npy"  # scored several requests a call (served_topk's per_call)
         # A runtime whose scores move with their batch-mates (dynamic INT8) is scored one request a call, as
@@ -516,8 +538,17 @@ class TopK:
             self._store = FeatureStore(self.data, self.exp.serve.retrieval)
         return self._store
 
-    def measure(self, v: Variant) -> None:
-        """Add v's `topk` artifact ([users, k] item ids) unless it holds these settings' already."""
+    @functools.cached_property
+    def truth(self) -> Truth | None:
+        return ground_truth(self.exp, self.data, self.store, self.requests)
+
+    def rows(self, top: np.ndarray) -> np.ndarray:
+        """The requests (indices into `requests`) that lists `top` answer: all, or a look's."""
+        return look_rows(len(self.requests.users), len(top), self.exp.seed)
+
+    def measure(self, v: Variant, base: Variant | None = None) -> None:
+        """Add v's `topk` artifact ([users, k] item ids) unless it holds these settings' already; `base`:
+        the baseline, whose lists (all requests) decide where v's looks stop (None: v is the baseline)."""
         if self.exp.quality.users == 0 or not len(self.requests.users):
             return
         file, per_call = self._lists(v)
@@ -525,11 +556,44 @@ class TopK:
             return
         shared = self.data.schema.shared_columns if self.exp.serve.user_once else None
         scorer = load_scorer(v, threads=self.exp.trainer.threads, shared=shared, batch=True)
-        top = served_topk(
-            scorer, self.store, self.data, self.requests, self.exp.serve, self.exp.quality.k, per_call
-        )
+        reqs, n = self.requests, len(self.requests.users)
+        base_top = self.load(base)
+        truth = self.truth if base_top is not None and self.exp.quality.looks else None
+        looks = [m for m in self.exp.quality.looks if m < n] if truth is not None else []
+        order = look_order(n, self.exp.seed) if looks else np.arange(n)
+        top = np.empty((0, self.exp.quality.k), dtype=np.int64)
+        for a, m in itertools.pairwise([0, *looks, n]):
+            part = served_topk(
+                scorer,
+                self.store,
+                self.data,
+                subset(reqs, order[a:m]),
+                self.exp.serve,
+                self.exp.quality.k,
+                per_call,
+            )
+            top = np.concatenate([top, part])
+            if m < n and truth is not None and self._decided(top, order[:m], base_top, truth):
+                print(f"  what users see: decided at the look at {m:,} of {n:,} requests", flush=True)
+                break
+        top = top[np.argsort(order[: len(top)])]  # request order: rows look_rows(n, len(top))
         np.save(v.path / file, top, allow_pickle=False)
         v.add_artifact(file, file)
+
+    def _decided(self, top: np.ndarray, answered: np.ndarray, base_top: np.ndarray, truth: Truth) -> bool:
+        """Whether lists `top` (of requests `answered`, in that order) decide the gate at a look."""
+        q, exp = self.exp.quality, self.exp
+        from reco.stats.graded import clicks_decided
+
+        t = truth.subset(answered)
+        return clicks_decided(
+            t.gains_of(top),
+            t.gains_of(base_top[answered]),
+            t.gains,
+            -exp.gate.max_expected_clicks_drop_pct / 100,
+            q.look_confidence,
+            exp.seed,
+        )
 
     def load(self, v: Variant | None) -> np.ndarray | None:
         if v is None or not {self.file, self.alone_file} & v.artifacts.keys():
@@ -672,22 +736,25 @@ def write_study_report(
     base_scores = _scores(base.variant)
     topk = TopK(exp, data)
     base_top = topk.load(base.variant)
-    truth = ground_truth(exp, data, topk.store, topk.requests) if base_top is not None else None
+    truth = topk.truth if base_top is not None else None
     base_gain = truth.gains_of(base_top) if truth is not None else None
     results = []
     for b in built:
         v = b.variant or Variant(b.name, b.node.step, b.node.parent, "torch", {})
         scores, top = _scores(b.variant), topk.load(b.variant)
-        against = None if b is base else base_top
         delta = quality = graded = grouped = None
         if b is not base and scores is not None and base_scores is not None:
             delta = auc_delta(labels, base_scores, scores)
         if users is not None and scores is not None and (b is base or base_scores is not None):
             grouped = gauc(users, labels, scores, None if b is base else base_scores, exp.seed)
         if top is not None and (b is base or base_top is not None):
-            quality = topk_quality(top, topk.requests.relevant, against, exp.quality.rbo_p, exp.seed)
-            if truth is not None:
-                graded = truth.graded(top, None if b is base else base_gain, exp.seed)
+            # a variant stopped at a look is paired with the baseline's lists for the requests it answered
+            rows = topk.rows(top)
+            relevant = [topk.requests.relevant[i] for i in rows]
+            against = None if b is base else base_top[rows]
+            quality = topk_quality(top, relevant, against, exp.quality.rbo_p, exp.seed)
+            if truth is not None and base_gain is not None:
+                graded = truth.subset(rows).graded(top, None if b is base else base_gain[rows], exp.seed)
         results.append(
             VariantResult(
                 variant=v,
@@ -713,6 +780,7 @@ def write_study_report(
         max_clicks_drop=exp.gate.max_expected_clicks_drop_pct / 100 if truth is not None else None,
         max_gauc_drop=exp.gate.max_gauc_drop_pct / 100 if users is not None else None,  # no users: no GAUC
         planted=truth is not None,
+        look_confidence=exp.quality.look_confidence if exp.quality.looks else None,
         references=references,
         max_error_rate=exp.loadtest.capacity.max_error_rate,
         study=study,
@@ -745,6 +813,10 @@ class Truth:
 
     def gains_of(self, top: np.ndarray) -> np.ndarray:
         return gains_of(top, self.cands, self.gains)
+
+    def subset(self, rows: np.ndarray) -> Truth:
+        """The requests at `rows` (a look's: TopK.rows)."""
+        return Truth([self.cands[i] for i in rows], [self.gains[i] for i in rows])
 
     def graded(self, top: np.ndarray, base_gain: np.ndarray | None, seed: int) -> GradedQuality:
         """`top`'s graded figures; base_gain: gains_of(the baseline's lists), computed once by the caller

@@ -160,15 +160,12 @@ def _untrained(data, root, seed: int) -> Variant:
     return Variant.load(v.path)
 
 
-def test_the_study_report_grades_served_lists_and_adds_the_reference_rows(sim, parent, tmp_path):
-    """write_study_report as the pipeline calls it, on the planted tiny data: a trained baseline and an
-    untrained variant, their served top-k graded by the planted model, GAUC from their test scores, the
-    popularity and oracle rows beside them, the gate on expected clicks, the figures logged to MLflow."""
-    ds = sim.dataset
+def _planted_exp(*extra: str):
+    """The pipeline's settings on the planted tiny data, 150 quality requests of 60 candidates."""
     params = {f.name: getattr(TINY, f.name) for f in dataclasses.fields(TINY)}
     over = [f"data.params.{k}={v}" for k, v in params.items() if k in ("n_rows", "n_users", "n_items",
             "n_categories", "n_brands", "latent_dim", "max_recent")]  # fmt: skip
-    exp = experiment_config(
+    return experiment_config(
         compose(
             [
                 "data=synthetic_small",
@@ -177,9 +174,17 @@ def test_the_study_report_grades_served_lists_and_adds_the_reference_rows(sim, p
                 *over,
                 "quality.users=150",
                 "serve.n_candidates=60",
-            ]
+                *extra,
+            ]  # fmt: skip
         )
     )
+
+
+def test_the_study_report_grades_served_lists_and_adds_the_reference_rows(sim, parent, tmp_path):
+    """write_study_report as the pipeline calls it, on the planted tiny data: a trained baseline and an
+    untrained variant, their served top-k graded by the planted model, GAUC from their test scores, the
+    popularity and oracle rows beside them, the gate on expected clicks, the figures logged to MLflow."""
+    ds, exp = sim.dataset, _planted_exp()
     shutil.copytree(parent.path, tmp_path / "base")
     base, other = Variant.load(tmp_path / "base"), _untrained(ds, tmp_path, 1)
     topk = TopK(exp, ds)
@@ -205,3 +210,52 @@ def test_the_study_report_grades_served_lists_and_adds_the_reference_rows(sim, p
     assert {"expected_clicks_at_10_delta_rel", "oracle_ndcg_at_10", "gauc", "gauc_delta_rel"} <= set(m)
     assert m["gauc_delta_rel"] < 0  # an untrained model orders a user's rows worse than a trained one
     assert "ground truth" in md.split("## Gate")[1].split("\n## ")[0] or "PASS" in section
+
+
+def test_a_variant_whose_gate_a_look_decides_answers_no_more_requests(sim, parent, tmp_path):
+    """quality.looks at 50 and 100 of 150 requests, against a 40 % limit: the untrained variant's 99.9 %
+    interval at the first look (about -25 % to +16 %) is already above it, so it answers those 50 requests
+    (the lists it would have served them anyway) and no more; a copy of the baseline, whose lists agree
+    everywhere, has only the Clopper-Pearson bound on undetected differences (+-57 % at 50, +-30 % at 100)
+    and stops at 100. The report pairs each with the baseline's answers to the same requests and says who
+    stopped where."""
+    looks = ("quality.looks=[50,100]", "gate.max_expected_clicks_drop_pct=40")
+    ds, exp = sim.dataset, _planted_exp(*looks)
+    full = TopK(_planted_exp(), ds)
+    base = Variant.load(shutil.copytree(parent.path, tmp_path / "base"))
+    same = Variant.load(shutil.copytree(parent.path, tmp_path / "same"))
+    other = _untrained(ds, tmp_path, 1)
+    topk = TopK(exp, ds)
+    assert topk.file != full.file  # lists stopped at a look are never read as all the requests'
+    for v in (base, other, same):
+        measure_accuracy(v, ds, threads=1)
+        topk.measure(v, None if v is base else base)
+        full.measure(v)
+    rows = topk.rows(topk.load(other))
+    assert len(rows) == 50 and len(set(rows.tolist())) == 50 and (rows != np.arange(50)).any()  # shuffled
+    np.testing.assert_array_equal(topk.load(other), full.load(other)[rows])
+    rows = topk.rows(topk.load(same))
+    assert len(rows) == 100 and set(topk.rows(topk.load(other))) < set(rows)  # the looks are nested
+    np.testing.assert_array_equal(topk.load(same), full.load(same)[rows])
+    np.testing.assert_array_equal(topk.load(base), full.load(base))
+    strict = TopK(_planted_exp("quality.looks=[50,100]"), ds)  # the 1 % limit: no look decides either
+    strict.measure(other, base)
+    assert len(strict.load(other)) == 150
+
+    tracker = Tracker(f"sqlite:///{premade_store(tmp_path)}", "looks", str(tmp_path / "artifacts"))
+    nodes = exp.variants
+    base.name, other.name, same.name = nodes[0].name, nodes[1].name, nodes[2].name
+    built = [
+        Built(n, v, "", tracker.start_run(n.name), False)
+        for n, v in zip(nodes[:3], (base, other, same), strict=True)
+    ]
+    write_study_report(exp, built, ds, None, tmp_path / "report", tracker)
+    md = (tmp_path / "report" / "report.md").read_text()
+    section = md.split("## What users see")[1].split("\n## ")[0]
+    note = section.split("Answered in looks")[1].split("\n")[0]
+    assert "99.9% interval of Δexpected clicks" in note
+    assert f"`{other.name}` 50, `{same.name}` 100 requests" in note
+    row = next(ln for ln in section.splitlines() if ln.startswith(f"| `{other.name}`"))
+    assert row.rstrip(" |").endswith("PASS")
+    m = tracker.client.get_run(built[1].run_id).data.metrics
+    assert m["expected_clicks_at_10_delta_rel"] == pytest.approx(-0.0594, abs=1e-3)  # its 50, paired

@@ -119,7 +119,26 @@ def test_every_figure_resamples_the_same_users_drawn_once():
 
 def test_quality_settings_are_checked():
     with pytest.raises(ConfigError, match=r"quality: expected users >= 0, k >= 1 and 0 < rbo_p < 1"):
-        typed({"users": 10, "k": 10, "rbo_p": 1.0}, QualityConfig, "quality")
+        typed(
+            {"users": 10, "k": 10, "rbo_p": 1.0, "looks": [], "look_confidence": 0.999},
+            QualityConfig,
+            "quality",
+        )
+    for looks in ([5, 5], [0], [10], [6, 4]):
+        with pytest.raises(
+            ConfigError, match=r"quality\.looks: expected rising request counts above 0 and below users=10"
+        ):
+            typed(
+                {"users": 10, "k": 10, "rbo_p": 0.9, "looks": looks, "look_confidence": 0.999},
+                QualityConfig,
+                "quality",
+            )
+    with pytest.raises(
+        ConfigError, match=r"quality\.look_confidence: expected a level in \(0\.5, 1\); got 1"
+    ):
+        typed(
+            {"users": 10, "k": 10, "rbo_p": 0.9, "looks": [5], "look_confidence": 1}, QualityConfig, "quality"
+        )
     assert typed(compose([]).quality, QualityConfig, "quality").k == 10
 
 

@@ -91,6 +91,7 @@ class StudyContext:
     max_clicks_drop: float | None = None
     max_gauc_drop: float | None = None
     planted: bool = False  # the data carries a planted click model: the oracle-graded measures apply
+    look_confidence: float | None = None  # quality.look_confidence where quality.looks are set
     references: list[ReferenceRanking] = field(default_factory=list)  # rows of *What users see*, no gate
     retrieval: str = ""  # the candidates' source as served (FeatureStore.retrieval_name's wording)
     front: dict | None = None  # the served two-tower stage's index front (reco.pipeline._measure_front)

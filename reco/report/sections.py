@@ -578,12 +578,12 @@ def served_topk(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyCo
     if ctx.planted:
         cols = ["variant", f"expected clicks@{k}", f"Δexpected clicks@{k}", f"oracle NDCG@{k}",
                 f"Δoracle NDCG@{k}", "GAUC", "ΔGAUC"]  # fmt: skip
-    out = head + table([*cols, "gate"], rows)
+    out = head + table([*cols, "gate"], rows) + _looks_note(qs, ctx)
     logged = [(f"`{f.name}`", f.is_baseline, f.result.quality) for f in qs if f.result.quality is not None]
     logged += [(f"*{r.name}* (reference)", False, r.quality) for r in refs]
     if not logged:
         return out
-    n = logged[0][2].ndcg.n
+    n = logged[0][2].ndcg.n  # the baseline's: every request
     lrows = [
         [
             name,
@@ -597,7 +597,8 @@ def served_topk(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyCo
     ]
     out += [
         "",
-        f"Logged measures over the same {n:,} requests (test users with a positive, each with the service's "
+        f"Logged measures over the same {n:,} requests (fewer where a variant stopped at a look, as above; "
+        "test users with a positive, each with the service's "
         f"own candidates and ranking; reco/serve/quality.py): NDCG@{k} and recall@{k} of the top-{k} against "
         f"the user's positive test items (ir-measures); overlap@{k} and rank-biased overlap (p as configured, "
         f"normalised so identical lists score 1) against the baseline's top-{k} for the same request.",
@@ -605,6 +606,30 @@ def served_topk(figs: list[VariantFigures], gates: dict[str, Gate], ctx: StudyCo
         *table(["variant", f"NDCG@{k}", f"recall@{k}", f"ΔNDCG@{k}", f"overlap@{k}", "RBO"], lrows),
     ]
     return out
+
+
+def _looks_note(qs: list[VariantFigures], ctx: StudyContext) -> list[str]:
+    """Which variants answered fewer requests than the baseline: they stopped at a look (quality.looks)."""
+    base = next((f.result.quality for f in qs if f.is_baseline and f.result.quality), None)
+    if base is None or ctx.look_confidence is None:
+        return []
+    n = base.ndcg.n
+    short_ = [
+        f"`{f.name}` {f.result.quality.ndcg.n:,}"
+        for f in qs
+        if f.result.quality and f.result.quality.ndcg.n < n
+    ]
+    if not short_:
+        return []
+    return [
+        "",
+        f"Answered in looks (`quality.looks`, in a seeded random order of the {n:,} requests): a variant stops "
+        f"at the first look where its paired {ctx.look_confidence:.1%} interval of Δexpected clicks lies wholly "
+        "on one side of the gate's limit (Haybittle-Peto: the looks spend almost none of the last look's 5 %), "
+        "and its figures rest on the requests it answered, paired with the baseline's answers to them: "
+        + ", ".join(short_)
+        + " requests.",
+    ]
 
 
 def _truth_row(

@@ -36,12 +36,25 @@ class QualityConfig:
     users: int = MISSING  # test users (with a positive) whose served top-k is compared; 0: off
     k: int = MISSING  # the list compared: NDCG@k, recall@k, overlap@k, RBO to depth k
     rbo_p: float = MISSING  # RBO's persistence: the weight of rank d is p^(d-1)
+    # interim looks (request counts < users, rising): a variant stops answering at the first look where
+    # its look_confidence interval of Δexpected clicks@k decides the gate (TopK.measure); []: none
+    looks: list[int] = MISSING
+    look_confidence: float = MISSING
 
     def check(self, where: str) -> None:
         if self.users < 0 or self.k < 1 or not 0 < self.rbo_p < 1:
             raise ConfigError(
                 f"{where}: expected users >= 0, k >= 1 and 0 < rbo_p < 1; got users={self.users}, k={self.k}, "
                 f"rbo_p={self.rbo_p}"
+            )
+        looks = list(self.looks)
+        if looks and any(b <= a for a, b in zip([0, *looks], [*looks, self.users], strict=True)):
+            raise ConfigError(
+                f"{where}.looks: expected rising request counts above 0 and below users={self.users}; got {looks}"
+            )
+        if not 0.5 < self.look_confidence < 1:
+            raise ConfigError(
+                f"{where}.look_confidence: expected a level in (0.5, 1); got {self.look_confidence}"
             )
 
 
@@ -63,6 +76,23 @@ class _Context:  # reco.serve.features.RequestContext from a test row
 
 
 SPLITS = ("train", "val", "test")
+
+
+def look_order(n: int, seed: int) -> np.ndarray:
+    """The order the quality.looks answer requests in: a seeded shuffle, since the requests are sorted by
+    user id and the first m of them would be the lowest ids, not a sample of the users."""
+    return np.random.default_rng([seed, n]).permutation(n)
+
+
+def look_rows(n: int, m: int, seed: int) -> np.ndarray:
+    """The requests (indices, ascending) answered by the look at m of n: a variant's lists of m rows are
+    these requests' (m = n: all of them)."""
+    return np.arange(n) if m >= n else np.sort(look_order(n, seed)[:m])
+
+
+def subset(reqs: QualityRequests, rows: np.ndarray) -> QualityRequests:
+    """The requests at `rows` (indices into reqs), in that order."""
+    return QualityRequests(reqs.users[rows], reqs.rows[rows], [reqs.relevant[i] for i in rows], reqs.split)
 
 
 def quality_requests(data: Dataset, n_users: int, seed: int, split: str = "test") -> QualityRequests:

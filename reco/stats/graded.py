@@ -77,3 +77,20 @@ def graded_quality(
         paired_relative_delta(x["clicks"], b["clicks"], seed, bound=float(k)),
         paired_relative_delta(x["ndcg"], b["ndcg"], seed),
     )
+
+
+def clicks_decided(
+    top_gain: np.ndarray,
+    base_gain: np.ndarray,
+    cand_gain: Sequence[np.ndarray],
+    limit: float,
+    conf: float,
+    seed: int = 0,
+) -> bool:
+    """Whether the paired `conf` interval of Δexpected clicks (relative to base_gain's, the same requests)
+    lies wholly at or above `limit` or wholly below it: the gate's verdict at that level (a look's rule)."""
+    k = top_gain.shape[1]
+    x = graded_per_request(top_gain, cand_gain)["clicks"]
+    b = graded_per_request(base_gain, cand_gain)["clicks"]
+    e = paired_relative_delta(x, b, seed, conf=conf, bound=float(k))
+    return e.value is not None and (e.lo >= limit or e.hi < limit)
