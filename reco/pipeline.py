@@ -588,9 +588,9 @@ class TopK:
 
     def _decided(self, top: np.ndarray, answered: np.ndarray, base_top: np.ndarray, truth: Truth) -> bool:
         """Whether lists `top` (of requests `answered`, in that order) decide the gate at a look."""
-        q, exp = self.exp.quality, self.exp
         from reco.stats.graded import clicks_decided
 
+        q, exp = self.exp.quality, self.exp
         t = truth.subset(answered)
         return clicks_decided(
             t.gains_of(top),

@@ -106,8 +106,8 @@ from reco.variant import Variant
 Log = Callable[[str, list[Path], str], None]
 SEARCH_STEPS = 4  # steps a search takes when it starts near its answer (budget estimates only)
 # Runs that yield to the budget's reserve for what comes after them: a first capacity search leaves the
-# unloaded rounds and one common-load round their time, a later one every common-load round (_reserve),
-# a common-load window and equal utilisation the unloaded rounds still to come.
+# unloaded rounds and the common load's first `repeats` rounds their time (_reserve), a later search, a
+# common-load window and equal utilisation the unloaded rounds still to come.
 LOW_PRIORITY = ("capacity", "common", "equal_util")
 
 

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reco.stats import Estimate
+from reco.stats import Estimate, Verdict, verdict_at_least
 from reco.stats.topk import mean_ci, paired_relative_delta
 
 
@@ -88,9 +88,9 @@ def clicks_decided(
     seed: int = 0,
 ) -> bool:
     """Whether the paired `conf` interval of Δexpected clicks (relative to base_gain's, the same requests)
-    lies wholly at or above `limit` or wholly below it: the gate's verdict at that level (a look's rule)."""
+    gives the gate a verdict against `limit` (reco.report.gate's rule at that level): a look's stopping rule."""
     k = top_gain.shape[1]
     x = graded_per_request(top_gain, cand_gain)["clicks"]
     b = graded_per_request(base_gain, cand_gain)["clicks"]
     e = paired_relative_delta(x, b, seed, conf=conf, bound=float(k))
-    return e.value is not None and (e.lo >= limit or e.hi < limit)
+    return verdict_at_least(e, limit) != Verdict.INCONCLUSIVE
