@@ -62,11 +62,11 @@ def main() -> None:
             conf = q.look_confidence if m < n else CONF
             r = look_rows(n, m, exp.seed)
             e = paired_relative_delta(x[r], base[r], exp.seed, conf=conf, bound=float(q.k))
-            v = verdict_at_least(e, limit)
-            mark = " <-" if v != Verdict.INCONCLUSIVE and not stopped else ""
+            verdict = verdict_at_least(e, limit)
+            mark = " <-" if verdict != Verdict.INCONCLUSIVE and not stopped else ""
             stopped |= bool(mark)
             cells.append(
-                f"{m:,} ({conf:.1%}): {100 * e.value:+.2f}% [{100 * e.lo:+.2f}, {100 * e.hi:+.2f}] {v}{mark}"
+                f"{m:,} ({conf:.1%}): {100 * e.value:+.2f}% [{100 * e.lo:+.2f}, {100 * e.hi:+.2f}] {verdict}{mark}"
             )
         print(f"  {name}: " + " | ".join(cells))
 

@@ -546,7 +546,14 @@ class TopK:
 
     @functools.cached_property
     def truth(self) -> Truth | None:
-        return ground_truth(self.exp, self.data, self.store, self.requests)
+        truth = ground_truth(self.exp, self.data, self.store, self.requests)
+        if truth is None and self.exp.quality.looks:
+            print(
+                "  quality.looks: no planted click model to judge a look by, so every variant answers all "
+                f"{len(self.requests.users):,} requests",
+                flush=True,
+            )
+        return truth
 
     def rows(self, top: np.ndarray) -> np.ndarray:
         """The requests (indices into `requests`) that lists `top` answer: all, or a look's."""

@@ -262,3 +262,16 @@ def test_a_runtime_that_moves_with_its_batch_mates_is_measured_one_request_a_cal
     )
     np.testing.assert_array_equal(topk.load(dynamic), alone)
     assert (eight != alone).any(axis=1).sum() > 0  # 8 a call would have measured other lists
+
+
+def test_looks_without_a_planted_click_model_say_so_and_answer_every_request(data, tmp_path, capsys):
+    """A look is judged by Δexpected clicks, which needs the planted click model: without it (this tiny
+    data is not the preset's) quality.looks says so and every variant answers all the requests."""
+    exp = experiment_config(compose(["quality.users=60", "quality.looks=[20,40]", "serve.n_candidates=40"]))
+    vdir, _ = make_variant(data, tmp_path)
+    base, other = Variant.load(vdir), Variant.load(shutil.copytree(vdir, tmp_path / "other"))
+    topk = TopK(exp, data)
+    topk.measure(base)
+    topk.measure(other, base)
+    assert topk.truth is None and len(topk.load(other)) == len(topk.load(base)) == 60
+    assert "quality.looks: no planted click model" in capsys.readouterr().out
