@@ -23,8 +23,7 @@ from reco.experiment import experiment_config
 from reco.pipeline import TopK, finished_variants
 from reco.serve.quality import look_rows
 from reco.stats import CONF, Verdict, verdict_at_least
-from reco.stats.graded import graded_per_request
-from reco.stats.topk import paired_relative_delta
+from reco.stats.graded import clicks_delta, graded_per_request
 
 
 def main() -> None:
@@ -61,7 +60,7 @@ def main() -> None:
         for m in [*(m for m in looks if m < n), n]:
             conf = q.look_confidence if m < n else CONF
             r = look_rows(n, m, exp.seed)
-            e = paired_relative_delta(x[r], base[r], exp.seed, conf=conf, bound=float(q.k))
+            e = clicks_delta(x[r], base[r], q.k, exp.seed, conf)
             verdict = verdict_at_least(e, limit)
             mark = " <-" if verdict != Verdict.INCONCLUSIVE and not stopped else ""
             stopped |= bool(mark)

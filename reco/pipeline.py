@@ -571,8 +571,8 @@ class TopK:
         scorer = load_scorer(v, threads=self.exp.trainer.threads, shared=shared, batch=True)
         reqs, n = self.requests, len(self.requests.users)
         base_top = self.load(base)
-        truth = self.truth if base_top is not None and self.exp.quality.looks else None
-        looks = [m for m in self.exp.quality.looks if m < n] if truth is not None else []
+        judged = base_top is not None and self.exp.quality.looks and self.truth is not None
+        looks = [m for m in self.exp.quality.looks if m < n] if judged else []
         order = look_order(n, self.exp.seed) if looks else np.arange(n)
         top = np.empty((0, self.exp.quality.k), dtype=np.int64)
         for a, m in itertools.pairwise([0, *looks, n]):
@@ -586,27 +586,26 @@ class TopK:
                 per_call,
             )
             top = np.concatenate([top, part])
-            if m < n and truth is not None and self._decided(top, order[:m], base_top, truth):
+            if m < n and self._decided(top, order[:m], base_top):
                 print(f"  what users see: decided at the look at {m:,} of {n:,} requests", flush=True)
                 break
         top = top[np.argsort(order[: len(top)])]  # request order: rows look_rows(n, len(top))
         np.save(v.path / file, top, allow_pickle=False)
         v.add_artifact(file, file)
 
-    def _decided(self, top: np.ndarray, answered: np.ndarray, base_top: np.ndarray, truth: Truth) -> bool:
-        """Whether lists `top` (of requests `answered`, in that order) decide the gate at a look."""
-        from reco.stats.graded import clicks_decided
+    def _decided(self, top: np.ndarray, answered: np.ndarray, base_top: np.ndarray) -> bool:
+        """Whether lists `top` (of requests `answered`, in that order) give the what-users-see gate a
+        verdict at quality.look_confidence (reco.report.gate's rule at the look's level)."""
+        from reco.stats import Verdict, verdict_at_least
+        from reco.stats.graded import clicks_delta, graded_per_request
 
-        q, exp = self.exp.quality, self.exp
-        t = truth.subset(answered)
-        return clicks_decided(
-            t.gains_of(top),
-            t.gains_of(base_top[answered]),
-            t.gains,
-            -exp.gate.max_expected_clicks_drop_pct / 100,
-            q.look_confidence,
-            exp.seed,
+        assert self.truth is not None  # measure looks only with a planted click model
+        q, t = self.exp.quality, self.truth.subset(answered)
+        x, b = (
+            graded_per_request(t.gains_of(lists), t.gains)["clicks"] for lists in (top, base_top[answered])
         )
+        e = clicks_delta(x, b, q.k, self.exp.seed, q.look_confidence)
+        return verdict_at_least(e, -self.exp.gate.max_expected_clicks_drop_pct / 100) != Verdict.INCONCLUSIVE
 
     def load(self, v: Variant | None) -> np.ndarray | None:
         if v is None or not {self.file, self.alone_file} & v.artifacts.keys():
@@ -769,9 +768,10 @@ def write_study_report(
         if top is not None and (b is base or base_top is not None):
             # a variant stopped at a look is paired with the baseline's lists for the requests it answered
             rows = topk.rows(top)
-            relevant = [topk.requests.relevant[i] for i in rows]
             against = None if b is base else base_top[rows]
-            quality = topk_quality(top, relevant, against, exp.quality.rbo_p, exp.seed)
+            quality = topk_quality(
+                top, subset(topk.requests, rows).relevant, against, exp.quality.rbo_p, exp.seed
+            )
             if truth is not None and base_gain is not None:
                 graded = truth.subset(rows).graded(top, None if b is base else base_gain[rows], exp.seed)
         results.append(

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from reco.stats import Estimate, Verdict, verdict_at_least
+from reco.stats import CONF, Estimate
 from reco.stats.topk import mean_ci, paired_relative_delta
 
 
@@ -73,24 +73,13 @@ def graded_quality(
         k,
         q.clicks,
         q.ndcg,
-        # a request's expected clicks differ by at most k (k items, each P <= 1)
-        paired_relative_delta(x["clicks"], b["clicks"], seed, bound=float(k)),
+        clicks_delta(x["clicks"], b["clicks"], k, seed),
         paired_relative_delta(x["ndcg"], b["ndcg"], seed),
     )
 
 
-def clicks_decided(
-    top_gain: np.ndarray,
-    base_gain: np.ndarray,
-    cand_gain: Sequence[np.ndarray],
-    limit: float,
-    conf: float,
-    seed: int = 0,
-) -> bool:
-    """Whether the paired `conf` interval of Δexpected clicks (relative to base_gain's, the same requests)
-    gives the gate a verdict against `limit` (reco.report.gate's rule at that level): a look's stopping rule."""
-    k = top_gain.shape[1]
-    x = graded_per_request(top_gain, cand_gain)["clicks"]
-    b = graded_per_request(base_gain, cand_gain)["clicks"]
-    e = paired_relative_delta(x, b, seed, conf=conf, bound=float(k))
-    return verdict_at_least(e, limit) != Verdict.INCONCLUSIVE
+def clicks_delta(x: np.ndarray, base: np.ndarray, k: int, seed: int = 0, conf: float = CONF) -> Estimate:
+    """Δexpected clicks@k relative to the baseline's: per-request expected clicks `x` and `base` over the
+    same requests (graded_per_request), with a paired bootstrap CI at `conf` (the gate's, or a look's)."""
+    # a request's expected clicks differ by at most k (k items, each P <= 1)
+    return paired_relative_delta(x, base, seed, conf=conf, bound=float(k))
