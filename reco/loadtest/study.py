@@ -106,7 +106,7 @@ from reco.variant import Variant
 Log = Callable[[str, list[Path], str], None]
 SEARCH_STEPS = 4  # steps a search takes when it starts near its answer (budget estimates only)
 # Runs that yield to the budget's reserve for what comes after them: a first capacity search leaves the
-# unloaded rounds and the common load's first round their time (_reserve), a later search, a
+# unloaded rounds and the common load's first `repeats` rounds their time (_reserve), a later search, a
 # common-load window and equal utilisation the unloaded rounds still to come.
 LOW_PRIORITY = ("capacity", "common", "equal_util")
 
@@ -795,7 +795,7 @@ def _slo(s: _Study, result: StudyOutcome, plan: _Schedule) -> None:
 def _first_searches(s: _Study, slo: float, plan: _Schedule) -> None:
     """The searches the study's own question needs, before the common load: the declared headline's first
     search, then the reference's (every QPS gain divides by its capacity, and it sets the common load).
-    Each leaves the unloaded blocks and the common load's first round their time (_reserve); the
+    Each leaves the unloaded blocks and the common load's first rounds their time (_reserve); the
     headline may use half of the rest and leaves the reference its estimate, the reference gets all that
     is left (a slow reference with one share among seven got no passing rate:
     experiments/ecommerce_case_study/README.md#capacity-time). The other variants' searches come after
@@ -1040,15 +1040,16 @@ def _unloaded_left(s: _Study, slots: list[int], at: int) -> float:
 
 
 def _reserve(s: _Study, ref: str, slots: list[int], slo: float, lowest: float | None = None) -> float:
-    """Seconds the unloaded rounds left and the common load's first round will need, each window priced at
+    """Seconds the unloaded rounds left and the common load's first rounds will need, each window priced at
     the rate it will run at as things stand (_common_plan), which the first capacity searches leave them.
-    One round, which gives every variant its common-load figures: the QPS gain comes before the common
-    load, so the rounds after it run on what the searches leave (with 3 rounds reserved, a slow
-    reference's search often ended before any rate passed: experiments/ecommerce_case_study/README.md#common-load-reserve).
+    At most `repeats` rounds: the QPS gain comes before the common load, so common_repeats past them run
+    on what the searches leave (reserved, 10 rounds at the rate a slow reference's search would end at
+    stopped that search before any rate passed: experiments/ecommerce_case_study/README.md#common-load-rounds).
     Equal utilisation is not reserved: it is the study's lowest priority and runs on what is left."""
+    st = s.lt.study
     common = _common_plan(s, ref, slo, lowest)[0] or 0.0
-    window = window_s(common, s.lt.study.load_requests, s.lt.warmup_s) if common > 0 else 0.0
-    return _unloaded_left(s, slots, 1) + len(s.alive()) * window
+    window = window_s(common, st.load_requests, s.lt.warmup_s) if common > 0 else 0.0
+    return _unloaded_left(s, slots, 1) + min(common_repeats(st), st.repeats) * len(s.alive()) * window
 
 
 def median_capacity(o: LoadOutcome) -> float | None:
