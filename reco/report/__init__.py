@@ -23,7 +23,7 @@ from pathlib import Path
 
 from reco.report.context import Machine, StudyContext, VariantResult
 from reco.report.figures import study_figures
-from reco.report.gate import gate
+from reco.report.gate import study_gates
 from reco.report.markdown import report
 from reco.report.metrics import study_metrics, variant_metrics
 from reco.report.plots import write_plots
@@ -45,7 +45,7 @@ def write_report(results: list[VariantResult], ctx: StudyContext, out_dir: Path)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     figs = study_figures(results, ctx)
-    gates = {f.name: gate(f, ctx) for f in figs}
+    gates = study_gates(figs, ctx)
     written = [write_csv(figs, gates, ctx, out_dir / "comparison.csv")]
     comparison_md = out_dir / "comparison.md"
     comparison_md.write_text(markdown_table(figs, gates) + "\n")

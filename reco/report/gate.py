@@ -9,7 +9,12 @@
   budget: its upper bound is open), a capacity step of the same variant that PASSED the same SLO at a
   rate >= the common load decides it PASS: it bounded the p99 from above, at its Bonferroni confidence,
   under more load. That rests on latency not falling as the offered load rises, which the reason states;
-  a FAIL at the common load is never overruled.
+  a FAIL at the common load is never overruled. Else the baseline's p99 there, bounded within the SLO
+  (its own closed CI at the common load, else its capacity step as above), over the variant's paired
+  p99 speed-up there (baseline / variant, from the blocks both ran in) bounds the variant's p99 from
+  above: PASS where baseline bound / speed-up's lower bound is within the SLO. Two one-sided 97.5 %
+  bounds, so the claim holds at >= 95 % (Bonferroni), as the gate's own CI does; the pairing cancels
+  the drift both variants shared, which keeps a few hundred requests' own p99 open.
 - **What users see**: the measure with ground truth where the data has one -- on data with a planted
   click model (and quality.users > 0), the relative Δ expected clicks@k of the served top-k vs the
   baseline's for the same requests (paired bootstrap CI over requests, reco.stats.graded) against
@@ -125,8 +130,10 @@ def _relative(name: str, delta: Estimate | None, max_drop: float) -> Decision:
     return Decision(v, f"{name} {est(scaled(delta, 100), '+.2f', '%')} {relation} the limit {limit:+.2%}")
 
 
-def latency_gate(f: VariantFigures, ctx: StudyContext) -> Decision | None:
-    """Pooled e2e p99 CI at the common load vs the SLO; None when the study has no SLO."""
+def latency_gate(f: VariantFigures, ctx: StudyContext, ref: VariantFigures | None = None) -> Decision | None:
+    """Pooled e2e p99 CI at the common load vs the SLO (module docstring: where it cannot decide, a
+    capacity step of the variant, else the reference `ref`'s bound over the paired speed-up); None when
+    the study has no SLO."""
     slo = ctx.slo_p99_ms
     if slo is None:
         return None
@@ -150,8 +157,11 @@ def latency_gate(f: VariantFigures, ctx: StudyContext) -> Decision | None:
         return Decision(Verdict.FAIL, f"error rate {common.error_rate:.2%} > cap {ctx.max_error_rate:.2%}")
     p99 = common.quantiles["p99"]
     v = verdict_at_most(p99, slo)
+    why = f"e2e p99 {est(p99, unit=' ms')} at the common load cannot decide it"
     if v == Verdict.INCONCLUSIVE and step is not None:
-        return _by_step(step, f"e2e p99 {est(p99, unit=' ms')} at the common load cannot decide it", ctx)
+        return _by_step(step, why, ctx)
+    if v == Verdict.INCONCLUSIVE and (paired := _by_reference(f, ref, ctx, why)) is not None:
+        return paired
     if not p99.supported:
         return Decision(v, f"e2e p99 {est(p99)}: too few requests for a p99 CI")
     relation = {Verdict.PASS: "within", Verdict.FAIL: "above"}.get(v, "straddles")
@@ -167,6 +177,45 @@ def _by_step(step: CapacityStep, why: str, ctx: StudyContext) -> Decision:
     )
 
 
+def _reference_bound(ref: VariantFigures, ctx: StudyContext) -> tuple[float, str] | None:
+    """(ms, where from) of an upper bound on the reference's p99 at the common load within the SLO: its
+    own CI there where closed, else the CI of its capacity step that passed at or above that load
+    (the SLO itself where that step passed on its exceedance bound); None when neither bounds it."""
+    slo, common = ctx.slo_p99_ms, ref.latency.get("common")
+    p99 = common.quantiles["p99"] if common is not None and common.valid else None
+    if p99 is not None and p99.supported and p99.hi is not None and p99.hi <= slo:
+        return p99.hi, f"its e2e p99 there {est(p99, unit=' ms')}"
+    step = _passed_above(ref.capacity, ctx.common_rate_qps)
+    if step is None:
+        return None
+    q = step.run.quantiles["p99"]
+    bound = q.hi if q.supported and q.hi is not None and q.hi <= slo else slo
+    return bound, (
+        f"its capacity step at {step.rate:.3g} req/s kept p99 {est(q, unit=' ms')} within the SLO, latency "
+        "assumed not to fall as the load rises"
+    )
+
+
+def _by_reference(
+    f: VariantFigures, ref: VariantFigures | None, ctx: StudyContext, why: str
+) -> Decision | None:
+    """PASS where the reference's p99 bound at the common load over the variant's paired p99 speed-up
+    there (lower bound) is within the SLO (module docstring); None where that does not decide it."""
+    r = f.speedup.get(("common", "p99"))
+    if ref is None or f.is_baseline or r is None or not r.pooled.supported or not (r.pooled.lo or 0) > 0:
+        return None
+    bound = _reference_bound(ref, ctx)
+    if bound is None or bound[0] / r.pooled.lo > ctx.slo_p99_ms:
+        return None
+    ms, source = bound
+    return Decision(
+        Verdict.PASS,
+        f"{why}, but the baseline's p99 there is at most {ms:.3g} ms ({source}) and this variant's paired "
+        f"p99 speed-up there is {est(r.pooled, '.2f', '×')}: its p99 at most {ms:.3g} / {r.pooled.lo:.2f} = "
+        f"{ms / r.pooled.lo:.3g} ms, within the SLO {ctx.slo_p99_ms:g} ms (each bound one-sided 97.5 %)",
+    )
+
+
 def _passed_above(searches: list[Capacity], rate: float | None) -> CapacityStep | None:
     """The lowest-rate capacity step that PASSED at `rate` req/s or more (None: none, or no rate)."""
     steps = [s for c in searches for s in c.steps if s.verdict == Verdict.PASS]
@@ -174,6 +223,12 @@ def _passed_above(searches: list[Capacity], rate: float | None) -> CapacityStep 
     return min(above, key=lambda s: s.rate, default=None)
 
 
-def gate(f: VariantFigures, ctx: StudyContext) -> Gate:
-    """Both parts of the gate for one variant."""
-    return Gate(accuracy_gate(f, ctx), latency_gate(f, ctx), quality_gate(f, ctx))
+def gate(f: VariantFigures, ctx: StudyContext, ref: VariantFigures | None = None) -> Gate:
+    """Every part of the gate for one variant; `ref`: the baseline's figures (latency_gate)."""
+    return Gate(accuracy_gate(f, ctx), latency_gate(f, ctx, ref), quality_gate(f, ctx))
+
+
+def study_gates(figs: list[VariantFigures], ctx: StudyContext) -> dict[str, Gate]:
+    """gate() of every variant, keyed by name, each judged with the baseline's figures beside it."""
+    ref = next((f for f in figs if f.is_baseline), None)
+    return {f.name: gate(f, ctx, ref) for f in figs}

@@ -56,7 +56,8 @@ def setup(figs: list[VariantFigures], ctx: StudyContext) -> list[str]:
         load = f"{study.common_rate_qps:g} req/s offered{of_base}" if study.common_rate_qps else "not set"
         lines += [
             f"- Latency SLO: e2e p99 ≤ {slo}; the latency gate needs the pooled p99 CI at the common load "
-            f"within it (or, where that CI is open, a capacity step that passed at a higher rate) and the "
+            f"within it (or, where that CI is open, a capacity step that passed at a higher rate, or the "
+            f"baseline's p99 bound there over the variant's paired p99 speed-up there) and the "
             f"error rate ≤ {ctx.max_error_rate:.1%}",
             f"- Common load: {load}; open-loop Poisson arrivals, the same for every variant",
             f"- keep_warm: {'on' if study.keep_warm else 'off'}; before the first measured window every "

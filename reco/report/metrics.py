@@ -13,7 +13,7 @@ from __future__ import annotations
 from reco.loadtest.outcome import QUANTILES
 from reco.report.context import StudyContext, VariantResult
 from reco.report.figures import SLO_FACTORS, Latency, VariantFigures, study_figures
-from reco.report.gate import Gate, gate
+from reco.report.gate import Gate, study_gates
 from reco.serve.metrics import LOOP_CPU_STAGES
 from reco.stats import Estimate, Verdict
 
@@ -190,4 +190,6 @@ def study_metrics(results: list[VariantResult], ctx: StudyContext) -> dict[str, 
     Returns:
         {variant name: {metric name: value}}.
     """
-    return {f.name: variant_metrics(f, gate(f, ctx), ctx) for f in study_figures(results, ctx)}
+    figs = study_figures(results, ctx)
+    gates = study_gates(figs, ctx)
+    return {f.name: variant_metrics(f, gates[f.name], ctx) for f in figs}
