@@ -34,7 +34,6 @@ from reco.loadtest.outcome import (
 from reco.pipeline import _log_variant, log_report_metrics
 from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
 from reco.report.figures import (
-    Ratio,
     bracket,
     bracket_at,
     capacity_gain,
@@ -416,46 +415,52 @@ def test_a_capacity_step_that_passed_above_the_common_load_decides_an_open_p99()
 
 
 def test_the_baselines_bound_over_a_paired_speedup_decides_an_open_p99():
-    """Issue 43: a variant's own p99 at the common load open (3 x 130 requests), its paired p99 speed-up
-    there closed: the baseline's p99 bound there over the speed-up's lower bound bounds it from above.
-    PASS within the SLO, from the baseline's closed CI or, where that is open, from its capacity step at
-    or above the common load; not where the quotient is past the SLO, nor without a bound or a speed-up;
-    a FAIL at the common load is never overruled."""
+    """Issue 43: a variant's own p99 at the common load open (3 blocks of 130 requests), its paired p99
+    speed-up there (from the same blocks, at PAIRED_BOUND_CONF) closed: the baseline's p99 bound there over
+    the speed-up's lower bound bounds it from above. PASS within the SLO, from the baseline's closed CI
+    or, where that is open, from its capacity step at or above the common load; not where the quotient
+    is past the SLO, nor without a bound or blocks to pair; a FAIL at the common load is never overruled."""
     results, ctx = make_study()
     figs = {f.name: f for f in study_figures(results, ctx)}
-    base = figs["base"]
-    short = pool("common", [load_run("common", lognormal(10.0, 130, i), offered=10.0) for i in range(3)])
-    assert math.isinf(short.quantiles["p99"].hi)
-    ref_p99 = base.p99()
-    assert ref_p99.hi <= SLO  # the baseline's own CI at the common load bounds it
 
-    def variant_with(lo):
-        ratio = Ratio(Estimate(lo * 1.4, lo, lo * 2, 390), None, 3, "pooled blocks")
-        f = figs["pruned"]
-        # no capacity step of its own: that path would decide it first
-        result = dataclasses.replace(f.result, load=dataclasses.replace(f.result.load, capacity=[]))
-        return dataclasses.replace(
-            f, result=result, latency={**f.latency, "common": short}, speedup={("common", "p99"): ratio}
+    def blocks(p50, n, seed, block=True):
+        runs = [load_run("common", lognormal(p50, n, seed + i), offered=10.0) for i in range(3)]
+        return pool(
+            "common", [dataclasses.replace(r, block=i if block else None) for i, r in enumerate(runs)]
         )
 
-    g = gate(variant_with(1.2), ctx, base).latency
-    assert g.verdict == Verdict.PASS and "paired p99 speed-up" in g.reason, g.reason
-    assert f"{ref_p99.hi / 1.2:.3g} ms, within the SLO" in g.reason, g.reason
-    assert gate(variant_with(1.2), ctx).latency.verdict == Verdict.INCONCLUSIVE  # no baseline beside it
-    # the baseline's bound over a lower bound this small is past the SLO: no claim
-    assert gate(variant_with(ref_p99.hi / SLO * 0.9), ctx, base).latency.verdict == Verdict.INCONCLUSIVE
+    def with_common(f, lat, steps=True):
+        load = f.result.load if steps else dataclasses.replace(f.result.load, capacity=[])
+        return dataclasses.replace(
+            f, result=dataclasses.replace(f.result, load=load), latency={**f.latency, "common": lat},
+            capacity=f.capacity if steps else [],
+        )  # fmt: skip
+
+    base = with_common(figs["base"], blocks(40.0, 400, 0))
+    ref_hi = base.p99().hi
+    assert ref_hi <= SLO  # the baseline's own CI at the common load bounds it
+    fast = with_common(figs["pruned"], blocks(10.0, 130, 10), steps=False)  # its own steps would decide first
+    assert math.isinf(fast.p99().hi)
+    g = gate(fast, ctx, base).latency
+    assert g.verdict == Verdict.PASS and "paired p99 speed-up" in g.reason and "at 99%" in g.reason, g.reason
+    assert f"at most {ref_hi:.3g} ms (its e2e p99 there" in g.reason, g.reason
+    assert gate(fast, ctx).latency.verdict == Verdict.INCONCLUSIVE  # no baseline beside it
+    # a variant about as slow as the baseline: its bound over a speed-up's lower bound below 1 is past the SLO
+    slow = with_common(figs["pruned"], blocks(35.0, 130, 20), steps=False)
+    assert gate(slow, ctx, base).latency.verdict == Verdict.INCONCLUSIVE
     # the baseline's own p99 open too: its capacity step at or above the common load bounds it
-    open_base = dataclasses.replace(base, latency={**base.latency, "common": short})
-    step = [s for c in base.capacity for s in c.steps if s.verdict == Verdict.PASS and s.rate >= 10.0]
-    g = gate(variant_with(1.2), ctx, open_base).latency
-    assert step and g.verdict == Verdict.PASS and "capacity step at" in g.reason, g.reason
-    no_step = dataclasses.replace(open_base, capacity=[])
-    assert gate(variant_with(1.2), ctx, no_step).latency.verdict == Verdict.INCONCLUSIVE
-    # a variant whose own p99 at the common load is past the SLO stays FAIL whatever the speed-up says
-    ort = dataclasses.replace(
-        figs["ort"], speedup={("common", "p99"): variant_with(1.2).speedup[("common", "p99")]}
-    )
-    assert gate(ort, ctx, base).latency.verdict == Verdict.FAIL
+    open_base = with_common(figs["base"], blocks(40.0, 130, 30))
+    assert math.isinf(open_base.p99().hi)
+    g = gate(fast, ctx, open_base).latency
+    assert g.verdict == Verdict.PASS and "its capacity step at" in g.reason, g.reason
+    no_step = with_common(figs["base"], blocks(40.0, 130, 30), steps=False)
+    assert gate(fast, ctx, no_step).latency.verdict == Verdict.INCONCLUSIVE
+    # runs that ran in no block pair up with nothing
+    unpaired = with_common(figs["pruned"], blocks(10.0, 130, 10, block=False), steps=False)
+    assert gate(unpaired, ctx, base).latency.verdict == Verdict.INCONCLUSIVE
+    # a variant whose own p99 at the common load is past the SLO stays FAIL
+    over = with_common(figs["pruned"], blocks(200.0, 400, 80), steps=False)
+    assert gate(over, ctx, base).latency.verdict == Verdict.FAIL
 
 
 def test_failures_count_as_inf_and_flip_the_latency_verdict():
