@@ -334,6 +334,43 @@ def paired_table(blocks: int, n: int, runs: int, seed: int, utilisations: list[f
     return lines
 
 
+def paired_lower_table(
+    blocks: int, n: int, runs: int, seed: int, utilisations: list[float], confs: list[float]
+) -> list[str]:
+    """How often the pooled-blocks p99 speed-up's LOWER bound lies above the true ratio (slower / faster,
+    both orders of every pair): where the report's latency gate divides the baseline's p99 bound by it
+    (reco.report.gate.PAIRED_BOUND_CONF), that share is the bound's own error rate (nominal
+    (1 - conf) / 2), and the other side's beside it. Every level judges the same simulated studies."""
+    from reco.stats.paired import paired_ratio
+
+    rng = np.random.default_rng(seed)
+    head = "| pair (slower / faster) | utilisation | " + " | ".join(
+        f"lower bound above the truth at {c:.0%} (nominal {(1 - c) / 2:.1%}) | upper below" for c in confs
+    )
+    lines = [head + " | runs |", "|---" * (3 + 2 * len(confs)) + "|"]
+    for u in utilisations:
+        for a, b in PAIRS:
+            for slow, fast in ((a, b), (b, a)):
+                p = PairSetting(slow, fast, u, 0.6, 0.1)
+                ta, tb = _pair(p, 4000, n, rng)
+                truth = float(np.quantile(ta, 0.99) / np.quantile(tb, 0.99))
+                above, below, closed = np.zeros(len(confs)), np.zeros(len(confs)), np.zeros(len(confs))
+                for _ in range(runs):
+                    x, y = _pair(p, blocks, n, rng)
+                    for i, c in enumerate(confs):
+                        e = paired_ratio(list(x), list(y), 0.99, conf=c)
+                        if e.supported and e.lo > 0:
+                            closed[i] += 1
+                            above[i] += e.lo > truth
+                            below[i] += e.hi < truth
+                cells = [
+                    f"{above[i] / closed[i]:.3f} | {below[i] / closed[i]:.3f}" for i in range(len(confs))
+                ]
+                lines.append(f"| {slow} / {fast} | {u:.0%} | " + " | ".join(cells) + f" | {runs} |")
+                print(lines[-1], file=sys.stderr, flush=True)
+    return lines
+
+
 # -- a capacity step's power (issue 43): does a step far below the SLO PASS? -------------------------------
 # One step as the case study runs it (loadtest.capacity: 600 requests, doubled up to 8,000: 5 looks at 99 %)
 # on one continuous chain (the server keeps running between a step's windows), judged at each look by
@@ -583,6 +620,14 @@ def main(argv: list[str] | None = None) -> None:
         "--utilisations",
     )
     ap.add_argument(
+        "--paired-lower",
+        default=None,
+        metavar="BLOCKSxN",
+        help="instead: how often the paired p99 speed-up's lower bound lies above the truth at each of "
+        "--confs (the latency gate's bound; the common load: 3x130), at --utilisations",
+    )
+    ap.add_argument("--confs", nargs="+", type=float, default=[0.95, 0.99], help="--paired-lower: levels")
+    ap.add_argument(
         "--step-power",
         action="store_true",
         help="instead: how often one capacity step as the case study runs it PASSes at the true capacity and "
@@ -648,6 +693,10 @@ def main(argv: list[str] | None = None) -> None:
     check(a.utilisations, a.drifts, a.models)
     if a.tau:
         print("\n".join(tau_table(a.models, a.utilisations, a.tau, a.seed)))
+        return
+    if a.paired_lower:
+        blocks, n = parse_shape(a.paired_lower)
+        print("\n".join(paired_lower_table(blocks, n, a.runs, a.seed, a.utilisations, a.confs)))
         return
     if a.paired:
         blocks, n = parse_shape(a.paired)
