@@ -21,6 +21,7 @@ same thing everywhere:
 
 from __future__ import annotations
 
+import functools
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -102,9 +103,28 @@ def quantile_ci(x: np.ndarray, q: float, conf: float = CONF) -> Estimate:
     return Estimate(nearest_rank(s, q), float(s[lo_k - 1]), float(s[hi_k - 1]), n)
 
 
+# scipy's ppf costs ~0.15 ms a call in argument checks, and a capacity search or a report asks the same few
+# (level, df, n) points thousands of times (most of bench.coverage's simulated steps went there): cached.
+@functools.lru_cache(maxsize=65536)
+def norm_ppf(p: float) -> float:
+    """The standard normal's p-quantile."""
+    from scipy import stats as sps  # not at the top: scipy takes ~0.3 s to import, most callers never need it
+
+    return float(sps.norm.ppf(p))
+
+
+@functools.lru_cache(maxsize=65536)
+def t_ppf(p: float, df: int) -> float:
+    """Student t's p-quantile on df degrees of freedom."""
+    from scipy import stats as sps
+
+    return float(sps.t.ppf(p, df))
+
+
+@functools.lru_cache(maxsize=65536)
 def _order_bounds(n: int, q: float, conf: float) -> tuple[int, int]:
     """1-based order-statistic indices (lo, hi) of the two-sided `conf` CI of the q-quantile of n samples."""
-    from scipy import stats as sps  # not at the top: scipy takes ~0.3 s to import, most callers never need it
+    from scipy import stats as sps
 
     a = (1 - conf) / 2
     # B = #samples below the true quantile ~ Binomial(n, q); x_(l) <= Q <= x_(u) when l <= B < u.
@@ -204,12 +224,10 @@ def auc_delta(
         (absolute ΔAUC = auc - base_auc, relative ΔAUC = ΔAUC / base_auc), each with its CI; the
         relative CI treats the base AUC as fixed (its own error is in the paired variance).
     """
-    from scipy import stats as sps
-
     aucs, cov = delong(labels, [base_scores, scores])
     d = float(aucs[1] - aucs[0])
     se = math.sqrt(max(cov[0, 0] + cov[1, 1] - 2 * cov[0, 1], 0.0))
-    z = float(sps.norm.ppf(1 - (1 - conf) / 2))
+    z = norm_ppf(1 - (1 - conf) / 2)
     n = len(labels)
     absolute = Estimate(d, d - z * se, d + z * se, n)
     b = float(aucs[0])
@@ -219,13 +237,11 @@ def auc_delta(
 
 def auc_ci(labels: np.ndarray, scores: np.ndarray, conf: float = CONF) -> Estimate:
     """One model's AUC with its DeLong CI (n = rows); Estimate(None, ...) when one class is missing."""
-    from scipy import stats as sps
-
     try:
         aucs, cov = delong(labels, [scores])
     except ValueError:
         return Estimate(None, None, None, len(labels))
-    z = float(sps.norm.ppf(1 - (1 - conf) / 2))
+    z = norm_ppf(1 - (1 - conf) / 2)
     se = math.sqrt(max(float(cov[0, 0]), 0.0))
     a = float(aucs[0])
     return Estimate(a, a - z * se, a + z * se, len(labels))

@@ -43,7 +43,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from reco.stats import CONF, Estimate, _order_bounds, min_n_for_quantile
+from reco.stats import CONF, Estimate, _order_bounds, min_n_for_quantile, norm_ppf, t_ppf
 
 
 def _autocov(windows: Sequence[np.ndarray], centre: float, max_lag: int) -> np.ndarray:
@@ -112,8 +112,6 @@ def half_width(indicators: Sequence[np.ndarray], q: float, conf: float = CONF) -
     p (1 - p) (p: their mean) and applied to q (1 - q), the variance at the quantile itself: within
     windows (flat-top long-run variance, normal quantile) and between windows (clusters, Student t with
     W - 1 df), the larger wins; never below the independent-sample half-width."""
-    from scipy import stats as sps  # not at the top: scipy is slow to import (see reco.stats)
-
     n = sum(len(w) for w in indicators)
     p = float(sum(np.sum(w) for w in indicators) / n)
     if not 0 < p < 1:
@@ -121,11 +119,11 @@ def half_width(indicators: Sequence[np.ndarray], q: float, conf: float = CONF) -
     a = 1 - (1 - conf) / 2
     bern = p * (1 - p)
     lrv = flat_top_lrv(indicators, p)
-    widths = [float(sps.norm.ppf(a)) * math.sqrt(q * (1 - q) * max(lrv / bern, 1.0) / n)]
+    widths = [norm_ppf(a) * math.sqrt(q * (1 - q) * max(lrv / bern, 1.0) / n)]
     for clusters in (indicators, _sections(indicators, q)):
         if len(clusters) >= 2:
             tau = _cluster_var(clusters, p) * n / bern
-            widths.append(float(sps.t.ppf(a, len(clusters) - 1)) * math.sqrt(q * (1 - q) * tau / n))
+            widths.append(t_ppf(a, len(clusters) - 1) * math.sqrt(q * (1 - q) * tau / n))
     return max(widths)
 
 
@@ -143,9 +141,7 @@ def _sections(windows: Sequence[np.ndarray], q: float) -> list[np.ndarray]:
 
 
 def _iid_half_width(n: int, q: float, conf: float) -> float:
-    from scipy import stats as sps
-
-    return float(sps.norm.ppf(1 - (1 - conf) / 2)) * math.sqrt(q * (1 - q) / n)
+    return norm_ppf(1 - (1 - conf) / 2) * math.sqrt(q * (1 - q) / n)
 
 
 def _spread(windows: Sequence[np.ndarray], q: float, conf: float) -> tuple[np.ndarray, float, float]:
@@ -192,14 +188,12 @@ def requests_to_close(windows: Sequence[np.ndarray], q: float, conf: float = CON
     there the least n whose exact upper rank (binomial, widened as dependent_bounds widens it) fits. What
     an INCONCLUSIVE capacity step would need (bench.coverage --tau: tau 3-8 at 30-50 % utilisation,
     30-200 at 70-85 %)."""
-    from scipy import stats as sps
-
     n = sum(len(np.ravel(w)) for w in windows)
     if n == 0:
         return min_n_for_quantile(q, conf)
     iid = _iid_half_width(n, q, conf)
     tau = max(_spread(windows, q, conf)[2] / iid, 1.0) ** 2
-    z = float(sps.norm.ppf(1 - (1 - conf) / 2))
+    z = norm_ppf(1 - (1 - conf) / 2)
     least = min_n_for_quantile(q, conf)
     first = max(math.ceil(z * z * q * tau / (1 - q)), least)
 
@@ -247,8 +241,6 @@ def mean_upper(windows: Sequence[np.ndarray], conf: float = CONF) -> tuple[float
     Effective n = the series' variance over that bound's squared half-width in standard errors (z): how
     many independent values the bound is worth, Student t's small-sample penalty included; a bound worth
     few of them rests on a variance estimated from a stretch no longer than the series' memory."""
-    from scipy import stats as sps
-
     parts = [np.asarray(w, np.float64).ravel() for w in windows]
     parts = [w for w in parts if len(w)]
     n = sum(len(w) for w in parts)
@@ -256,12 +248,12 @@ def mean_upper(windows: Sequence[np.ndarray], conf: float = CONF) -> tuple[float
         return math.nan, math.inf, 0.0
     m = float(sum(np.sum(w) for w in parts) / n)
     a = 1 - (1 - conf) / 2
-    z = float(sps.norm.ppf(a))
+    z = norm_ppf(a)
     widths = [z * math.sqrt(max(flat_top_lrv(parts, m), 0.0) / n)]
     sections = [s for w in parts if len(w) >= SECTIONS * SECTION_MIN_N for s in np.array_split(w, SECTIONS)]
     for clusters in (parts, sections):
         if len(clusters) >= 2:
-            widths.append(float(sps.t.ppf(a, len(clusters) - 1)) * math.sqrt(_cluster_var(clusters, m)))
+            widths.append(t_ppf(a, len(clusters) - 1) * math.sqrt(_cluster_var(clusters, m)))
     h = max(widths)
     var = float(sum(np.sum((w - m) ** 2) for w in parts) / n)
     n_eff = var / (h / z) ** 2 if h > 0 else (math.inf if var > 0 else 0.0)
