@@ -33,14 +33,7 @@ from reco.loadtest.outcome import (
 )
 from reco.pipeline import _log_variant, log_report_metrics
 from reco.report import Machine, StudyContext, VariantResult, sections, study_metrics, write_report
-from reco.report.figures import (
-    bracket,
-    bracket_at,
-    capacity_gain,
-    highest_pass_at,
-    pool,
-    study_figures,
-)
+from reco.report.figures import bracket, bracket_at, capacity_gain, highest_pass_at, pool, study_figures
 from reco.report.gate import gate, worst
 from reco.report.markdown import headline
 from reco.report.plots import (

@@ -211,13 +211,13 @@ def _by_reference(
     if ref is None or f.is_baseline or "common" not in ref.latency or "common" not in f.latency:
         return None
     a, b = paired_blocks(ref.latency["common"], f.latency["common"])
-    if len(a) < 2:
-        return None
-    r = paired_ratio(a, b, QUANTILES["p99"], conf=PAIRED_BOUND_CONF)
     bound = _reference_bound(ref, ctx)
-    if bound is None or not r.supported or not r.lo > 0 or bound[0] / r.lo > ctx.slo_p99_ms:
+    if len(a) < 2 or bound is None:  # before the bootstrap: nothing it finds could decide then
         return None
     ms, source = bound
+    r = paired_ratio(a, b, QUANTILES["p99"], conf=PAIRED_BOUND_CONF)
+    if not r.supported or not r.lo > 0 or ms / r.lo > ctx.slo_p99_ms:
+        return None
     return Decision(
         Verdict.PASS,
         f"{why}, but the baseline's p99 there is at most {ms:.3g} ms ({source}) and this variant's paired "

@@ -39,7 +39,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from reco.stats import CONF, Estimate, nearest_rank
+from reco.stats import CONF, Estimate, nearest_rank, t_ppf
 
 BOOTSTRAP = 400  # paired block bootstrap replicates (the pooled interval's standard error)
 
@@ -137,8 +137,6 @@ def paired_ratio(
         Estimate(point, lo, hi, n = the fewer pooled requests); value None when a block is too small for
         its quantile (block_min_n), there are fewer than 2 blocks, or a side fails past its quantile.
     """
-    from scipy import stats as sps  # slow to import (see reco.stats)
-
     a, b, n, ok = _paired(num, den, q)
     if not ok:
         return Estimate(None, None, None, n)
@@ -162,7 +160,7 @@ def paired_ratio(
         lo = math.exp(float(np.quantile(logs, a_, method="lower")))
         hi = math.exp(float(np.quantile(logs, 1 - a_, method="higher")))
         return Estimate(point, min(lo, point), max(hi, point), n)
-    half = float(sps.t.ppf(1 - a_, len(a) - 1)) * float(np.std(logs, ddof=1))
+    half = t_ppf(1 - a_, len(a) - 1) * float(np.std(logs, ddof=1))
     return Estimate(point, point * math.exp(-half), point * math.exp(half), n)
 
 
